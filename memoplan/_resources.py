@@ -1,0 +1,33 @@
+"""Package data: finds the grammar and the code templates in a wheel and in a source checkout.
+
+In a wheel they are force-included under ``memoplan/_data``; in an editable
+install or a checkout they live at the top of the repository (``grammar/`` and
+``codegen/templates/``), one level above this package.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _find(wheel_path: str, source_path: str) -> Path:
+    for candidate in (_PACKAGE / "_data" / wheel_path, _PACKAGE.parent / source_path):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(
+        f"memoplan data not found: looked for {_PACKAGE / '_data' / wheel_path} and "
+        f"{_PACKAGE.parent / source_path}; reinstall the package"
+    )
+
+
+@cache
+def grammar_text() -> str:
+    return (_find("grammar", "grammar") / "memplan.lark").read_text(encoding="utf-8")
+
+
+@cache
+def templates_dir() -> Path:
+    return _find("templates", "codegen/templates")

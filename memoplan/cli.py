@@ -1,0 +1,223 @@
+"""The ``memoplan`` command line — thin: every subcommand calls the public API.
+
+Exit codes: 0 clean, 1 diagnostics (or not equivalent, or ``fmt --check`` would
+change a file), 2 usage errors.  Diagnostics go to stderr, results to stdout,
+progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from memoplan import __version__
+from memoplan.diagnostics import Diagnostic, PlanError
+
+SUBCOMMANDS = ("check", "fmt", "explain", "verify")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.run(args)
+    except PlanError as error:
+        _report(error)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memoplan", description="Declarative activation-memory plans for PyTorch models."
+    )
+    parser.add_argument("--version", action="version", version=f"memoplan {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    check = sub.add_parser("check", help="parse and validate a plan (and resolve it against a model)")
+    check.add_argument("plan", type=Path)
+    _model_options(check)
+    check.set_defaults(run=_check)
+
+    fmt = sub.add_parser("fmt", help="rewrite plans in canonical form")
+    fmt.add_argument("plans", type=Path, nargs="+", metavar="PLAN")
+    fmt.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not canonical")
+    fmt.set_defaults(run=_fmt)
+
+    explain = sub.add_parser("explain", help="for every module, which rule decided what and why")
+    explain.add_argument("plan", type=Path)
+    _model_options(explain, example=False)
+    explain.add_argument("--planned-only", action="store_true", help="list only modules a rule touches")
+    explain.set_defaults(run=_explain)
+
+    verify = sub.add_parser("verify", help="one step with and without the plan: peak memory and equivalence")
+    verify.add_argument("plan", type=Path)
+    _model_options(verify)
+    verify.add_argument("--seed", type=int, default=0, help="RNG seed for both runs (default 0)")
+    verify.set_defaults(run=_verify)
+    return parser
+
+
+def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:
+    parser.add_argument("--model", metavar="SPEC", help="pkg.module:factory or path/file.py:factory")
+    if example:
+        parser.add_argument(
+            "--example", metavar="SPEC", help="pkg.module:inputs, path/file.py:inputs, or e.g. 'randn(4, 3, 32, 32)'"
+        )
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _report(error: PlanError) -> None:
+    print(error.render(), file=sys.stderr)
+    errors = len(error.errors)
+    warnings = len(error.diagnostics) - errors
+    summary = f"{errors} error{'s' if errors != 1 else ''}"
+    if warnings:
+        summary += f", {warnings} warning{'s' if warnings != 1 else ''}"
+    print(summary, file=sys.stderr)
+
+
+def _progress(message: str) -> None:
+    print(f"memoplan: {message}", file=sys.stderr, flush=True)
+
+
+def _load(path: Path):
+    from memoplan.syntax import parse_with_diagnostics
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: {reason}"),)) from None
+    plan, diagnostics = parse_with_diagnostics(text, str(path))
+    if plan is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), text)
+    for warning in diagnostics:
+        print(warning.render(text), file=sys.stderr)
+    return plan
+
+
+def _model(plan, path: Path, spec: str | None, *, required: bool):
+    from memoplan import specs
+
+    if spec is not None:
+        _progress(f"loading model {spec}")
+        return specs.load_model(spec)
+    if plan.model is not None:
+        _progress(f"loading model {plan.model.spec}")
+        return specs.load_model(plan.model.spec, base_dir=path.parent, span=plan.model.span)
+    if required:
+        raise PlanError(
+            (Diagnostic("MP502", f"no model for `{path}`", help="pass --model SPEC or add a `model` statement"),)
+        )
+    return None
+
+
+def _example(plan, path: Path, spec: str | None, *, required: bool):
+    from memoplan import specs
+    from memoplan.syntax import parse_example_spec
+
+    if spec is not None:
+        return specs.make_example(parse_example_spec(spec, "--example"))
+    if plan.example is not None:
+        return specs.make_example(plan.example, base_dir=path.parent)
+    if required:
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP502", f"no example input for `{path}`", help="pass --example SPEC or add an `example` statement"
+                ),
+            )
+        )
+    return None
+
+
+def _resolve(plan, model):
+    from memoplan.resolve import resolve
+
+    resolved = resolve(plan, model)
+    for warning in resolved.warnings:
+        print(warning.render(plan.source), file=sys.stderr)
+    return resolved
+
+
+# ---------------------------------------------------------------- subcommands
+
+
+def _check(args) -> int:
+    plan = _load(args.plan)
+    model = _model(plan, args.plan, args.model, required=False)
+    summary = f"{args.plan}: ok, {len(plan.rules)} rule{'s' if len(plan.rules) != 1 else ''}"
+    if model is not None:
+        resolved = _resolve(plan, model)
+        summary += f", {len(resolved.modules)} module{'s' if len(resolved.modules) != 1 else ''} planned"
+    example = _example(plan, args.plan, getattr(args, "example", None), required=False)
+    if example is not None:
+        summary += f", example of {len(example.args)} input{'s' if len(example.args) != 1 else ''}"
+    print(summary)
+    return 0
+
+
+def _fmt(args) -> int:
+    from memoplan.syntax import format_plan
+
+    changed = []
+    failed = False
+    for path in args.plans:
+        try:
+            plan = _load(path)
+        except PlanError as error:
+            _report(error)
+            failed = True
+            continue
+        text = format_plan(plan)
+        if text == plan.source:
+            continue
+        changed.append(path)
+        if not args.check:
+            path.write_text(text, encoding="utf-8")
+    for path in changed:
+        print(f"{'would reformat' if args.check else 'reformatted'} {path}")
+    if failed:
+        return 1
+    return 1 if (args.check and changed) else 0
+
+
+def _explain(args) -> int:
+    from memoplan.resolve import explain, render_explain
+
+    plan = _load(args.plan)
+    model = _model(plan, args.plan, args.model, required=True)
+    rows = explain(plan, model)
+    _resolve(plan, model)  # report errors and warnings of the same plan
+    print(render_explain(rows, all_modules=not args.planned_only))
+    return 0
+
+
+def _verify(args) -> int:
+    from memoplan.codegen.emit import plan_table
+    from memoplan.verify import render_report, verify
+
+    plan = _load(args.plan)
+    model = _model(plan, args.plan, args.model, required=True)
+    example = _example(plan, args.plan, args.example, required=True)
+    resolved = _resolve(plan, model)
+    print(f"resolved plan {args.plan} ({len(resolved.modules)} modules):")
+    for row in plan_table(resolved):
+        print(f"  {row}")
+    _progress("running one training step without and one with the plan")
+    report = verify(model, resolved, example, seed=args.seed)
+    print(render_report(report))
+    return 0 if report.equivalent else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

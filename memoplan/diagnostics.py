@@ -1,0 +1,111 @@
+"""Diagnostics shared by every stage: spans, coded messages and their rendering.
+
+A diagnostic has a stable code (``MP1xx`` syntax, ``MP2xx`` values and config
+blocks, ``MP3xx`` resolution against a model, ``MP4xx`` applying a plan, ``MP5xx``
+loading models and examples), the file, line and column, a caret under the span
+and help text.  Bad input never surfaces as a Python traceback: callers raise
+:class:`PlanError` carrying every diagnostic found, and the CLI prints them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Span:
+    """A region of a source file; lines and columns are 1-based, ``end_column`` exclusive."""
+
+    file: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+class Severity(enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    message: str
+    span: Span | None = None
+    help: str | None = None
+    severity: Severity = Severity.ERROR
+    # Secondary locations, e.g. the other rule of a conflict: (label, span).
+    notes: tuple[tuple[str, Span], ...] = ()
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
+    def render(self, source: str | None = None) -> str:
+        """Render as ``file:line:col: error[MP101]: message`` plus source line and caret."""
+        head = f"{self.severity.value}[{self.code}]: {self.message}"
+        lines = [f"{self.span}: {head}" if self.span else head]
+        if self.span is not None and source is not None:
+            lines.extend(_excerpt(source, self.span))
+        for label, span in self.notes:
+            lines.append(f"  note: {label} at {span}")
+            if source is not None and self.span is not None and span.file == self.span.file:
+                lines.extend(_excerpt(source, span))
+        if self.help:
+            lines.append(f"  help: {self.help}")
+        return "\n".join(lines)
+
+
+def _excerpt(source: str, span: Span) -> list[str]:
+    text_lines = source.split("\n")
+    if not 1 <= span.line <= len(text_lines):
+        return []
+    text = text_lines[span.line - 1].expandtabs(1)
+    end = span.end_column if span.end_line == span.line else len(text) + 1
+    width = max(1, end - span.column)
+    gutter = str(span.line)
+    return [
+        f"  {gutter} | {text}",
+        f"  {' ' * len(gutter)} | {' ' * (span.column - 1)}{'^' * width}",
+    ]
+
+
+@dataclass
+class PlanError(Exception):
+    """Raised with every diagnostic of one input; ``str()`` renders them all."""
+
+    diagnostics: tuple[Diagnostic, ...]
+    source: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.render())
+
+    @property
+    def errors(self) -> tuple[Diagnostic, ...]:
+        return tuple(d for d in self.diagnostics if d.is_error)
+
+    @property
+    def codes(self) -> list[str]:
+        return [d.code for d in self.diagnostics]
+
+    def render(self) -> str:
+        return "\n".join(d.render(self.source) for d in self.diagnostics)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def did_you_mean(word: str, candidates, *, n: int = 3, cutoff: float = 0.6) -> str | None:
+    """Return a 'did you mean ...?' help string for the closest candidates, or None."""
+    import difflib
+
+    matches = difflib.get_close_matches(word, sorted(set(candidates)), n=n, cutoff=cutoff)
+    if not matches:
+        return None
+    quoted = ", ".join(f"`{m}`" for m in matches)
+    return f"did you mean {quoted}?"

@@ -1,0 +1,133 @@
+"""IR stage: the ResolvedPlan — every decision bound to a real module, frozen, sorted, hashable.
+
+The resolver produces it, the code generator prints it.  Modules appear in
+natural path order (``layers.2`` before ``layers.10``) whatever the model's
+registration order, so the same plan and model always give the same IR.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from memoplan.diagnostics import Diagnostic
+from memoplan.syntax.ast import Budget, Codec, StateMode, Validate
+from memoplan.syntax.blocks import DtrConfig, MemongerConfig, MemoryConfig, SublinearConfig
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The plan rule behind a decision: its line, its selector and the policy as written."""
+
+    file: str
+    line: int
+    selector: str
+    policy: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class CheckpointAction:
+    """Recompute in backward.  ``groups``: child names of each region of an ``nn.Sequential``
+    (``segments``); ``None``: the whole module is one region."""
+
+    origin: Origin
+    groups: tuple[tuple[str, ...], ...] | None = None
+    preserve_rng: bool = True
+    nested: bool = False
+
+
+@dataclass(frozen=True)
+class CompressAction:
+    origin: Origin
+    codec: Codec
+    tolerance: float | None = None
+    validate: Validate = Validate.SAMPLE
+
+
+@dataclass(frozen=True)
+class TemporalChunkAction:
+    origin: Origin
+    chunks: int
+    dim: int
+    args: tuple[int | str, ...] = (0,)
+    allow_nonequivalent: bool = False
+
+
+@dataclass(frozen=True)
+class StateAction:
+    origin: Origin
+    mode: StateMode
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    """What the plan does to one module (at least one field is set)."""
+
+    path: str
+    type_name: str  # f"{cls.__module__}.{cls.__qualname__}"
+    checkpoint: CheckpointAction | None = None
+    keep: Origin | None = None
+    compress: CompressAction | None = None
+    temporal_chunk: TemporalChunkAction | None = None
+    state: StateAction | None = None
+    buffers_commit_once: Origin | None = None
+
+    @property
+    def changes_forward(self) -> bool:
+        return any((self.checkpoint, self.compress, self.temporal_chunk))
+
+
+@dataclass(frozen=True)
+class ResolvedPlan:
+    file: str
+    modules: tuple[ModulePlan, ...]
+    budget: Budget | None = None
+    dtr: DtrConfig | None = None
+    sublinear: SublinearConfig | None = None
+    memory: MemoryConfig | None = None
+    memonger: MemongerConfig | None = None
+    warnings: tuple[Diagnostic, ...] = ()
+
+    def module(self, path: str) -> ModulePlan | None:
+        return next((m for m in self.modules if m.path == path), None)
+
+    @property
+    def digest(self) -> str:
+        """A stable identity of the decisions (not of comments or line numbers)."""
+        rows = []
+        for m in self.modules:
+            rows.append(
+                repr(
+                    (
+                        m.path,
+                        m.type_name,
+                        _strip(m.checkpoint),
+                        m.keep is not None,
+                        _strip(m.compress),
+                        _strip(m.temporal_chunk),
+                        _strip(m.state),
+                        m.buffers_commit_once is not None,
+                    )
+                )
+            )
+        return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+
+def _strip(action) -> tuple | None:
+    if action is None:
+        return None
+    return tuple((k, v) for k, v in vars(action).items() if k != "origin")
+
+
+def path_key(path: str) -> tuple:
+    """Natural sort key: ``layers.2`` < ``layers.10``; numbers sort before names."""
+    key = []
+    for segment in path.split("."):
+        if segment.isdigit():
+            key.append((0, int(segment), ""))
+        else:
+            key.append((1, 0, segment))
+    return tuple(key)

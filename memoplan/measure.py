@@ -1,0 +1,210 @@
+"""Measure stage: deterministic peak memory of one training step.
+
+On CPU, process RSS says nothing useful (the allocator keeps freed pages), so
+:class:`LiveStorageMeter` counts bytes itself: a ``TorchDispatchMode`` sees the
+outputs of every ATen op run while it is active, registers each storage it has
+not seen before (views and in-place results alias a storage already known and
+are not counted again), and a ``weakref.finalize`` on the storage subtracts it
+when it is freed.  Freeing follows reference counting, and the cyclic garbage
+collector is paused while measuring, so the same step gives the same bytes on
+every run.  Memory allocated inside a kernel and freed before it returns
+(workspaces) is not seen; neither is what ``torch.compile`` runs (the meter
+reports the eager figure).
+
+On CUDA the caching allocator's own counters are exact and cheap:
+``max_memory_allocated`` after ``reset_peak_memory_stats``, minus what was
+allocated at the start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = [
+    "LiveStorageMeter",
+    "StepMemory",
+    "default_loss",
+    "measure_step",
+    "training_step",
+]
+
+_MIB = 1024 * 1024
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+class LiveStorageMeter(TorchDispatchMode):
+    """Bytes of tensor storages created while active and still alive; and their peak.
+
+    Use as a context manager.  Storages that existed before entering are never
+    counted, so the figures are "above what was live at the start".
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        # id(storage) -> (bytes counted for it, finalizer); the finalizer removes the
+        # entry before the id can be reused, and holds no reference to the storage.
+        self._live: dict[int, tuple[int, weakref.finalize]] = {}
+
+    def reset_peak(self) -> None:
+        """Start a new peak from the bytes live now."""
+        self.peak_bytes = self.current_bytes
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Freeze the figures: storages freed after exit no longer call back into the meter.
+        for _, finalizer in self._live.values():
+            finalizer.detach()
+        self._live.clear()
+        super().__exit__(exc_type, exc, tb)
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(s) for s in _storages((args, kwargs))}
+        for storage in _storages(out):
+            self._see(storage, known=id(storage) in inputs)
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        return out
+
+    def _see(self, storage: torch.UntypedStorage, *, known: bool) -> None:
+        key = id(storage)
+        nbytes = storage.nbytes()
+        entry = self._live.get(key)
+        if entry is not None:
+            # Seen before; an `out=` or `resize_` op may have grown it in place.
+            if entry[0] != nbytes:
+                self.current_bytes += nbytes - entry[0]
+                self._live[key] = (nbytes, entry[1])
+            return
+        if known:
+            return  # aliases an input that existed before the meter (a view, an in-place op)
+        self._live[key] = (nbytes, weakref.finalize(storage, self._freed, key))
+        self.current_bytes += nbytes
+
+    def _freed(self, key: int) -> None:
+        nbytes, _ = self._live.pop(key)
+        self.current_bytes -= nbytes
+
+
+def _storages(tree: Any) -> Iterator[torch.UntypedStorage]:
+    """Each distinct storage behind the dense tensors in a nested structure."""
+    seen: set[int] = set()
+    for leaf in pytree.tree_leaves(tree):
+        if not isinstance(leaf, torch.Tensor) or leaf.layout is not torch.strided:
+            continue
+        storage = leaf.untyped_storage()
+        if id(storage) not in seen:
+            seen.add(id(storage))
+            yield storage
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Peak bytes allocated during one training step above what was live at its start."""
+
+    peak_bytes: int
+    device: str
+    method: str  # "live-storage" (CPU dispatch meter) or "cuda-allocator"
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_bytes / _MIB
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """Sum of ``t.float().sum()`` over every floating-point tensor in ``output``."""
+    terms = [
+        leaf.float().sum()
+        for leaf in pytree.tree_leaves(output)
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
+    ]
+    if not terms:
+        raise ValueError("the model's output holds no floating-point tensor to take a loss of")
+    loss = terms[0]
+    for term in terms[1:]:
+        loss = loss + term
+    return loss
+
+
+def training_step(
+    model: nn.Module,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    loss_fn: LossFn | None = None,
+) -> tuple[Any, torch.Tensor]:
+    """Zero gradients (``set_to_none``), run forward, loss and backward; return (output, loss)."""
+    model.zero_grad(set_to_none=True)
+    output = model(*args, **(kwargs or {}))
+    loss = (loss_fn or default_loss)(output)
+    loss.backward()
+    return output, loss
+
+
+def measure_step(
+    model: nn.Module,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+) -> StepMemory:
+    """Peak memory of one :func:`training_step`, gradients included."""
+    device = _device(model, args, kwargs)
+    # Release last step's gradients before the baseline, so they do not count as live.
+    model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        training_step(model, args, kwargs, loss_fn)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - start
+        return StepMemory(peak_bytes=peak, device=str(device), method="cuda-allocator")
+    with _gc_paused(), LiveStorageMeter() as meter:
+        training_step(model, args, kwargs, loss_fn)
+    return StepMemory(peak_bytes=meter.peak_bytes, device=str(device), method="live-storage")
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Collect first, then keep the cyclic collector from freeing at arbitrary moments."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _device(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> torch.device:
+    """The device of the first parameter, else of the first tensor argument, else CPU."""
+    for tensor in model.parameters():
+        return tensor.device
+    for leaf in pytree.tree_leaves((tuple(args), dict(kwargs or {}))):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    return torch.device("cpu")

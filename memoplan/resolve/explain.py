@@ -1,0 +1,72 @@
+"""Resolve stage: ``explain`` — for every module of the model, which rule decided what, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from memoplan.resolve.resolver import Decision, Resolution, analyse
+from memoplan.syntax import ast
+from memoplan.syntax.formatter import format_policy, format_selector
+
+
+@dataclass(frozen=True)
+class ExplainRow:
+    path: str
+    class_name: str
+    decisions: tuple[tuple[str, str], ...]  # (what, why), one per aspect; empty: untouched
+
+    def lines(self) -> list[str]:
+        if not self.decisions:
+            return []
+        return [f"{what}  — {why}" for what, why in self.decisions]
+
+
+def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
+    """One row per module of ``model`` (natural path order), also for modules no rule touches."""
+    resolution = analyse(plan, model)
+    rows = []
+    for path in resolution.index.paths:
+        module = resolution.index.modules[path]
+        decisions = [
+            (format_policy(decision.winner.policy), _why(decision))
+            for _, decision in sorted(resolution.decisions.get(path, {}).items())
+        ]
+        outer = resolution.inside_region.get(path)
+        if outer is not None:
+            region = resolution.decisions[outer]["recompute"].winner
+            decisions.append(("recomputed", f"inside the checkpoint region of `{outer}` (line {region.line})"))
+        rows.append(ExplainRow(path, type(module).__qualname__, tuple(decisions)))
+    return rows
+
+
+def _why(decision: Decision) -> str:
+    winner = decision.winner
+    where = f"line {winner.line} `module {format_selector(winner.rule.selector)}`"
+    others = [c for c in decision.candidates if c is not winner]
+    if not others:
+        return f"{where}, the only rule for this"
+    beaten = sorted({c.line for c in others if c.specificity < winner.specificity})
+    agreeing = sorted({c.line for c in others if c.specificity == winner.specificity})
+    parts = [where]
+    if beaten:
+        lines = ", ".join(str(n) for n in beaten)
+        parts.append(f"more specific {winner.specificity} than line{'s' if len(beaten) > 1 else ''} {lines}")
+    if agreeing:
+        parts.append(f"line{'s' if len(agreeing) > 1 else ''} {', '.join(map(str, agreeing))} agree")
+    return ", ".join(parts)
+
+
+def render_explain(rows: list[ExplainRow], *, all_modules: bool = True) -> str:
+    """A readable table: path, class, then each decision with its reason."""
+    shown = [r for r in rows if all_modules or r.decisions]
+    width_path = max((len(r.path) for r in shown), default=4)
+    width_cls = max((len(r.class_name) for r in shown), default=5)
+    out = [f"{'module'.ljust(width_path)}  {'class'.ljust(width_cls)}  decision"]
+    for row in shown:
+        lead = f"{row.path.ljust(width_path)}  {row.class_name.ljust(width_cls)}  "
+        lines = row.lines() or ["-  (no rule)"]
+        out.append(lead + lines[0])
+        out.extend(" " * len(lead) + line for line in lines[1:])
+    return "\n".join(out)

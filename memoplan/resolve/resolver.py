@@ -1,0 +1,357 @@
+"""Resolve stage: binds a plan's rules to a real model and checks that the result is legal.
+
+Every policy belongs to one *aspect* of a module (recompute: ``checkpoint`` or
+``keep``; ``compress``; ``temporal_chunk``; ``state``; ``buffers``).  For each
+module and aspect the most specific matching rule wins; two equally specific rules
+that disagree are an error naming both lines.  All problems are reported at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from torch import nn
+
+from memoplan import ir
+from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
+from memoplan.resolve.selectors import ModelIndex, Specificity, select, specificity
+from memoplan.syntax import ast
+from memoplan.syntax.blocks import config_of
+from memoplan.syntax.formatter import format_policy, format_selector
+
+RECOMPUTE = "recompute"
+ASPECTS = {
+    ast.Checkpoint: RECOMPUTE,
+    ast.Keep: RECOMPUTE,
+    ast.Compress: "compress",
+    ast.TemporalChunk: "temporal_chunk",
+    ast.State: "state",
+    ast.Buffers: "buffers",
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One policy of one rule that matched a module."""
+
+    rule: ast.ModuleRule
+    policy: ast.Policy
+    specificity: Specificity
+
+    @property
+    def line(self) -> int:
+        return self.rule.span.line
+
+    def same_as(self, other: "Candidate") -> bool:
+        return _bare(self.policy) == _bare(other.policy)
+
+
+def _bare(policy: ast.Policy) -> ast.Policy:
+    return replace(policy, comments=ast.NO_COMMENTS)
+
+
+@dataclass
+class Decision:
+    """Winner and losers for one (module, aspect)."""
+
+    winner: Candidate
+    candidates: list[Candidate]
+
+
+@dataclass
+class Resolution:
+    """Everything the resolver learned; ``ResolvedPlan`` and ``explain`` are views of it."""
+
+    plan: ast.Plan
+    index: ModelIndex
+    decisions: dict[str, dict[str, Decision]] = field(default_factory=dict)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    inside_region: dict[str, str] = field(default_factory=dict)  # path -> enclosing checkpointed path
+
+    def error(self, code, message, span=None, help=None, notes=()) -> None:
+        self.diagnostics.append(Diagnostic(code, message, span, help, notes=notes))
+
+    def warn(self, code, message, span=None, help=None, notes=()) -> None:
+        self.diagnostics.append(Diagnostic(code, message, span, help, Severity.WARNING, notes))
+
+
+def resolve(plan: ast.Plan, model: nn.Module) -> ir.ResolvedPlan:
+    """Bind ``plan`` to ``model``; raise :class:`PlanError` with every problem found."""
+    resolution = analyse(plan, model)
+    errors = [d for d in resolution.diagnostics if d.is_error]
+    if errors:
+        raise PlanError(tuple(_in_order(resolution.diagnostics)), plan.source)
+    return _to_ir(resolution)
+
+
+def analyse(plan: ast.Plan, model: nn.Module) -> Resolution:
+    """Match rules, pick winners and run the legality checks, collecting diagnostics."""
+    resolution = Resolution(plan, ModelIndex(model))
+    _match_rules(resolution)
+    _check_shared(resolution)
+    _check_regions(resolution)
+    _check_policies(resolution)
+    return resolution
+
+
+def _in_order(diagnostics):
+    return sorted(diagnostics, key=lambda d: (d.span.line, d.span.column) if d.span else (0, 0))
+
+
+# ---------------------------------------------------------------- matching and precedence
+
+
+def _match_rules(res: Resolution) -> None:
+    candidates: dict[str, dict[str, list[Candidate]]] = {}
+    for rule in res.plan.rules:
+        paths = select(res.index, rule.selector)
+        if not paths:
+            _no_match(res, rule)
+            continue
+        spec = specificity(rule.selector)
+        for path in paths:
+            per_aspect = candidates.setdefault(path, {})
+            for policy in rule.policies:
+                per_aspect.setdefault(ASPECTS[type(policy)], []).append(Candidate(rule, policy, spec))
+    for path in sorted(candidates, key=ir.path_key):
+        for aspect, found in candidates[path].items():
+            best = max(c.specificity for c in found)
+            top = [c for c in found if c.specificity == best]
+            winner = top[0]
+            for other in top[1:]:
+                if not other.same_as(winner):
+                    res.error(
+                        "MP303",
+                        f"rules on lines {winner.line} and {other.line} disagree about `{path}` "
+                        f"and are equally specific",
+                        other.policy.span,
+                        "make one selector more specific (e.g. an exact path), or drop one rule",
+                        notes=(
+                            (f"`{format_policy(winner.policy)}` from `module {format_selector(winner.rule.selector)}`", winner.policy.span),
+                        ),
+                    )
+                    break
+            res.decisions.setdefault(path, {})[aspect] = Decision(winner, found)
+
+
+def _no_match(res: Resolution, rule: ast.ModuleRule) -> None:
+    selector = rule.selector
+    text = format_selector(selector)
+    term = selector.include
+    help_ = None
+    if term.path is not None:
+        guess = _nearest_paths(res.index, term)
+        if guess:
+            help_ = "nearest paths: " + ", ".join(f"`{p}`" for p in guess)
+        if any(isinstance(s, (ast.Index, ast.Slice)) for s in term.path.segments) and not help_:
+            help_ = "`[...]` selects children of an indexed container (nn.Sequential, nn.ModuleList)"
+    if term.class_name is not None and not any(
+        res.index.matches_class(p, term.class_name) for p in res.index.paths
+    ):
+        short = term.class_name.rsplit(".", 1)[-1]
+        help_ = did_you_mean(short, res.index.all_class_names) or (
+            "classes in the model: " + ", ".join(res.index.all_class_names[:12])
+        )
+    res.error("MP301", f"`{text}` matches no module of the model", selector.span, help_)
+
+
+def _nearest_paths(index: ModelIndex, term: ast.SelectorTerm) -> list[str]:
+    import difflib
+
+    from memoplan.syntax.formatter import format_path
+
+    wanted = format_path(term.path)
+    literal = ".".join(s.text for s in term.path.segments if isinstance(s, ast.Name))
+    found = difflib.get_close_matches(wanted, index.paths, n=3, cutoff=0.5)
+    if not found and literal:
+        found = difflib.get_close_matches(literal, index.paths, n=3, cutoff=0.5)
+    return found
+
+
+# ---------------------------------------------------------------- legality checks
+
+
+def _check_shared(res: Resolution) -> None:
+    """A module registered under two paths must get one decision."""
+    by_object: dict[int, str] = {}
+    for path in res.index.paths:
+        first = by_object.setdefault(id(res.index.modules[path]), path)
+        if first == path:
+            continue
+        a = {k: _bare(d.winner.policy) for k, d in res.decisions.get(first, {}).items()}
+        b = {k: _bare(d.winner.policy) for k, d in res.decisions.get(path, {}).items()}
+        if a != b:
+            span = next(iter((res.decisions.get(path) or res.decisions[first]).values())).winner.policy.span
+            res.error(
+                "MP311",
+                f"`{first}` and `{path}` are the same module object but the plan treats them differently",
+                span,
+                "a shared module runs one forward; give both paths the same policies",
+            )
+        else:
+            # Install once, under the first path.
+            res.decisions.pop(path, None)
+
+
+def _winner(res: Resolution, path: str, aspect: str):
+    decision = res.decisions.get(path, {}).get(aspect)
+    return None if decision is None else decision.winner.policy
+
+
+def _check_regions(res: Resolution) -> None:
+    """Nested checkpoint regions, and `keep` inside a region."""
+    checkpointed = [p for p in res.index.paths if isinstance(_winner(res, p, RECOMPUTE), ast.Checkpoint)]
+    marked = set(checkpointed)
+    for path in res.index.paths:
+        parts = path.split(".")
+        for k in range(len(parts) - 1, 0, -1):
+            ancestor = ".".join(parts[:k])
+            if ancestor in marked:
+                res.inside_region[path] = ancestor
+                break
+    for path in checkpointed:
+        outer = res.inside_region.get(path)
+        if outer is None:
+            continue
+        inner_policy = _winner(res, path, RECOMPUTE)
+        outer_policy = _winner(res, outer, RECOMPUTE)
+        if not (inner_policy.nested or outer_policy.nested):
+            res.error(
+                "MP305",
+                f"`{path}` is checkpointed inside the checkpoint region of `{outer}`",
+                inner_policy.span,
+                "nested regions recompute twice; drop one rule, or write `checkpoint nested = true`",
+                notes=(("outer region", outer_policy.span),),
+            )
+    for path, aspects in res.decisions.items():
+        keep = _winner(res, path, RECOMPUTE)
+        outer = res.inside_region.get(path)
+        if isinstance(keep, ast.Keep) and outer is not None:
+            res.warn(
+                "MP310",
+                f"`keep` on `{path}` has no effect: it is inside the checkpoint region of `{outer}`",
+                keep.span,
+                f"`{outer}` recomputes everything inside it",
+                notes=(("region", _winner(res, outer, RECOMPUTE).span),),
+            )
+
+
+def _check_policies(res: Resolution) -> None:
+    for path, aspects in sorted(res.decisions.items(), key=lambda kv: ir.path_key(kv[0])):
+        module = res.index.modules[path]
+        recompute = _winner(res, path, RECOMPUTE)
+        if isinstance(recompute, ast.Checkpoint):
+            _check_checkpoint(res, path, module, recompute)
+        compress = _winner(res, path, "compress")
+        if compress is not None and not isinstance(recompute, ast.Checkpoint):
+            res.error(
+                "MP309",
+                f"`compress` on `{path}` needs `checkpoint` on the same module",
+                compress.span,
+                "compression keeps the saved input of a checkpointed region; add `checkpoint`",
+            )
+
+
+def _check_checkpoint(res: Resolution, path: str, module: nn.Module, policy: ast.Checkpoint) -> None:
+    if policy.segments is not None:
+        if type(module).forward is not nn.Sequential.forward:
+            res.error(
+                "MP306",
+                f"`segments` needs an nn.Sequential; `{path}` is {type(module).__qualname__}",
+                policy.span,
+                "checkpoint its children instead, e.g. `module " + path + ".* { checkpoint }`",
+            )
+        elif policy.segments > len(module._modules):
+            res.warn(
+                "MP307",
+                f"`segments = {policy.segments}` over {len(module._modules)} children of `{path}`: "
+                f"using {len(module._modules)}",
+                policy.span,
+                f"write `segments = {len(module._modules)}`",
+            )
+    if policy.rng is ast.RngMode.OFF:
+        random = [
+            name or path
+            for name, sub in module.named_modules()
+            if any("Dropout" in base.__name__ for base in type(sub).__mro__)
+        ]
+        if random:
+            res.error(
+                "MP308",
+                f"`rng = off` on `{path}`, which contains random modules ({', '.join(random[:3])})",
+                policy.span,
+                "recompute would draw different dropout masks; drop `rng = off`",
+            )
+
+
+# ---------------------------------------------------------------- IR
+
+
+def _origin(res: Resolution, candidate: Candidate) -> ir.Origin:
+    return ir.Origin(
+        res.plan.file,
+        candidate.policy.span.line,
+        format_selector(candidate.rule.selector),
+        format_policy(candidate.policy),
+    )
+
+
+def _groups(module: nn.Module, segments: int) -> tuple[tuple[str, ...], ...]:
+    names = [n for n, child in module._modules.items() if child is not None]
+    k = min(segments, len(names))
+    size, extra = divmod(len(names), k)
+    groups, start = [], 0
+    for g in range(k):
+        stop = start + size + (1 if g < extra else 0)
+        groups.append(tuple(names[start:stop]))
+        start = stop
+    return tuple(groups)
+
+
+def _to_ir(res: Resolution) -> ir.ResolvedPlan:
+    modules = []
+    for path in sorted(res.decisions, key=ir.path_key):
+        aspects = res.decisions[path]
+        module = res.index.modules[path]
+        cls = type(module)
+        fields: dict[str, object] = {}
+        for aspect, decision in aspects.items():
+            policy, origin = decision.winner.policy, _origin(res, decision.winner)
+            if isinstance(policy, ast.Checkpoint):
+                fields["checkpoint"] = ir.CheckpointAction(
+                    origin,
+                    groups=_groups(module, policy.segments) if policy.segments else None,
+                    preserve_rng=policy.rng is not ast.RngMode.OFF,
+                    nested=bool(policy.nested),
+                )
+            elif isinstance(policy, ast.Keep):
+                fields["keep"] = origin
+            elif isinstance(policy, ast.Compress):
+                fields["compress"] = ir.CompressAction(
+                    origin, policy.codec, policy.tolerance, policy.validate or ast.Validate.SAMPLE
+                )
+            elif isinstance(policy, ast.TemporalChunk):
+                fields["temporal_chunk"] = ir.TemporalChunkAction(
+                    origin, policy.chunks, policy.dim, policy.args or (0,), bool(policy.allow_nonequivalent)
+                )
+            elif isinstance(policy, ast.State):
+                fields["state"] = ir.StateAction(origin, policy.mode)
+            elif isinstance(policy, ast.Buffers):
+                fields["buffers_commit_once"] = origin
+        modules.append(ir.ModulePlan(path, f"{cls.__module__}.{cls.__qualname__}", **fields))
+    plan = res.plan
+    blocks = {kind: plan.block(kind) for kind in ast.BlockKind}
+    return ir.ResolvedPlan(
+        file=plan.file,
+        modules=tuple(modules),
+        budget=plan.budget,
+        dtr=_config(blocks[ast.BlockKind.DTR]),
+        sublinear=_config(blocks[ast.BlockKind.SUBLINEAR]),
+        memory=_config(blocks[ast.BlockKind.MEMORY]),
+        memonger=_config(blocks[ast.BlockKind.MEMONGER]),
+        warnings=tuple(_in_order(d for d in res.diagnostics if not d.is_error)),
+    )
+
+
+def _config(block):
+    return None if block is None else config_of(block)

@@ -1,0 +1,180 @@
+"""Resolve stage: selectors matched against a model's ``named_modules()`` paths.
+
+* a literal segment matches that child name; ``*`` one segment; ``**`` zero or more;
+* ``[i]`` / ``[a:b:c]`` pick children of the previous segment by position among its
+  integer-named children (``nn.Sequential``, ``nn.ModuleList``), Python slice rules;
+* ``: Name`` keeps modules whose class, or a base class, is called ``Name`` — a short
+  name, or a dotted name whose leading part is a prefix of the class's module
+  (``torch.nn.BatchNorm2d`` matches ``torch.nn.modules.batchnorm.BatchNorm2d``);
+* ``not term`` removes what ``term`` matches.
+
+The root module (path ``""``) is never selected.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from torch import nn
+
+from memoplan.ir import path_key
+from memoplan.syntax import ast
+
+
+@dataclass(frozen=True, order=True)
+class Specificity:
+    """Larger is more specific; compared field by field."""
+
+    literal: int
+    indexed: int
+    star: int
+    class_filter: int
+
+    def __str__(self) -> str:
+        return f"({self.literal}, {self.indexed}, {self.star}, {self.class_filter})"
+
+
+def specificity(selector: ast.Selector) -> Specificity:
+    term = selector.include
+    segments = term.path.segments if term.path else ()
+    return Specificity(
+        literal=sum(isinstance(s, ast.Name) for s in segments),
+        indexed=sum(isinstance(s, (ast.Index, ast.Slice)) for s in segments),
+        star=sum(isinstance(s, ast.Star) for s in segments),
+        class_filter=int(term.class_name is not None),
+    )
+
+
+class ModelIndex:
+    """Paths, children and classes of one model, indexed for fast matching."""
+
+    def __init__(self, model: nn.Module):
+        self.modules: dict[str, nn.Module] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            if path:
+                self.modules.setdefault(path, module)
+        self.paths = sorted(self.modules, key=path_key)  # natural order, for output
+        self._sorted = sorted(self.modules)  # plain order, for prefix search
+        self._children: dict[str, list[str]] = {"": list(model._modules)}
+        for path, module in self.modules.items():
+            self._children[path] = [name for name, child in module._modules.items() if child is not None]
+        self._class_names: dict[type, frozenset[str]] = {}
+
+    def children(self, path: str) -> list[str]:
+        return self._children.get(path, [])
+
+    def under(self, prefix: str) -> list[str]:
+        """``prefix`` itself and every path below it (all paths for ``""``)."""
+        if not prefix:
+            return self._sorted
+        lo = bisect.bisect_left(self._sorted, prefix)
+        out = []
+        for path in self._sorted[lo:]:
+            if path == prefix or path.startswith(prefix + "."):
+                out.append(path)
+            elif not path.startswith(prefix):
+                break
+        return out
+
+    def class_names(self, cls: type) -> frozenset[str]:
+        """Every name a class filter may use for ``cls``: short and qualified, of it and its bases."""
+        names = self._class_names.get(cls)
+        if names is None:
+            found = set()
+            for base in cls.__mro__:
+                if base is object or base is nn.Module:
+                    continue
+                found.add(base.__qualname__)
+                module_parts = base.__module__.split(".")
+                for i in range(1, len(module_parts) + 1):
+                    found.add(".".join(module_parts[:i]) + "." + base.__qualname__)
+            names = self._class_names[cls] = frozenset(found)
+        return names
+
+    @cached_property
+    def all_class_names(self) -> list[str]:
+        return sorted({type(m).__qualname__ for m in self.modules.values()})
+
+    def matches_class(self, path: str, class_name: str) -> bool:
+        return class_name in self.class_names(type(self.modules[path]))
+
+
+def _literal_prefix(segments) -> str:
+    parts = []
+    for segment in segments:
+        if not isinstance(segment, ast.Name):
+            break
+        parts.append(segment.text)
+    return ".".join(parts)
+
+
+def _regex(segments) -> re.Pattern:
+    """Regex over ``path + "."`` for patterns without index/slice segments."""
+    out = []
+    for segment in segments:
+        if isinstance(segment, ast.Name):
+            out.append(re.escape(segment.text) + r"\.")
+        elif isinstance(segment, ast.Star):
+            out.append(r"[^.]+\.")
+        else:
+            out.append(r"(?:[^.]+\.)*")
+    return re.compile("".join(out))
+
+
+def match_term(index: ModelIndex, term: ast.SelectorTerm) -> list[str]:
+    """Paths matched by one selector term, in plain sorted order."""
+    if term.path is None:
+        candidates = index._sorted
+    else:
+        segments = term.path.segments
+        prefix = _literal_prefix(segments)
+        if len(prefix.split(".")) == len(segments) and prefix:
+            candidates = [prefix] if prefix in index.modules else []
+        elif any(isinstance(s, (ast.Index, ast.Slice)) for s in segments):
+            candidates = [p for p in index.under(prefix) if _match(index, segments, p.split("."), 0, 0)]
+        else:
+            regex = _regex(segments)
+            candidates = [p for p in index.under(prefix) if regex.fullmatch(p + ".")]
+    if term.class_name is not None:
+        candidates = [p for p in candidates if index.matches_class(p, term.class_name)]
+    return candidates
+
+
+def _match(index: ModelIndex, segments, parts: list[str], i: int, j: int) -> bool:
+    """Recursive matcher for patterns with index or slice segments."""
+    if i == len(segments):
+        return j == len(parts)
+    segment = segments[i]
+    if isinstance(segment, ast.DoubleStar):
+        return any(_match(index, segments, parts, i + 1, k) for k in range(j, len(parts) + 1))
+    if j == len(parts):
+        return False
+    if isinstance(segment, ast.Name):
+        ok = parts[j] == segment.text
+    elif isinstance(segment, ast.Star):
+        ok = True
+    else:
+        ok = parts[j] in _picked(index, ".".join(parts[:j]), segment)
+    return ok and _match(index, segments, parts, i + 1, j + 1)
+
+
+def _picked(index: ModelIndex, parent: str, segment) -> set[str]:
+    names = index.children(parent)
+    if not names or not all(n.isdigit() for n in names):
+        return set()
+    if isinstance(segment, ast.Index):
+        if -len(names) <= segment.value < len(names):
+            return {names[segment.value]}
+        return set()
+    return set(names[segment.start : segment.stop : segment.step])
+
+
+def select(index: ModelIndex, selector: ast.Selector) -> list[str]:
+    """Paths matched by a selector (include minus excludes), in natural order."""
+    chosen = set(match_term(index, selector.include))
+    for term in selector.exclude:
+        chosen.difference_update(match_term(index, term))
+    return sorted(chosen, key=path_key)

@@ -1,0 +1,123 @@
+"""Runtime stage: the checkpoint core that generated policy forwards call.
+
+Every region runs under non-reentrant ``torch.utils.checkpoint``: unlike the
+reentrant variant it gives frozen inputs and parameters their gradients
+(huggingface/transformers#23170), supports keyword and non-tensor arguments and
+does not mark DDP parameters ready twice (pytorch/pytorch#24005).  On top of it:
+
+* buffers are committed once and recomputed with the values the forward saw
+  (:mod:`memoplan.runtime.buffers`, pytorch/pytorch#96136);
+* with ``preserve_rng`` the recompute replays the forward's RNG state, so dropout
+  draws the same masks (allenai/OLMo-core#828), and the global RNG state after
+  backward is what it would have been without the plan (checkpoint forks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from memoplan.runtime.buffers import BufferGuard
+
+__all__ = ["run_checkpointed", "run_segmented"]
+
+
+def run_checkpointed(
+    module: nn.Module,
+    forward_fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    preserve_rng: bool = True,
+) -> Any:
+    """``forward_fn(module, *args, **kwargs)`` as one checkpointed region."""
+    if not torch.is_grad_enabled():
+        # Nothing will be saved for backward, so there is nothing to recompute.
+        return forward_fn(module, *args, **kwargs)
+    return _region(partial(forward_fn, module), (module,), args, kwargs, preserve_rng)
+
+
+def run_segmented(
+    module: nn.Module,
+    groups: Sequence[Sequence[str]],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    preserve_rng: bool = True,
+) -> Any:
+    """An ``nn.Sequential``'s forward with each group of children as its own checkpointed region.
+
+    ``groups`` holds the children's names, contiguous and in order, covering them all;
+    the output of one group is the input of the next.
+    """
+    if type(module).forward is not nn.Sequential.forward:
+        raise TypeError(
+            f"memoplan: segments need an nn.Sequential forward, "
+            f"but {type(module).__qualname__} defines its own"
+        )
+    if not torch.is_grad_enabled():
+        return nn.Sequential.forward(module, *args, **kwargs)  # type: ignore[arg-type]
+    names = tuple(name for group in groups for name in group)
+    if names != tuple(module._modules):
+        raise RuntimeError(
+            f"memoplan: segments {[list(g) for g in groups]} do not cover the children "
+            f"{list(module._modules)} in order; the model changed since the plan was compiled"
+        )
+    x = _sequential_input(args, kwargs)
+    for group in groups:
+        children = tuple(module._modules[name] for name in group)
+        x = _region(partial(_chain, children), children, (x,), {}, preserve_rng)  # type: ignore[arg-type]
+    return x
+
+
+def _chain(children: Sequence[nn.Module], x: Any) -> Any:
+    for child in children:
+        x = child(x)
+    return x
+
+
+def _sequential_input(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """The one input ``nn.Sequential.forward(self, input)`` accepts, positional or by name."""
+    if len(args) == 1 and not kwargs:
+        return args[0]
+    if not args and set(kwargs) == {"input"}:
+        return kwargs["input"]
+    raise TypeError("nn.Sequential.forward takes exactly one argument, `input`")
+
+
+def _region(
+    fn: Callable[..., Any],
+    roots: Sequence[nn.Module],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    preserve_rng: bool,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` under non-reentrant checkpoint, guarding ``roots``' buffers."""
+    # Hand checkpoint every tensor as a top-level positional argument: it then saves
+    # them with version checks (an in-place change before backward is an error, not a
+    # silent wrong recompute) and sees their devices for RNG stashing.  The user's
+    # keyword arguments travel inside the flat list, never as checkpoint's own keyword
+    # arguments, so a user kwarg named `use_reentrant` or `context_fn` reaches the module.
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+
+    def call(*flat: Any) -> Any:
+        call_args, call_kwargs = pytree.tree_unflatten(list(flat), spec)
+        return fn(*call_args, **call_kwargs)
+
+    if torch.compiler.is_compiling():
+        # A compiled graph is functionalized: buffers mutate once, when the graph's
+        # outputs are written back, and checkpoint only accepts dispatch-mode contexts.
+        return checkpoint(call, *leaves, use_reentrant=False, preserve_rng_state=preserve_rng)
+    return checkpoint(
+        call,
+        *leaves,
+        use_reentrant=False,
+        preserve_rng_state=preserve_rng,
+        context_fn=BufferGuard(roots).contexts,
+    )

@@ -1,0 +1,193 @@
+"""Runtime stage: install a generated plan's forwards on a model, validate first, undo exactly.
+
+A plan is installed by giving each target module an *instance* attribute
+``forward`` (a bound method of the generated policy function).  Nothing else
+about the module changes: its class, ``state_dict`` keys, parameters, buffers
+and hooks stay as they were, so ``isinstance`` checks, checkpoints and
+optimizers built before the plan keep working.  No wrapper container is
+inserted, which is what adds ``.0.``/``_checkpoint_wrapped_module`` prefixes to
+``state_dict`` keys in other tools (pytorch/pytorch#117399).
+
+``copy.deepcopy`` re-binds bound methods to the copied module, so a deep copy
+of a planned model is planned too, and independent of the original.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from memoplan.diagnostics import Diagnostic, PlanError, did_you_mean
+
+__all__ = [
+    "InstalledPlan",
+    "PlanMismatchError",
+    "Target",
+    "install",
+    "installed_plan",
+    "qualified_type_name",
+    "uninstall",
+]
+
+# The key in the root module's ``__dict__`` under which the installed plan is recorded.
+# Written to ``__dict__`` directly: it is plain data, not a parameter, buffer or submodule.
+_PLAN_ATTR = "_memoplan_plan"
+
+
+class PlanMismatchError(PlanError):
+    """The model does not match the plan (``MP401``-``MP403``); nothing was changed."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One module to patch: where it is, what class the plan was made for, its new forward.
+
+    ``type_name`` is ``f"{cls.__module__}.{cls.__qualname__}"``; ``forward`` is a
+    plain function taking the module as ``self`` (it is bound at install time).
+    """
+
+    path: str
+    type_name: str
+    forward: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class InstalledPlan:
+    """What :func:`install` changed on a model, kept so that :func:`uninstall` can undo it."""
+
+    plan_id: str
+    # (path, the function installed there); the function identifies *our* patch.
+    forwards: tuple[tuple[str, Callable[..., Any]], ...]
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(path for path, _ in self.forwards)
+
+
+def qualified_type_name(cls: type) -> str:
+    """The name a :class:`Target` records for a module class: ``module.QualName``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def installed_plan(model: nn.Module) -> str | None:
+    """The id of the plan installed on ``model``, or ``None``."""
+    record = model.__dict__.get(_PLAN_ATTR)
+    return record.plan_id if isinstance(record, InstalledPlan) else None
+
+
+def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str) -> None:
+    """Patch every target's forward, or raise :class:`PlanMismatchError` and change nothing."""
+    targets = tuple(targets)
+    modules = _validate(model, targets)
+    for target, module in zip(targets, modules):
+        # An instance attribute shadows the class's forward for this module only;
+        # ``nn.Module.__call__`` looks up ``self.forward``, so hooks still run around it.
+        module.forward = types.MethodType(target.forward, module)
+    model.__dict__[_PLAN_ATTR] = InstalledPlan(
+        plan_id=plan_id, forwards=tuple((t.path, t.forward) for t in targets)
+    )
+
+
+def uninstall(model: nn.Module) -> None:
+    """Remove the installed plan, restoring every patched module; no-op without a plan."""
+    record = model.__dict__.pop(_PLAN_ATTR, None)
+    if not isinstance(record, InstalledPlan):
+        return
+    for path, function in record.forwards:
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            continue  # the module was replaced since; nothing of ours is left there
+        patched = module.__dict__.get("forward")
+        if isinstance(patched, types.MethodType) and patched.__func__ is function:
+            del module.__dict__["forward"]
+        else:
+            warnings.warn(
+                f"memoplan: the forward of `{path}` was replaced after the plan was "
+                "installed; leaving it as it is",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def _validate(model: nn.Module, targets: tuple[Target, ...]) -> list[nn.Module]:
+    """Resolve every target to its module, collecting one diagnostic per problem."""
+    problems: list[Diagnostic] = []
+    if installed_plan(model) is not None:
+        problems.append(
+            Diagnostic(
+                code="MP403",
+                message=f"the model already has memoplan plan {installed_plan(model)} installed",
+                help="call `remove(model)` (memoplan.runtime.uninstall) before applying another plan",
+            )
+        )
+    paths = [name for name, _ in model.named_modules(remove_duplicate=False) if name]
+    modules: list[nn.Module] = []
+    seen: dict[int, str] = {}
+    for target in targets:
+        module = _lookup(model, target.path)
+        if module is None:
+            problems.append(_missing(target.path, paths))
+            continue
+        modules.append(module)
+        found = qualified_type_name(type(module))
+        if found != target.type_name:
+            problems.append(
+                Diagnostic(
+                    code="MP402",
+                    message=(
+                        f"`{target.path}` is a {found}, but the plan was made for a {target.type_name}"
+                    ),
+                    help="the model changed since the plan was compiled; recompile the plan",
+                )
+            )
+        elif id(module) in seen:
+            problems.append(
+                Diagnostic(
+                    code="MP403",
+                    message=(
+                        f"`{target.path}` is the same module as `{seen[id(module)]}`, "
+                        "which the plan already patches"
+                    ),
+                )
+            )
+        elif "forward" in module.__dict__:
+            problems.append(
+                Diagnostic(
+                    code="MP403",
+                    message=f"`{target.path}` already has its forward patched on the instance",
+                    help="another tool (or a plan on a submodule) replaced it; remove that patch first",
+                )
+            )
+        seen.setdefault(id(module), target.path)
+    if problems:
+        raise PlanMismatchError(tuple(problems))
+    return modules
+
+
+def _lookup(model: nn.Module, path: str) -> nn.Module | None:
+    if not path:
+        return None  # the root is never a target: the plan is recorded on it
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _missing(path: str, paths: list[str]) -> Diagnostic:
+    if not path:
+        return Diagnostic(
+            code="MP401",
+            message='the root module (path "") cannot be a plan target',
+            help="target its submodules instead",
+        )
+    return Diagnostic(
+        code="MP401",
+        message=f"the model has no module `{path}`",
+        help=did_you_mean(path, paths),
+    )

@@ -1,0 +1,533 @@
+"""Syntax stage: turns the Lark parse tree into the typed AST, checking every value as it goes.
+
+Problems are collected, not raised, so that one run reports all errors of a file.
+Comments are attached to nodes afterwards by ``memoplan.syntax.comments``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from lark import Token, Transformer, v_args
+
+from memoplan.diagnostics import Diagnostic, Span, did_you_mean
+from memoplan.syntax import ast
+from memoplan.syntax.blocks import check_block
+
+POLICY_NAMES = ("checkpoint", "compress", "temporal_chunk", "keep", "state", "buffers")
+STATEMENT_NAMES = ("model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
+
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)[ \t]*(\w+)")
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)[ \t]*(ms|s)")
+_INT_RE = re.compile(r"[+-]?\d+")
+
+
+def number(text: str) -> int | float:
+    return int(text) if _INT_RE.fullmatch(text) else float(text)
+
+
+def unquote(text: str) -> str:
+    return json.loads(text, strict=False)
+
+
+def _plain(amount: str) -> int | float:
+    value = float(amount)
+    return int(value) if value.is_integer() and "." not in amount else value
+
+
+@dataclass(frozen=True)
+class _Option:
+    key: str
+    value: ast.Value
+    span: Span
+
+
+@dataclass
+class _Checker:
+    """Reads ``key = value`` options of one policy, reporting unknown, repeated and mistyped ones."""
+
+    builder: "Builder"
+    policy: str
+    options: list[_Option]
+    allowed: tuple[str, ...]
+    seen: dict[str, _Option] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for opt in self.options:
+            if opt.key not in self.allowed:
+                help_ = did_you_mean(opt.key, self.allowed)
+                if not help_:
+                    help_ = (
+                        f"`{self.policy}` takes: {', '.join(self.allowed)}"
+                        if self.allowed
+                        else f"`{self.policy}` takes no options"
+                    )
+                self.builder.error("MP201", f"unknown option `{opt.key}` for `{self.policy}`", opt.span, help_)
+            elif opt.key in self.seen:
+                self.builder.error(
+                    "MP208",
+                    f"option `{opt.key}` is given twice",
+                    opt.span,
+                    "remove one of them",
+                    notes=(("first given", self.seen[opt.key].span),),
+                )
+            else:
+                self.seen[opt.key] = opt
+
+    def _bad(self, opt: _Option, expected: str, code: str = "MP202") -> None:
+        self.builder.error(code, f"`{opt.key}` expects {expected}", opt.span)
+
+    def integer(self, key: str, minimum: int) -> int | None:
+        opt = self.seen.get(key)
+        if opt is None:
+            return None
+        if not isinstance(opt.value, int):
+            self._bad(opt, "an integer")
+        elif opt.value < minimum:
+            self._bad(opt, f"an integer >= {minimum}", "MP203")
+        else:
+            return opt.value
+        return None
+
+    def positive_float(self, key: str) -> float | None:
+        opt = self.seen.get(key)
+        if opt is None:
+            return None
+        if not isinstance(opt.value, (int, float)):
+            self._bad(opt, "a number")
+        elif opt.value <= 0:
+            self._bad(opt, "a number > 0", "MP203")
+        else:
+            return float(opt.value)
+        return None
+
+    def boolean(self, key: str) -> bool | None:
+        opt = self.seen.get(key)
+        if opt is None:
+            return None
+        if isinstance(opt.value, ast.Word) and opt.value.name in ("true", "false"):
+            return opt.value.name == "true"
+        self._bad(opt, "`true` or `false`")
+        return None
+
+    def choice(self, key: str, enum_cls):
+        opt = self.seen.get(key)
+        if opt is None:
+            return None
+        return self.builder.enum_value(enum_cls, opt.value, opt.span, f"`{key}`")
+
+
+class Builder(Transformer):
+    """Lark transformer: parse tree -> AST nodes (without comments)."""
+
+    def __init__(self, file: str):
+        super().__init__(visit_tokens=False)
+        self.file = file
+        self.diagnostics: list[Diagnostic] = []
+
+    # ------------------------------------------------------------ helpers
+
+    def span(self, item) -> Span:
+        """Span of a token or of a tree's meta."""
+        return Span(self.file, item.line, item.column, item.end_line, item.end_column)
+
+    def error(self, code, message, span, help=None, notes=()) -> None:
+        self.diagnostics.append(Diagnostic(code, message, span, help, notes=notes))
+
+    def enum_value(self, enum_cls, value, span: Span, what: str):
+        words = [m.value for m in enum_cls]
+        name = value.name if isinstance(value, ast.Word) else value
+        for member in enum_cls:
+            if member.value == name:
+                return member
+        self.error(
+            "MP204",
+            f"unknown value `{name}` for {what}",
+            span,
+            did_you_mean(str(name), words) or "allowed: " + ", ".join(words),
+        )
+        return None
+
+    # ------------------------------------------------------------ values
+
+    def number(self, children):
+        return number(children[0])
+
+    def size(self, children):
+        amount, unit = _SIZE_RE.fullmatch(str(children[0])).groups()
+        return ast.Size(_plain(amount), ast.Unit[unit])
+
+    def percent(self, children):
+        return ast.Percent(_plain(str(children[0])[:-1]))
+
+    def fraction(self, children):
+        return number(children[0])
+
+    def duration(self, children):
+        amount, unit = _DURATION_RE.fullmatch(str(children[0])).groups()
+        return ast.Duration(_plain(amount), unit)
+
+    def word(self, children):
+        return ast.Word(str(children[0]))
+
+    def text(self, children):
+        return ast.Text(unquote(children[0]))
+
+    def value_list(self, children):
+        return ast.ValueList(tuple(c for c in children if c is not None))
+
+    # ------------------------------------------------------------ header / model / example
+
+    def header(self, children):
+        token = children[0]
+        version = int(token)
+        if version != 1:
+            self.error(
+                "MP103",
+                f"unsupported plan version {version}",
+                self.span(token),
+                "this memoplan reads `memplan 1`",
+            )
+        return ("header", version, self.span(token))
+
+    @v_args(meta=True)
+    def model_stmt(self, meta, children):
+        spec = unquote(children[0])
+        if ":" not in spec:
+            self.error(
+                "MP501",
+                f"model spec `{spec}` has no `:`",
+                self.span(children[0]),
+                "write `package.module:factory` or `path/to/file.py:factory`",
+            )
+        return ast.ModelStmt(spec, span=self.span(meta))
+
+    @v_args(meta=True)
+    def example_import(self, meta, children):
+        return ast.ExampleStmt(spec=unquote(children[0]), span=self.span(meta))
+
+    @v_args(meta=True)
+    def example_tensors(self, meta, children):
+        return ast.ExampleStmt(tensors=tuple(c for c in children if c is not None), span=self.span(meta))
+
+    def positional_arg(self, children):
+        return (None, number(children[0]), children[0])
+
+    def keyword_arg(self, children):
+        key, value = children
+        return (str(key), number(value) if value.type == "NUMBER" else str(value), key)
+
+    @v_args(meta=True)
+    def tensor_spec(self, meta, children):
+        name_token, *args = children
+        args = [a for a in args if a is not None]
+        span = self.span(meta)
+        fn = self.enum_value(ast.TensorFn, str(name_token), self.span(name_token), "an example tensor")
+        shape: list[int] = []
+        options: dict[str, object] = {}
+        for key, value, token in args:
+            if key is None:
+                if options:
+                    self.error("MP202", "sizes come before keyword arguments", self.span(token))
+                elif not isinstance(value, int) or value < 0:
+                    self.error("MP203", f"a dimension must be an integer >= 0, not `{value}`", self.span(token))
+                else:
+                    shape.append(value)
+            elif key in ("low", "high"):
+                if not isinstance(value, int):
+                    self.error("MP202", f"`{key}` expects an integer", self.span(token))
+                else:
+                    options[key] = value
+            elif key == "dtype":
+                if value not in DTYPES:
+                    self.error(
+                        "MP204",
+                        f"unknown dtype `{value}`",
+                        self.span(token),
+                        did_you_mean(str(value), DTYPES) or "allowed: " + ", ".join(DTYPES),
+                    )
+                else:
+                    options[key] = value
+            else:
+                self.error(
+                    "MP201",
+                    f"unknown argument `{key}` for an example tensor",
+                    self.span(token),
+                    did_you_mean(key, ("low", "high", "dtype")) or "arguments: low, high, dtype",
+                )
+        if fn is None:
+            return None
+        if fn is ast.TensorFn.RANDINT and "high" not in options:
+            self.error("MP209", "`randint` needs `high=`", span, "e.g. `randint(4, 16, high=100)`")
+        elif fn is not ast.TensorFn.RANDINT and ("low" in options or "high" in options):
+            self.error("MP201", f"`{fn.value}` takes no `low`/`high`", span, "only `randint` does")
+        elif "low" in options and "high" in options and options["low"] >= options["high"]:
+            self.error("MP203", "`low` must be below `high`", span)
+        return ast.TensorSpec(
+            fn, tuple(shape), options.get("low"), options.get("high"), options.get("dtype")
+        )
+
+    # ------------------------------------------------------------ selectors
+
+    def name_segment(self, children):
+        token = children[0]
+        text = unquote(token) if token.type == "STRING" else str(token)
+        if token.type == "STRING" and (text == "" or "." in text):
+            self.error(
+                "MP105",
+                "a quoted path segment cannot be empty or contain `.`",
+                self.span(token),
+                "PyTorch module names never contain `.`; split the path into segments",
+            )
+        return ast.Name(text)
+
+    def star_segment(self, children):
+        return ast.DoubleStar() if children[0] == "**" else ast.Star()
+
+    def first_segment(self, children):
+        return children[0]
+
+    def index(self, children):
+        token = children[0]
+        value = number(token)
+        if not isinstance(value, int):
+            self.error("MP202", "an index must be an integer", self.span(token))
+            return ast.Index(0)
+        return ast.Index(value)
+
+    def slice(self, children):
+        bounds: list[int | None] = []
+        for token in children:
+            value = None if token is None else number(token)
+            if value is not None and not isinstance(value, int):
+                self.error("MP202", "slice bounds must be integers", self.span(token))
+                value = None
+            bounds.append(value)
+        start, stop, step = (bounds + [None, None, None])[:3]
+        if step == 0:
+            self.error("MP203", "slice step cannot be zero", self.span(children[2]))
+            step = None
+        return ast.Slice(start, stop, step)
+
+    def path(self, children):
+        return ast.PathPattern(tuple(children))
+
+    def qualname(self, children):
+        return ".".join(str(c) for c in children)
+
+    def path_term(self, children):
+        path, class_name = children
+        return ast.SelectorTerm(path=path, class_name=class_name)
+
+    def class_term(self, children):
+        return ast.SelectorTerm(class_name=children[0])
+
+    @v_args(meta=True)
+    def selector(self, meta, children):
+        include, *exclude = children
+        return ast.Selector(include, tuple(exclude), span=self.span(meta))
+
+    # ------------------------------------------------------------ policies
+
+    @v_args(meta=True)
+    def option(self, meta, children):
+        key, value = children
+        return _Option(str(key), value, self.span(meta))
+
+    @v_args(meta=True)
+    def checkpoint(self, meta, options):
+        c = _Checker(self, "checkpoint", options, ("segments", "rng", "impl", "nested"))
+        return ast.Checkpoint(
+            segments=c.integer("segments", 1),
+            rng=c.choice("rng", ast.RngMode),
+            impl=c.choice("impl", ast.CheckpointImpl),
+            nested=c.boolean("nested"),
+            span=self.span(meta),
+        )
+
+    @v_args(meta=True)
+    def compress(self, meta, children):
+        codec_token, lossy_token, *options = children
+        span = self.span(meta)
+        c = _Checker(self, "compress", options, ("tolerance", "validate"))
+        codec = self.enum_value(ast.Codec, str(codec_token), self.span(codec_token), "`compress input`")
+        lossy = lossy_token is not None
+        tolerance = c.positive_float("tolerance")
+        validate = c.choice("validate", ast.Validate)
+        if codec is not None:
+            if codec.lossy and not lossy:
+                self.error(
+                    "MP205",
+                    f"codec `{codec.value}` is lossy and must be marked so",
+                    span,
+                    f"write `compress input = {codec.value} lossy tolerance = <max abs error>`",
+                )
+            elif lossy and not codec.lossy:
+                self.error(
+                    "MP205",
+                    f"codec `{codec.value}` is lossless; `lossy` does not apply",
+                    self.span(lossy_token),
+                    "remove `lossy`",
+                )
+            elif codec.lossy and tolerance is None and "tolerance" not in c.seen:
+                self.error(
+                    "MP209",
+                    f"lossy codec `{codec.value}` needs a stated `tolerance`",
+                    span,
+                    "e.g. `tolerance = 0.01` (largest absolute error accepted)",
+                )
+            elif not codec.lossy and "tolerance" in c.seen:
+                self.error(
+                    "MP201", "`tolerance` applies only to lossy codecs", c.seen["tolerance"].span
+                )
+        if codec is None:
+            return None
+        return ast.Compress(codec, lossy, tolerance, validate, span=span)
+
+    @v_args(meta=True)
+    def temporal_chunk(self, meta, children):
+        chunks_token, dim_token, *options = children
+        span = self.span(meta)
+        c = _Checker(self, "temporal_chunk", options, ("args", "allow_nonequivalent"))
+        chunks, dim = number(chunks_token), number(dim_token)
+        if not isinstance(chunks, int) or chunks < 1:
+            self.error("MP203", "the chunk count must be an integer >= 1", self.span(chunks_token))
+            chunks = None
+        if not isinstance(dim, int):
+            self.error("MP202", "`dim` expects an integer", self.span(dim_token))
+            dim = None
+        args = None
+        if "args" in c.seen:
+            opt = c.seen["args"]
+            items = opt.value.items if isinstance(opt.value, ast.ValueList) else (opt.value,)
+            converted = []
+            for item in items:
+                if isinstance(item, int) and item >= 0:
+                    converted.append(item)
+                elif isinstance(item, (ast.Word, ast.Text)):
+                    converted.append(item.name if isinstance(item, ast.Word) else item.value)
+                else:
+                    self.error(
+                        "MP202",
+                        "`args` expects argument positions (integers >= 0) or keyword names",
+                        opt.span,
+                        "e.g. `args = [0, \"state\"]`",
+                    )
+                    converted = None
+                    break
+            args = tuple(converted) if converted else None
+            if converted == []:
+                self.error("MP203", "`args` cannot be empty", opt.span)
+        allow = c.boolean("allow_nonequivalent")
+        if chunks is None or dim is None:
+            return None
+        return ast.TemporalChunk(chunks, dim, args, allow, span=span)
+
+    @v_args(meta=True)
+    def keep(self, meta, children):
+        return ast.Keep(span=self.span(meta))
+
+    @v_args(meta=True)
+    def state(self, meta, children):
+        mode = self.enum_value(ast.StateMode, str(children[0]), self.span(children[0]), "`state`")
+        return None if mode is None else ast.State(mode, span=self.span(meta))
+
+    @v_args(meta=True)
+    def buffers(self, meta, children):
+        mode = self.enum_value(ast.BuffersMode, str(children[0]), self.span(children[0]), "`buffers`")
+        return None if mode is None else ast.Buffers(mode, span=self.span(meta))
+
+    @v_args(meta=True)
+    def module_rule(self, meta, children):
+        selector, *policies = children
+        policies = [p for p in policies if p is not None]
+        seen: dict[type, ast.Policy] = {}
+        for policy in policies:
+            kind = type(policy)
+            if kind in seen:
+                self.error(
+                    "MP206",
+                    f"`{_policy_word(policy)}` appears twice in one rule",
+                    policy.span,
+                    "merge the two lines into one",
+                    notes=(("first here", seen[kind].span),),
+                )
+            else:
+                seen[kind] = policy
+        keep = seen.get(ast.Keep)
+        if keep is not None:
+            for kind in (ast.Checkpoint, ast.Compress, ast.TemporalChunk):
+                if kind in seen:
+                    other = seen[kind]
+                    self.error(
+                        "MP207",
+                        f"`keep` and `{_policy_word(other)}` contradict each other",
+                        other.span,
+                        "`keep` means: never recompute this module; drop one of the two",
+                        notes=(("`keep` here", keep.span),),
+                    )
+        return ast.ModuleRule(selector, tuple(policies), span=self.span(meta))
+
+    # ------------------------------------------------------------ budget / blocks
+
+    @v_args(meta=True)
+    def budget_stmt(self, meta, children):
+        amount, mode_token = children
+        span = self.span(meta)
+        unit = next((u for u in ast.Unit if mode_token and u.symbol.lower() == str(mode_token).lower()), None)
+        if unit is not None:
+            self.error(
+                "MP100",
+                f"unknown unit `{mode_token}`",
+                self.span(mode_token),
+                f"units are case-sensitive: write `{unit.symbol}`",
+            )
+            return None
+        if isinstance(amount, ast.Size) and amount.bytes <= 0:
+            self.error("MP203", "a budget must be more than 0 bytes", span)
+        elif isinstance(amount, ast.Percent) and not 0 < amount.value <= 100:
+            self.error("MP203", "a percentage budget must be in (0%, 100%]", span)
+        elif isinstance(amount, (int, float)) and not 0 < amount <= 1:
+            self.error(
+                "MP203",
+                "a fractional budget must be in (0, 1]",
+                span,
+                "a fraction of the unplanned peak; for bytes write a unit, e.g. `4 GiB`",
+            )
+        mode = None
+        if mode_token is not None:
+            mode = self.enum_value(ast.BudgetMode, str(mode_token), self.span(mode_token), "`budget`")
+        return ast.Budget(amount, mode, span=span)
+
+    @v_args(meta=True)
+    def entry(self, meta, children):
+        key, value = children
+        return ast.ConfigEntry(str(key), value, span=self.span(meta))
+
+    @v_args(meta=True)
+    def config_block(self, meta, children):
+        kind_token, *entries = children
+        block = ast.ConfigBlock(
+            ast.BlockKind(str(kind_token)),
+            tuple(e for e in entries if e is not None),
+            span=self.span(meta),
+        )
+        self.diagnostics.extend(check_block(block))
+        return block
+
+    def start(self, children):
+        return children
+
+
+def _policy_word(policy) -> str:
+    return {
+        ast.Checkpoint: "checkpoint",
+        ast.Compress: "compress",
+        ast.TemporalChunk: "temporal_chunk",
+        ast.Keep: "keep",
+        ast.State: "state",
+        ast.Buffers: "buffers",
+    }[type(policy)]

@@ -1,0 +1,397 @@
+"""Syntax stage: ``.memplan`` text -> AST, with every error of a file reported in one run.
+
+Parsing never runs user code.  Syntax errors are mapped to coded diagnostics
+(``MP1xx``); after each one the offending line (or the whole block a bad line
+opens) is blanked out and the text parsed again, so later errors are found too
+without cascades.  Value errors (``MP2xx``) come from ``build``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+from lark import Lark, Token
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternStr
+
+from memoplan._resources import grammar_text
+from memoplan.diagnostics import Diagnostic, PlanError, Span, did_you_mean
+from memoplan.syntax import ast
+from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES, Builder
+
+MAX_ERRORS = 50
+
+_TERMINAL_WORDS = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "NUMBER": "a number",
+    "STRING": "a quoted string",
+    "SIZE": "a size such as `4 GiB`",
+    "PERCENT": "a percentage such as `50%`",
+    "DURATION": "a duration such as `10 ms`",
+    "_NL": "a new line",
+    "$END": "the end of the file",
+    "STAR": "`*`",
+    "DOUBLESTAR": "`**`",
+}
+UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB")
+
+
+class _Comments:
+    """Collects comment tokens through a Lark lexer callback."""
+
+    def __init__(self) -> None:
+        self.tokens: list[Token] = []
+
+    def __call__(self, token: Token) -> Token:
+        self.tokens.append(token)
+        return token
+
+
+@cache
+def _lark() -> tuple[Lark, _Comments]:
+    sink = _Comments()
+    parser = Lark(
+        grammar_text(),
+        parser="lalr",
+        lexer="contextual",
+        start=["start", "example_stmt"],
+        propagate_positions=True,
+        maybe_placeholders=True,
+        lexer_callbacks={"COMMENT": sink},
+    )
+    return parser, sink
+
+
+@cache
+def _terminal_words() -> dict[str, str]:
+    parser, _ = _lark()
+    words = dict(_TERMINAL_WORDS)
+    for terminal in parser.terminals:
+        if isinstance(terminal.pattern, PatternStr):
+            words.setdefault(terminal.name, f"`{terminal.pattern.value}`")
+    return words
+
+
+# ---------------------------------------------------------------- public API
+
+
+def parse(text: str, file: str = "<memory>") -> ast.Plan:
+    """Parse plan text; raise :class:`PlanError` with every diagnostic if anything is wrong.
+
+    Warnings alone do not raise; they are available from :func:`parse_with_diagnostics`.
+    """
+    plan, diagnostics = parse_with_diagnostics(text, file)
+    if plan is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), text)
+    return plan
+
+
+def load(path: str | Path) -> ast.Plan:
+    """Read and parse a ``.memplan`` file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: {exc.strerror}"),)) from None
+    except UnicodeDecodeError as exc:
+        raise PlanError((Diagnostic("MP107", f"plan `{path}` is not UTF-8 text: {exc.reason}"),)) from None
+    return parse(text, str(path))
+
+
+def parse_with_diagnostics(text: str, file: str = "<memory>") -> tuple[ast.Plan | None, list[Diagnostic]]:
+    """Parse plan text and return ``(plan or None, diagnostics)`` without raising."""
+    text = text.replace("\r\n", "\n")
+    missing = _missing_header(text, file)
+    if missing:
+        return None, [missing]
+    tree, comments, diagnostics = _parse_tree(text, file, "start")
+    if tree is None:
+        return None, _in_order(diagnostics)
+    builder = Builder(file)
+    items = builder.transform(tree)
+    diagnostics.extend(builder.diagnostics)
+    plan = _assemble(items, comments, file, text, diagnostics)
+    return plan, _in_order(diagnostics)
+
+
+def _in_order(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    return sorted(diagnostics, key=lambda d: (d.span.line, d.span.column) if d.span else (0, 0))
+
+
+def parse_example_spec(text: str, file: str = "<example>") -> ast.ExampleStmt:
+    """Parse an inline example such as ``randn(4, 3, 32, 32)`` or an import spec in quotes.
+
+    A bare ``pkg.mod:factory`` or ``path.py:factory`` (no parentheses) is taken as an import spec.
+    """
+    stripped = text.strip()
+    if ":" in stripped and "(" not in stripped and not stripped.startswith('"'):
+        return ast.ExampleStmt(spec=stripped)
+    source = f"example {stripped}"
+    tree, _, diagnostics = _parse_tree(source, file, "example_stmt")
+    if tree is not None:
+        builder = Builder(file)
+        stmt = builder.transform(tree)
+        diagnostics.extend(builder.diagnostics)
+    if tree is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), source)
+    return stmt
+
+
+# ---------------------------------------------------------------- parsing with recovery
+
+
+def _missing_header(text: str, file: str) -> Diagnostic | None:
+    for number, line in enumerate(text.split("\n"), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if re.match(r"memplan\b", stripped):
+            return None
+        column = len(line) - len(line.lstrip()) + 1
+        word = stripped.split()[0]
+        return Diagnostic(
+            "MP104",
+            "a plan must start with its version header",
+            Span(file, number, column, number, column + len(word)),
+            "add `memplan 1` as the first line",
+        )
+    return Diagnostic("MP104", "the plan is empty", Span(file, 1, 1, 1, 1), "start with `memplan 1`")
+
+
+def _parse_tree(text: str, file: str, start: str):
+    parser, sink = _lark()
+    diagnostics: list[Diagnostic] = []
+    work = text
+    for _ in range(MAX_ERRORS):
+        sink.tokens = []
+        try:
+            tree = parser.parse(work, start=start)
+        except UnexpectedInput as error:
+            diagnostics.append(_diagnose(error, work, file))
+            work_next = _elide(work, error)
+            if work_next is None or work_next == work:
+                return None, [], diagnostics
+            work = work_next
+            continue
+        if diagnostics:
+            # The tree of an elided text is only used to find more errors.
+            sink.tokens = []
+            return _build_only_for_errors(tree, file, diagnostics)
+        return tree, list(sink.tokens), diagnostics
+    return None, [], diagnostics
+
+
+def _build_only_for_errors(tree, file, diagnostics):
+    builder = Builder(file)
+    builder.transform(tree)
+    diagnostics.extend(builder.diagnostics)
+    return None, [], diagnostics
+
+
+def _elide(text: str, error: UnexpectedInput) -> str | None:
+    """Blank out the line of an error (or the block it opens), keeping positions of the rest."""
+    lines = text.split("\n")
+    if isinstance(error, UnexpectedToken) and error.token.type == "$END":
+        opened = _unclosed_block(text)
+        if opened is None:
+            return None
+        for i in range(opened - 1, len(lines)):
+            lines[i] = " " * len(lines[i])
+        return "\n".join(lines)
+    index = error.line - 1
+    if not 0 <= index < len(lines):
+        return None
+    if re.match(r"\s*memplan\b", lines[index]):
+        lines[index] = "memplan 1".ljust(len(lines[index]))
+        return "\n".join(lines)
+    depth = _brace_depth(lines[index])
+    if depth < 0:
+        lines[index] = re.sub(r"[^}\s]", " ", _code_part(lines[index])) + " " * (
+            len(lines[index]) - len(_code_part(lines[index]))
+        )
+        return "\n".join(lines)
+    last = index
+    while depth > 0 and last + 1 < len(lines):
+        last += 1
+        depth += _brace_depth(lines[last])
+    if depth > 0:
+        return None
+    for i in range(index, last + 1):
+        lines[i] = " " * len(lines[i])
+    return "\n".join(lines)
+
+
+def _code_part(line: str) -> str:
+    """The line without its comment (a `#` outside a string)."""
+    in_string = escaped = False
+    for i, ch in enumerate(line):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "#":
+            return line[:i]
+    return line
+
+
+def _brace_depth(line: str) -> int:
+    code = re.sub(r'"([^"\\]|\\.)*"', "", _code_part(line))
+    return code.count("{") - code.count("}")
+
+
+def _diagnose(error: UnexpectedInput, text: str, file: str) -> Diagnostic:
+    words = _terminal_words()
+    if isinstance(error, UnexpectedCharacters):
+        char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
+        span = Span(file, error.line, error.column, error.line, error.column + 1)
+        help_ = None
+        if char == "'":
+            help_ = 'strings use double quotes: "..."'
+        return Diagnostic("MP100", f"unexpected character `{char}`", span, help_)
+    assert isinstance(error, UnexpectedToken)
+    token = error.token
+    expected = sorted(error.accepts or error.expected)
+    if token.type == "$END":
+        line = text.count("\n") + 1
+        span = Span(file, line, 1, line, 1)
+        opened = _unclosed_block(text)
+        if opened:
+            return Diagnostic(
+                "MP106",
+                f"the block opened on line {opened} is not closed",
+                span,
+                "add `}`",
+                notes=(("opened", Span(file, opened, 1, opened, 1)),),
+            )
+        return Diagnostic("MP106", "unexpected end of file", span, _expected_help(expected, words))
+    span = Span(file, token.line, token.column, token.end_line or token.line, token.end_column or token.column + 1)
+    shown = "a new line" if token.type == "_NL" else f"`{token}`"
+    expected_words = {words.get(name, name) for name in expected}
+    value = str(token)
+    if token.type == "NAME":
+        policies = {f"`{p}`" for p in POLICY_NAMES}
+        statements = {f"`{s}`" for s in STATEMENT_NAMES}
+        if policies & expected_words:
+            return Diagnostic(
+                "MP102",
+                f"unknown policy `{value}`",
+                span,
+                did_you_mean(value, POLICY_NAMES) or "policies: " + ", ".join(POLICY_NAMES),
+            )
+        if statements & expected_words:
+            return Diagnostic(
+                "MP101",
+                f"unknown statement `{value}`",
+                span,
+                did_you_mean(value, STATEMENT_NAMES) or "statements: " + ", ".join(STATEMENT_NAMES),
+            )
+        unit = next((u for u in UNITS if u.lower() == value.lower()), None)
+        if unit:
+            return Diagnostic("MP100", f"unknown unit `{value}`", span, f"units are case-sensitive: write `{unit}`")
+    return Diagnostic("MP100", f"unexpected {shown}", span, _expected_help(expected, words))
+
+
+def _expected_help(expected: list[str], words: dict[str, str]) -> str | None:
+    names = sorted({words.get(name, name) for name in expected if name not in ("SEMICOLON",)})
+    if not names:
+        return None
+    if len(names) > 8:
+        names = names[:8] + ["..."]
+    return "expected " + ", ".join(names)
+
+
+def _unclosed_block(text: str) -> int | None:
+    stack: list[int] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        code = re.sub(r'"([^"\\]|\\.)*"', "", _code_part(line))
+        for ch in code:
+            if ch == "{":
+                stack.append(number)
+            elif ch == "}" and stack:
+                stack.pop()
+    return stack[-1] if stack else None
+
+
+# ---------------------------------------------------------------- plan assembly and comments
+
+
+def _assemble(items, comments: list[Token], file: str, text: str, diagnostics: list[Diagnostic]) -> ast.Plan:
+    (_, version, header_span), *statements = items
+    statements = [s for s in statements if s is not None]
+    _check_unique(statements, diagnostics)
+    pending = sorted(comments, key=lambda t: (t.line, t.column))
+    header_leading = [_text(c) for c in pending if c.line < header_span.line]
+    header_trailing = [_text(c) for c in pending if c.line == header_span.line]
+    pending = [c for c in pending if c.line > header_span.line]
+    attached, rest = _attach(statements, pending)
+    return ast.Plan(
+        version=version,
+        statements=tuple(attached),
+        header_comments=ast.Comments(tuple(header_leading), header_trailing[0] if header_trailing else None),
+        trailing=tuple(_text(c) for c in rest),
+        file=file,
+        source=text,
+    )
+
+
+def _check_unique(statements, diagnostics: list[Diagnostic]) -> None:
+    first: dict[object, object] = {}
+    for stmt in statements:
+        if isinstance(stmt, ast.ModuleRule):
+            continue
+        key = stmt.kind if isinstance(stmt, ast.ConfigBlock) else type(stmt)
+        if key in first:
+            name = {ast.ModelStmt: "model", ast.ExampleStmt: "example", ast.Budget: "budget"}.get(
+                key, getattr(key, "value", "")
+            )
+            diagnostics.append(
+                Diagnostic(
+                    "MP208",
+                    f"`{name}` is given twice",
+                    stmt.span,
+                    "a plan has at most one of each; merge them",
+                    notes=(("first given", first[key].span),),
+                )
+            )
+        else:
+            first[key] = stmt
+
+
+def _text(token: Token) -> str:
+    return str(token).rstrip()
+
+
+def _attach(nodes, comments: list[Token]):
+    """Attach comments to a sequence of nodes: lines above -> leading, same line -> trailing."""
+    out = []
+    i = 0
+    for node in nodes:
+        leading = []
+        while i < len(comments) and comments[i].line < node.span.line:
+            leading.append(_text(comments[i]))
+            i += 1
+        inner = []
+        while i < len(comments) and comments[i].line <= node.span.end_line:
+            inner.append(comments[i])
+            i += 1
+        trailing = [c for c in inner if c.line == node.span.line]
+        inside = [c for c in inner if c.line != node.span.line]
+        changes = {}
+        if isinstance(node, (ast.ModuleRule, ast.ConfigBlock)):
+            field_name = "policies" if isinstance(node, ast.ModuleRule) else "entries"
+            children, closing = _attach(getattr(node, field_name), inside)
+            changes = {field_name: tuple(children), "closing": tuple(_text(c) for c in closing)}
+        else:
+            trailing += inside
+        text = " ".join(_text(c) for c in trailing) or None
+        out.append(replace(node, comments=ast.Comments(tuple(leading), text), **changes))
+    return out, comments[i:]

@@ -1,0 +1,152 @@
+"""Verification: one training step with and without a plan — peak memory of both and equivalence.
+
+Both runs start from deep copies of the same model and the same RNG seed.  Lossless
+plans must give bit-identical outputs, gradients, buffers, RNG state and
+``state_dict`` keys; any difference is listed with its size.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from memoplan import api
+from memoplan.ir import ResolvedPlan
+from memoplan.measure import StepMemory, measured_step
+from memoplan.resolve import resolve
+from memoplan.specs import Example
+
+
+@dataclass(frozen=True)
+class Check:
+    """One category of the comparison, e.g. gradients: how many compared, which differ."""
+
+    name: str
+    compared: int
+    differences: tuple[str, ...] = ()
+
+    @property
+    def equal(self) -> bool:
+        return not self.differences
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    plan: ResolvedPlan
+    unplanned: StepMemory
+    planned: StepMemory
+    checks: tuple[Check, ...]
+
+    @property
+    def equivalent(self) -> bool:
+        return all(c.equal for c in self.checks)
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.unplanned.peak_bytes - self.planned.peak_bytes
+
+
+@dataclass
+class _Run:
+    memory: StepMemory
+    output: Any
+    grads: dict[str, torch.Tensor | None]
+    buffers: dict[str, torch.Tensor]
+    rng: torch.Tensor
+    keys: list[str]
+
+
+def verify(
+    model: nn.Module,
+    plan: api.PlanLike,
+    example: Example,
+    *,
+    seed: int = 0,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+) -> VerifyReport:
+    """Run one step on a copy of ``model`` without and one with ``plan``; compare everything."""
+    resolved = plan if isinstance(plan, ResolvedPlan) else resolve(api.as_plan(plan), model)
+    reference = copy.deepcopy(model)
+    planned = api.apply(copy.deepcopy(model), resolved)
+    before = _run(reference, example, seed, loss_fn)
+    after = _run(planned, example, seed, loss_fn)
+    checks = (
+        _compare("outputs", _leaves(before.output), _leaves(after.output)),
+        _compare("gradients", before.grads, after.grads),
+        _compare("buffers", before.buffers, after.buffers),
+        _compare("rng state", {"cpu": before.rng}, {"cpu": after.rng}),
+        Check(
+            "state_dict keys",
+            len(before.keys),
+            () if before.keys == after.keys else ("keys differ",),
+        ),
+    )
+    return VerifyReport(resolved, before.memory, after.memory, checks)
+
+
+def _run(model: nn.Module, example: Example, seed: int, loss_fn) -> _Run:
+    torch.manual_seed(seed)
+    memory, output, _ = measured_step(model, example.args, example.kwargs, loss_fn=loss_fn)
+    return _Run(
+        memory=memory,
+        output=output,
+        grads={name: p.grad for name, p in model.named_parameters()},
+        buffers=dict(model.named_buffers()),
+        rng=torch.get_rng_state(),
+        keys=list(model.state_dict().keys()),
+    )
+
+
+def _leaves(output: Any) -> dict[str, Any]:
+    leaves, _ = pytree.tree_flatten(output)
+    return {f"output[{i}]": leaf for i, leaf in enumerate(leaves)}
+
+
+def _compare(name: str, a: dict[str, Any], b: dict[str, Any]) -> Check:
+    differences = []
+    for key in sorted(set(a) | set(b)):
+        if key not in a or key not in b:
+            differences.append(f"{key}: only in the {'planned' if key in b else 'unplanned'} run")
+            continue
+        x, y = a[key], b[key]
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                differences.append(f"{key}: {tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype}")
+            elif not torch.equal(x, y):
+                diff = (x.double() - y.double()).abs().max().item() if x.is_floating_point() else "values"
+                differences.append(f"{key}: max abs difference {diff}")
+        elif (x is None) != (y is None) or (not isinstance(x, torch.Tensor) and x != y):
+            differences.append(f"{key}: {_short(x)} vs {_short(y)}")
+    return Check(name, len(a), tuple(differences))
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"tensor{tuple(value.shape)}"
+    return repr(value)[:40]
+
+
+def render_report(report: VerifyReport) -> str:
+    def mib(n: int) -> str:
+        return f"{n / 2**20:.2f} MiB"
+
+    u, p = report.unplanned, report.planned
+    ratio = p.peak_bytes / u.peak_bytes if u.peak_bytes else 1.0
+    lines = [
+        f"peak memory ({u.method}, {u.device}): unplanned {mib(u.peak_bytes)} ({u.peak_bytes} B), "
+        f"planned {mib(p.peak_bytes)} ({p.peak_bytes} B), {ratio:.3f}x, saved {mib(report.saved_bytes)}",
+    ]
+    for check in report.checks:
+        status = "equal" if check.equal else "DIFFERENT"
+        lines.append(f"  {check.name:<16} {status} ({check.compared} compared)")
+        lines.extend(f"      {d}" for d in check.differences[:10])
+    verdict = "EQUIVALENT" if report.equivalent else "NOT EQUIVALENT"
+    lines.append(f"verdict: {verdict}")
+    return "\n".join(lines)
