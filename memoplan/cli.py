@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # stdout closed early (`memoplan explain plan | head`): not an error of ours.
+        sys.stdout = None  # type: ignore[assignment]  # no flush at exit, no second traceback
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -196,8 +200,8 @@ def _explain(args) -> int:
 
     plan = _load(args.plan)
     model = _model(plan, args.plan, args.model, required=True)
+    _resolve(plan, model)  # report errors and warnings first; explain only a plan that resolves
     rows = explain(plan, model)
-    _resolve(plan, model)  # report errors and warnings of the same plan
     print(render_explain(rows, all_modules=not args.planned_only))
     return 0
 
@@ -214,7 +218,20 @@ def _verify(args) -> int:
     for row in plan_table(resolved):
         print(f"  {row}")
     _progress("running one training step without and one with the plan")
-    report = verify(model, resolved, example, seed=args.seed)
+    try:
+        report = verify(model, resolved, example, seed=args.seed)
+    except PlanError:
+        raise
+    except Exception as exc:  # the user's model or example failed: a diagnostic, not a traceback
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP504",
+                    f"running one training step raised {type(exc).__name__}: {exc}",
+                    help="check that the example input fits the model (`--example`)",
+                ),
+            )
+        ) from None
     print(render_report(report))
     return 0 if report.equivalent else 1
 

@@ -126,8 +126,10 @@ def path_key(path: str) -> tuple:
     """Natural sort key: ``layers.2`` < ``layers.10``; numbers sort before names."""
     key = []
     for segment in path.split("."):
-        if segment.isdigit():
-            key.append((0, int(segment), ""))
+        # ASCII digits only: "²".isdigit() is true but int("²") fails.  The segment itself
+        # breaks ties ("1" vs "01"), so the order never depends on registration order.
+        if segment.isascii() and segment.isdigit():
+            key.append((0, int(segment), segment))
         else:
             key.append((1, 0, segment))
     return tuple(key)

@@ -57,7 +57,7 @@ class LiveStorageMeter(TorchDispatchMode):
         self.peak_bytes = 0
         # id(storage) -> (bytes counted for it, finalizer); the finalizer removes the
         # entry before the id can be reused, and holds no reference to the storage.
-        self._live: dict[int, tuple[int, weakref.finalize]] = {}
+        self._live: dict[int, tuple[int, weakref.finalize[[int], torch.UntypedStorage]]] = {}
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes live now."""
@@ -171,6 +171,17 @@ def measure_step(
     loss_fn: LossFn | None = None,
 ) -> StepMemory:
     """Peak memory of one :func:`training_step`, gradients included."""
+    return measured_step(model, args, kwargs, loss_fn=loss_fn)[0]
+
+
+def measured_step(
+    model: nn.Module,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+) -> tuple[StepMemory, Any, torch.Tensor]:
+    """One :func:`training_step` under the meter: (peak memory, output, loss)."""
     device = _device(model, args, kwargs)
     # Release last step's gradients before the baseline, so they do not count as live.
     model.zero_grad(set_to_none=True)
@@ -178,13 +189,13 @@ def measure_step(
         torch.cuda.synchronize(device)
         start = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        training_step(model, args, kwargs, loss_fn)
+        output, loss = training_step(model, args, kwargs, loss_fn)
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - start
-        return StepMemory(peak_bytes=peak, device=str(device), method="cuda-allocator")
+        return StepMemory(peak_bytes=peak, device=str(device), method="cuda-allocator"), output, loss
     with _gc_paused(), LiveStorageMeter() as meter:
-        training_step(model, args, kwargs, loss_fn)
-    return StepMemory(peak_bytes=meter.peak_bytes, device=str(device), method="live-storage")
+        output, loss = training_step(model, args, kwargs, loss_fn)
+    return StepMemory(peak_bytes=meter.peak_bytes, device=str(device), method="live-storage"), output, loss
 
 
 @contextlib.contextmanager
@@ -200,7 +211,9 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _device(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> torch.device:
+def _device(
+    model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None
+) -> torch.device:
     """The device of the first parameter, else of the first tensor argument, else CPU."""
     for tensor in model.parameters():
         return tensor.device

@@ -141,7 +141,9 @@ class KwargsNet(nn.Module):
         self.inner = KwargsBlock()
 
     def forward(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        out = self.inner(x, 0.5, extra={"shift": shift}, use_reentrant="double", context_fn=torch.sin)
+        out = self.inner(
+            x, 0.5, extra={"shift": shift}, use_reentrant="double", context_fn=torch.sin
+        )
         assert out["pair"][1] == "double"
         return out["y"] + out["pair"][0]
 
@@ -158,7 +160,7 @@ def _seeded_step(model: nn.Module, *args: Any, seed: int = 0) -> torch.Tensor:
 
 
 def _assert_same_state(a: nn.Module, b: nn.Module) -> None:
-    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert (pa.grad is None) == (pb.grad is None), name
         if pa.grad is not None:
             assert torch.equal(pa.grad, pb.grad), f"grad of {name}"
@@ -168,7 +170,9 @@ def _assert_same_state(a: nn.Module, b: nn.Module) -> None:
         assert torch.equal(sa[key], sb[key]), key
 
 
-def _assert_equivalent_steps(plain: nn.Module, planned: nn.Module, *args: Any, steps: int = 2) -> None:
+def _assert_equivalent_steps(
+    plain: nn.Module, planned: nn.Module, *args: Any, steps: int = 2
+) -> None:
     for step in range(steps):
         out_plain = _seeded_step(plain, *args, seed=step)
         rng_plain = torch.get_rng_state()
@@ -439,7 +443,7 @@ def test_deepcopy_of_planned_model_is_planned_and_independent() -> None:
     before = [p.detach().clone() for p in planned.parameters()]
     bn_before = planned.blocks[0].bn.running_mean.clone()
     _assert_equivalent_steps(plain, clone, torch.randn(16, 4))
-    assert all(torch.equal(a, b) for a, b in zip(before, planned.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, planned.parameters(), strict=True))
     assert torch.equal(planned.blocks[0].bn.running_mean, bn_before)
     assert all(p.grad is None for p in planned.parameters())
     rt.uninstall(clone)
@@ -473,7 +477,9 @@ def test_install_refuses_changed_class() -> None:
     model = Net()
     before = _snapshot(model)
     targets = _targets(model, ["blocks.0"]) + (
-        rt.Target(path="head", type_name="torch.nn.modules.conv.Conv2d", forward=_policy_checkpoint),
+        rt.Target(
+            path="head", type_name="torch.nn.modules.conv.Conv2d", forward=_policy_checkpoint
+        ),
     )
     with pytest.raises(rt.PlanMismatchError) as info:
         rt.install(model, targets, plan_id="p")
@@ -516,7 +522,12 @@ def test_segmented_sequential_equals_plain() -> None:
     torch.manual_seed(0)
     plain = nn.Sequential(
         nn.Sequential(
-            nn.Linear(4, 8), nn.BatchNorm1d(8), nn.GELU(), nn.Dropout(0.2), CountingScale(), nn.Linear(8, 2)
+            nn.Linear(4, 8),
+            nn.BatchNorm1d(8),
+            nn.GELU(),
+            nn.Dropout(0.2),
+            CountingScale(),
+            nn.Linear(8, 2),
         )
     )
     groups = (("0", "1"), ("2", "3", "4"), ("5",))
@@ -554,10 +565,10 @@ def test_runtime_imports_only_torch_stdlib_and_diagnostics() -> None:
             for name in names:
                 top = name.split(".")[0]
                 if top == "memoplan":
-                    assert any(
-                        name == m or name.startswith(m + ".") for m in allowed_memoplan
-                    ), f"{path.name} imports {name}"
-                else:
-                    assert top == "torch" or top in sys.stdlib_module_names or top == "__future__", (
+                    assert any(name == m or name.startswith(m + ".") for m in allowed_memoplan), (
                         f"{path.name} imports {name}"
                     )
+                else:
+                    assert (
+                        top == "torch" or top in sys.stdlib_module_names or top == "__future__"
+                    ), f"{path.name} imports {name}"

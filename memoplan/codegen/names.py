@@ -31,7 +31,7 @@ class NameAllocator:
 
 
 def identifier(hint: str) -> str:
-    """A valid ASCII identifier resembling ``hint``; a long one is cut and given a short hash."""
+    """A valid ASCII identifier resembling ``hint``, never a keyword; a long one is cut and given a short hash."""
     text = unicodedata.normalize("NFKD", hint).encode("ascii", "ignore").decode("ascii")
     text = re.sub(r"\W+", "_", text).strip("_").lower()
     if not text or text[0].isdigit():
@@ -39,4 +39,6 @@ def identifier(hint: str) -> str:
     if len(text) > MAX_LENGTH:
         digest = hashlib.sha256(hint.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         text = text[: MAX_LENGTH - 9].rstrip("_") + "_" + digest
+    if keyword.iskeyword(text) or keyword.issoftkeyword(text):
+        text += "_"  # `__import__` -> `import_`, never the keyword itself
     return text

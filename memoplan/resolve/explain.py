@@ -48,13 +48,21 @@ def _why(decision: Decision) -> str:
     if not others:
         return f"{where}, the only rule for this"
     beaten = sorted({c.line for c in others if c.specificity < winner.specificity})
-    agreeing = sorted({c.line for c in others if c.specificity == winner.specificity})
+    equal = [c for c in others if c.specificity == winner.specificity]
+    agreeing = sorted({c.line for c in equal if c.same_as(winner)})
+    disagreeing = sorted({c.line for c in equal if not c.same_as(winner)})
     parts = [where]
     if beaten:
         lines = ", ".join(str(n) for n in beaten)
         parts.append(f"more specific {winner.specificity} than line{'s' if len(beaten) > 1 else ''} {lines}")
     if agreeing:
         parts.append(f"line{'s' if len(agreeing) > 1 else ''} {', '.join(map(str, agreeing))} agree")
+    if disagreeing:
+        lines = ", ".join(str(n) for n in disagreeing)
+        parts.append(
+            f"CONFLICT: line{'s' if len(disagreeing) > 1 else ''} {lines} equally specific "
+            f"but disagree{'' if len(disagreeing) > 1 else 's'} (MP303)"
+        )
     return ", ".join(parts)
 
 

@@ -253,6 +253,15 @@ def _check_policies(res: Resolution) -> None:
 
 
 def _check_checkpoint(res: Resolution, path: str, module: nn.Module, policy: ast.Checkpoint) -> None:
+    if policy.segments is None and type(module).forward is nn.Module.forward:
+        # nn.ModuleList / nn.ModuleDict are never called: a checkpoint patched onto their
+        # forward would silently do nothing while explain reports the children recomputed.
+        res.error(
+            "MP312",
+            f"`{path}` is a {type(module).__qualname__}, which is never called; `checkpoint` would do nothing",
+            policy.span,
+            "checkpoint its children instead, e.g. `module " + path + ".* { checkpoint }`",
+        )
     if policy.segments is not None:
         if type(module).forward is not nn.Sequential.forward:
             res.error(
@@ -298,6 +307,8 @@ def _origin(res: Resolution, candidate: Candidate) -> ir.Origin:
 
 def _groups(module: nn.Module, segments: int) -> tuple[tuple[str, ...], ...]:
     names = [n for n, child in module._modules.items() if child is not None]
+    if not names:
+        return ()  # an empty nn.Sequential: nothing to split (MP307 said so)
     k = min(segments, len(names))
     size, extra = divmod(len(names), k)
     groups, start = [], 0

@@ -2,9 +2,10 @@
 
 * a literal segment matches that child name; ``*`` one segment; ``**`` zero or more;
 * ``[i]`` / ``[a:b:c]`` pick children of the previous segment by position among its
-  integer-named children (``nn.Sequential``, ``nn.ModuleList``), Python slice rules;
+  integer-named children (``nn.Sequential``, ``nn.ModuleList``) in numeric order,
+  Python slice rules; a container with a non-integer child name has no positions;
 * ``: Name`` keeps modules whose class, or a base class, is called ``Name`` — a short
-  name, or a dotted name whose leading part is a prefix of the class's module
+  name (``__name__`` or ``__qualname__``), or a dotted name whose leading part is a prefix of the class's module
   (``torch.nn.BatchNorm2d`` matches ``torch.nn.modules.batchnorm.BatchNorm2d``);
 * ``not term`` removes what ``term`` matches.
 
@@ -58,7 +59,9 @@ class ModelIndex:
                 self.modules.setdefault(path, module)
         self.paths = sorted(self.modules, key=path_key)  # natural order, for output
         self._sorted = sorted(self.modules)  # plain order, for prefix search
-        self._children: dict[str, list[str]] = {"": list(model._modules)}
+        self._children: dict[str, list[str]] = {
+            "": [name for name, child in model._modules.items() if child is not None]
+        }
         for path, module in self.modules.items():
             self._children[path] = [name for name, child in module._modules.items() if child is not None]
         self._class_names: dict[type, frozenset[str]] = {}
@@ -87,16 +90,19 @@ class ModelIndex:
             for base in cls.__mro__:
                 if base is object or base is nn.Module:
                     continue
-                found.add(base.__qualname__)
-                module_parts = base.__module__.split(".")
-                for i in range(1, len(module_parts) + 1):
-                    found.add(".".join(module_parts[:i]) + "." + base.__qualname__)
+                # ``__name__`` too: a class defined in a function has the qualname
+                # ``factory.<locals>.Block``, which no plan can spell.
+                for name in {base.__qualname__, base.__name__}:
+                    found.add(name)
+                    module_parts = base.__module__.split(".")
+                    for i in range(1, len(module_parts) + 1):
+                        found.add(".".join(module_parts[:i]) + "." + name)
             names = self._class_names[cls] = frozenset(found)
         return names
 
     @cached_property
     def all_class_names(self) -> list[str]:
-        return sorted({type(m).__qualname__ for m in self.modules.values()})
+        return sorted({type(m).__name__ for m in self.modules.values()})
 
     def matches_class(self, path: str, class_name: str) -> bool:
         return class_name in self.class_names(type(self.modules[path]))
@@ -163,8 +169,11 @@ def _match(index: ModelIndex, segments, parts: list[str], i: int, j: int) -> boo
 
 def _picked(index: ModelIndex, parent: str, segment) -> set[str]:
     names = index.children(parent)
-    if not names or not all(n.isdigit() for n in names):
+    if not names or not all(n.isascii() and n.isdigit() for n in names):
         return set()
+    # Positions follow the integer names, not registration order, so the same model
+    # built in a different order selects the same children.
+    names = sorted(names, key=lambda n: (int(n), n))
     if isinstance(segment, ast.Index):
         if -len(names) <= segment.value < len(names):
             return {names[segment.value]}

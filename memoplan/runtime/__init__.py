@@ -8,7 +8,6 @@ package imports only ``torch``, the standard library and
 
 from __future__ import annotations
 
-from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.checkpoint import run_checkpointed, run_segmented
 from memoplan.runtime.install import (
     InstalledPlan,
@@ -21,7 +20,6 @@ from memoplan.runtime.install import (
 )
 
 __all__ = [
-    "BufferGuard",
     "InstalledPlan",
     "PlanMismatchError",
     "Target",

@@ -29,7 +29,6 @@ import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import ContextManager
 
 import torch
 from torch import nn
@@ -41,6 +40,8 @@ __all__ = ["BufferGuard"]
 _LEARNED: weakref.WeakKeyDictionary[nn.Module, dict[bool, frozenset[str]]] = (
     weakref.WeakKeyDictionary()
 )
+
+_Context = contextlib.AbstractContextManager[None]
 
 # Marks a buffer name absent from ``_buffers`` at recompute time (deleted since).
 _ABSENT = object()
@@ -67,7 +68,7 @@ class BufferGuard:
         # (owner, buffer name) -> the value the forward saw; None if it was not copied.
         self._seen: dict[tuple[nn.Module, str], torch.Tensor | None] = {}
 
-    def contexts(self) -> tuple[ContextManager[None], ContextManager[None]]:
+    def contexts(self) -> tuple[_Context, _Context]:
         """``context_fn`` for ``torch.utils.checkpoint.checkpoint``."""
         return self._forward(), _Recompute(self._seen)
 

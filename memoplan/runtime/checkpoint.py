@@ -61,24 +61,25 @@ def run_segmented(
             f"memoplan: segments need an nn.Sequential forward, "
             f"but {type(module).__qualname__} defines its own"
         )
+    x = _sequential_input(args, kwargs)
     if not torch.is_grad_enabled():
-        return nn.Sequential.forward(module, *args, **kwargs)  # type: ignore[arg-type]
+        return _chain(tuple(module._modules.values()), x)  # what nn.Sequential.forward does
     names = tuple(name for group in groups for name in group)
     if names != tuple(module._modules):
         raise RuntimeError(
             f"memoplan: segments {[list(g) for g in groups]} do not cover the children "
             f"{list(module._modules)} in order; the model changed since the plan was compiled"
         )
-    x = _sequential_input(args, kwargs)
     for group in groups:
-        children = tuple(module._modules[name] for name in group)
-        x = _region(partial(_chain, children), children, (x,), {}, preserve_rng)  # type: ignore[arg-type]
+        children = tuple(module.get_submodule(name) for name in group)
+        x = _region(partial(_chain, children), children, (x,), {}, preserve_rng)
     return x
 
 
-def _chain(children: Sequence[nn.Module], x: Any) -> Any:
+def _chain(children: Sequence[nn.Module | None], x: Any) -> Any:
     for child in children:
-        x = child(x)
+        if child is not None:
+            x = child(x)
     return x
 
 

@@ -84,7 +84,7 @@ def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str) -> Non
     """Patch every target's forward, or raise :class:`PlanMismatchError` and change nothing."""
     targets = tuple(targets)
     modules = _validate(model, targets)
-    for target, module in zip(targets, modules):
+    for target, module in zip(targets, modules, strict=True):
         # An instance attribute shadows the class's forward for this module only;
         # ``nn.Module.__call__`` looks up ``self.forward``, so hooks still run around it.
         module.forward = types.MethodType(target.forward, module)
@@ -123,7 +123,7 @@ def _validate(model: nn.Module, targets: tuple[Target, ...]) -> list[nn.Module]:
             Diagnostic(
                 code="MP403",
                 message=f"the model already has memoplan plan {installed_plan(model)} installed",
-                help="call `remove(model)` (memoplan.runtime.uninstall) before applying another plan",
+                help="remove it first (`remove(model)`, memoplan.runtime.uninstall)",
             )
         )
     paths = [name for name, _ in model.named_modules(remove_duplicate=False) if name]
@@ -141,7 +141,8 @@ def _validate(model: nn.Module, targets: tuple[Target, ...]) -> list[nn.Module]:
                 Diagnostic(
                     code="MP402",
                     message=(
-                        f"`{target.path}` is a {found}, but the plan was made for a {target.type_name}"
+                        f"`{target.path}` is a {found}, "
+                        f"but the plan was made for a {target.type_name}"
                     ),
                     help="the model changed since the plan was compiled; recompile the plan",
                 )
@@ -161,7 +162,7 @@ def _validate(model: nn.Module, targets: tuple[Target, ...]) -> list[nn.Module]:
                 Diagnostic(
                     code="MP403",
                     message=f"`{target.path}` already has its forward patched on the instance",
-                    help="another tool (or a plan on a submodule) replaced it; remove that patch first",
+                    help="another tool or plan replaced it; remove that patch first",
                 )
             )
         seen.setdefault(id(module), target.path)

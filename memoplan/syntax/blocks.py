@@ -8,6 +8,7 @@ only the first) and ``config_of`` turns a valid block into its config object.
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -67,8 +68,9 @@ class Key:
     kind: str  # "size" | "int" | "float" | "choice"
     check: Callable[[object], bool] = lambda v: True
     rule: str = ""  # the allowed range, in words, for the diagnostic
-    choices: tuple = ()
+    choices: tuple = ()  # for "choice": the allowed integers or words
     required: bool = False
+    aliases: tuple[tuple[object, object], ...] = ()  # (accepted value, what it means), with a warning
 
 
 SCHEMA: dict[BlockKind, tuple[type, dict[str, Key]]] = {
@@ -94,7 +96,8 @@ SCHEMA: dict[BlockKind, tuple[type, dict[str, Key]]] = {
     BlockKind.MEMORY: (
         MemoryConfig,
         {
-            "static_memory_policy": Key("choice", choices=(0, 1, 2, 3, 4)),
+            # Ascend accepts 1 as an alias of 2; so do we, with a warning (MP210).
+            "static_memory_policy": Key("choice", choices=(0, 2, 3, 4), aliases=((1, 2),)),
             "atomic_clean_policy": Key("choice", choices=(0, 1)),
         },
     ),
@@ -115,26 +118,32 @@ _KIND_WORDS = {
 
 
 def _read(key: Key, value) -> tuple[object | None, str | None]:
-    """Convert a parsed value to the key's Python type; return (value, None) or (None, problem)."""
+    """Convert a parsed value to the key's Python type; return (value, None) or (None, problem).
+
+    A problem is a wrong type (MP202); ranges and choices are checked by ``check_block``.
+    """
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if key.kind == "size":
         if isinstance(value, Size):
             return value.bytes, None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        if number and value == 0:
             return 0, None
         return None, f"expects {_KIND_WORDS['size']}"
     if key.kind == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
+        if number and isinstance(value, int):
             return value, None
         return None, f"expects {_KIND_WORDS['int']}"
     if key.kind == "float":
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if number:
             return float(value), None
         return None, f"expects {_KIND_WORDS['float']}"
-    # choice: integers or words
-    raw = value.name if isinstance(value, Word) else value
-    if raw in key.choices:
-        return raw, None
-    return None, "expects one of " + " | ".join(str(c) for c in key.choices)
+    # choice: integers or words, as the choices are
+    words = isinstance(key.choices[0], str)
+    if words and isinstance(value, Word):
+        return value.name, None
+    if not words and number and isinstance(value, int):
+        return value, None
+    return None, "expects " + ("a word" if words else "an integer")
 
 
 def check_block(block: ConfigBlock) -> list[Diagnostic]:
@@ -166,27 +175,48 @@ def check_block(block: ConfigBlock) -> list[Diagnostic]:
             )
             continue
         seen[entry.key] = entry.span
+        if entry.value is None:  # a number out of range, already reported
+            continue
         value, problem = _read(key, entry.value)
+        aliases = dict(key.aliases)
         if problem:
             diags.append(
                 Diagnostic("MP202", f"`{entry.key}` {problem}", entry.span, _help_for(block.kind, entry.key))
             )
+        elif key.kind == "choice" and value in aliases:
+            diags.append(
+                Diagnostic(
+                    "MP210",
+                    f"`{entry.key} = {value}` is read as {aliases[value]}",
+                    entry.span,
+                    f"write `{entry.key} = {aliases[value]}`",
+                    severity=Severity.WARNING,
+                )
+            )
+        elif key.kind == "choice" and value not in key.choices:
+            if isinstance(value, str):
+                diags.append(
+                    Diagnostic(
+                        "MP204",
+                        f"unknown value `{value}` for `{entry.key}`",
+                        entry.span,
+                        did_you_mean(value, key.choices) or _help_for(block.kind, entry.key),
+                    )
+                )
+            else:
+                diags.append(
+                    Diagnostic(
+                        "MP203", f"`{entry.key} = {value}` is out of range", entry.span, _help_for(block.kind, entry.key)
+                    )
+                )
         elif not key.check(value):
             diags.append(
                 Diagnostic("MP203", f"`{entry.key}` must be {key.rule}", entry.span, _help_for(block.kind, entry.key))
             )
-        elif block.kind is BlockKind.MEMORY and entry.key == "static_memory_policy" and value == 1:
-            diags.append(
-                Diagnostic(
-                    "MP210",
-                    "`static_memory_policy = 1` behaves as 2 (reserve the planned peak)",
-                    entry.span,
-                    "write `static_memory_policy = 2`",
-                    severity=Severity.WARNING,
-                )
-            )
+    unknown = [e.key for e in block.entries if e.key not in keys]
     for name, key in keys.items():
-        if key.required and name not in seen:
+        misspelt = any(difflib.get_close_matches(u, [name], cutoff=0.6) for u in unknown)
+        if key.required and name not in seen and not misspelt:  # a misspelling is reported already
             diags.append(
                 Diagnostic(
                     "MP209",
@@ -210,9 +240,8 @@ def config_of(block: ConfigBlock) -> BlockConfig:
     cls, keys = SCHEMA[block.kind]
     values = {}
     for entry in block.entries:
-        value, problem = _read(keys[entry.key], entry.value)
+        key = keys[entry.key]
+        value, problem = _read(key, entry.value)
         assert problem is None, problem
-        if block.kind is BlockKind.MEMORY and entry.key == "static_memory_policy" and value == 1:
-            value = 2
-        values[entry.key] = value
+        values[entry.key] = dict(key.aliases).get(value, value)
     return cls(**values)

@@ -1,12 +1,13 @@
 """Syntax stage: turns the Lark parse tree into the typed AST, checking every value as it goes.
 
 Problems are collected, not raised, so that one run reports all errors of a file.
-Comments are attached to nodes afterwards by ``memoplan.syntax.comments``.
+Comments are attached to nodes afterwards, by ``memoplan.syntax.parser``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -20,22 +21,41 @@ POLICY_NAMES = ("checkpoint", "compress", "temporal_chunk", "keep", "state", "bu
 STATEMENT_NAMES = ("model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger")
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
 
-_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)[ \t]*(\w+)")
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)[ \t]*(ms|s)")
+_UNIT_RE = re.compile(r"(.*?)[ \t]*([A-Za-z]+)")  # "6 GiB" -> ("6", "GiB"), "10ms" -> ("10", "ms")
 _INT_RE = re.compile(r"[+-]?\d+")
+# One JSON string escape, or a backslash that does not start one.
+_ESCAPE_RE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})|(\\)')
 
 
 def number(text: str) -> int | float:
-    return int(text) if _INT_RE.fullmatch(text) else float(text)
+    """An integer if written without a point or an exponent, else a float."""
+    if _INT_RE.fullmatch(text):
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python converts; out of range anyway
+            pass
+    return float(text)
 
 
 def unquote(text: str) -> str:
+    """The value of a STRING token (JSON escapes); assumes ``bad_escape(text)`` is None."""
     return json.loads(text, strict=False)
 
 
-def _plain(amount: str) -> int | float:
-    value = float(amount)
-    return int(value) if value.is_integer() and "." not in amount else value
+def bad_escape(text: str) -> int | None:
+    """Offset of the first invalid escape in a STRING token, or None."""
+    for match in _ESCAPE_RE.finditer(text):
+        if match.group(1) is not None:
+            return match.start()
+    return None
+
+
+def is_finite(value) -> bool:
+    """True if ``value`` is a number that converts to a finite float."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -78,10 +98,15 @@ class _Checker:
                 self.seen[opt.key] = opt
 
     def _bad(self, opt: _Option, expected: str, code: str = "MP202") -> None:
-        self.builder.error(code, f"`{opt.key}` expects {expected}", opt.span)
+        self.builder.error(code, f"`{opt.key}` expects {expected}", opt.span, f"write `{opt.key} = <{expected}>`")
+
+    def get(self, key: str) -> _Option | None:
+        """The option, unless absent or its value was already reported (None)."""
+        opt = self.seen.get(key)
+        return None if opt is None or opt.value is None else opt
 
     def integer(self, key: str, minimum: int) -> int | None:
-        opt = self.seen.get(key)
+        opt = self.get(key)
         if opt is None:
             return None
         if not isinstance(opt.value, int):
@@ -93,7 +118,7 @@ class _Checker:
         return None
 
     def positive_float(self, key: str) -> float | None:
-        opt = self.seen.get(key)
+        opt = self.get(key)
         if opt is None:
             return None
         if not isinstance(opt.value, (int, float)):
@@ -105,7 +130,7 @@ class _Checker:
         return None
 
     def boolean(self, key: str) -> bool | None:
-        opt = self.seen.get(key)
+        opt = self.get(key)
         if opt is None:
             return None
         if isinstance(opt.value, ast.Word) and opt.value.name in ("true", "false"):
@@ -114,7 +139,7 @@ class _Checker:
         return None
 
     def choice(self, key: str, enum_cls):
-        opt = self.seen.get(key)
+        opt = self.get(key)
         if opt is None:
             return None
         return self.builder.enum_value(enum_cls, opt.value, opt.span, f"`{key}`")
@@ -138,7 +163,11 @@ class Builder(Transformer):
         self.diagnostics.append(Diagnostic(code, message, span, help, notes=notes))
 
     def enum_value(self, enum_cls, value, span: Span, what: str):
+        """The member of ``enum_cls`` named by a word (a Word or a str), or None after an error."""
         words = [m.value for m in enum_cls]
+        if not isinstance(value, (ast.Word, str)):
+            self.error("MP202", f"{what} expects a word", span, "allowed: " + ", ".join(words))
+            return None
         name = value.name if isinstance(value, ast.Word) else value
         for member in enum_cls:
             if member.value == name:
@@ -153,28 +182,53 @@ class Builder(Transformer):
 
     # ------------------------------------------------------------ values
 
+    def string(self, token: Token) -> str:
+        """The value of a STRING token; a bad escape is reported and the string kept as written."""
+        offset = bad_escape(str(token))
+        if offset is None:
+            return unquote(token)
+        column = token.column + offset
+        self.error(
+            "MP108",
+            f"invalid escape `{token[offset:offset + 2]}` in a string",
+            Span(self.file, token.line, column, token.line, column + 2),
+            'escapes are those of JSON: \\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX',
+        )
+        return str(token)[1:-1]
+
+    def finite(self, value, token: Token, scale: int = 1):
+        """``value`` if ``value * scale`` is a finite number, else report it and return None.
+
+        A None value is not checked again by whatever holds it: one error per mistake.
+        """
+        if is_finite(value * scale):
+            return value
+        self.error("MP203", f"`{token}` is out of range", self.span(token), "numbers must fit a 64-bit float")
+        return None
+
     def number(self, children):
-        return number(children[0])
+        return self.finite(number(children[0]), children[0])
 
     def size(self, children):
-        amount, unit = _SIZE_RE.fullmatch(str(children[0])).groups()
-        return ast.Size(_plain(amount), ast.Unit[unit])
+        amount, symbol = _UNIT_RE.fullmatch(str(children[0])).groups()
+        unit = ast.Unit[symbol]
+        value = self.finite(number(amount), children[0], unit.factor)
+        return None if value is None else ast.Size(value, unit)
 
     def percent(self, children):
-        return ast.Percent(_plain(str(children[0])[:-1]))
-
-    def fraction(self, children):
-        return number(children[0])
+        value = self.finite(number(str(children[0])[:-1]), children[0])
+        return None if value is None else ast.Percent(value)
 
     def duration(self, children):
-        amount, unit = _DURATION_RE.fullmatch(str(children[0])).groups()
-        return ast.Duration(_plain(amount), unit)
+        amount, unit = _UNIT_RE.fullmatch(str(children[0])).groups()
+        value = self.finite(number(amount), children[0])
+        return None if value is None else ast.Duration(value, unit)
 
     def word(self, children):
         return ast.Word(str(children[0]))
 
     def text(self, children):
-        return ast.Text(unquote(children[0]))
+        return ast.Text(self.string(children[0]))
 
     def value_list(self, children):
         return ast.ValueList(tuple(c for c in children if c is not None))
@@ -195,7 +249,7 @@ class Builder(Transformer):
 
     @v_args(meta=True)
     def model_stmt(self, meta, children):
-        spec = unquote(children[0])
+        spec = self.string(children[0])
         if ":" not in spec:
             self.error(
                 "MP501",
@@ -207,7 +261,7 @@ class Builder(Transformer):
 
     @v_args(meta=True)
     def example_import(self, meta, children):
-        return ast.ExampleStmt(spec=unquote(children[0]), span=self.span(meta))
+        return ast.ExampleStmt(spec=self.string(children[0]), span=self.span(meta))
 
     @v_args(meta=True)
     def example_tensors(self, meta, children):
@@ -228,17 +282,33 @@ class Builder(Transformer):
         fn = self.enum_value(ast.TensorFn, str(name_token), self.span(name_token), "an example tensor")
         shape: list[int] = []
         options: dict[str, object] = {}
+        seen: dict[str, Token] = {}
         for key, value, token in args:
+            if key is not None and key in seen:
+                self.error(
+                    "MP208",
+                    f"argument `{key}` is given twice",
+                    self.span(token),
+                    "remove one of them",
+                    notes=(("first given", self.span(seen[key])),),
+                )
+                continue
+            if key is not None:
+                seen[key] = token
             if key is None:
                 if options:
-                    self.error("MP202", "sizes come before keyword arguments", self.span(token))
+                    self.error(
+                        "MP202", "sizes come before keyword arguments", self.span(token), "e.g. `randint(4, 16, high=100)`"
+                    )
                 elif not isinstance(value, int) or value < 0:
-                    self.error("MP203", f"a dimension must be an integer >= 0, not `{value}`", self.span(token))
+                    self.error(
+                        "MP203", f"a dimension must be an integer >= 0, not `{value}`", self.span(token), "e.g. `randn(4, 3, 32, 32)`"
+                    )
                 else:
                     shape.append(value)
             elif key in ("low", "high"):
                 if not isinstance(value, int):
-                    self.error("MP202", f"`{key}` expects an integer", self.span(token))
+                    self.error("MP202", f"`{key}` expects an integer", self.span(token), f"e.g. `{key}=10`")
                 else:
                     options[key] = value
             elif key == "dtype":
@@ -265,7 +335,7 @@ class Builder(Transformer):
         elif fn is not ast.TensorFn.RANDINT and ("low" in options or "high" in options):
             self.error("MP201", f"`{fn.value}` takes no `low`/`high`", span, "only `randint` does")
         elif "low" in options and "high" in options and options["low"] >= options["high"]:
-            self.error("MP203", "`low` must be below `high`", span)
+            self.error("MP203", "`low` must be below `high`", span, "`randint` draws from [low, high)")
         return ast.TensorSpec(
             fn, tuple(shape), options.get("low"), options.get("high"), options.get("dtype")
         )
@@ -274,7 +344,7 @@ class Builder(Transformer):
 
     def name_segment(self, children):
         token = children[0]
-        text = unquote(token) if token.type == "STRING" else str(token)
+        text = self.string(token) if token.type == "STRING" else str(token)
         if token.type == "STRING" and (text == "" or "." in text):
             self.error(
                 "MP105",
@@ -294,7 +364,7 @@ class Builder(Transformer):
         token = children[0]
         value = number(token)
         if not isinstance(value, int):
-            self.error("MP202", "an index must be an integer", self.span(token))
+            self.error("MP202", "an index must be an integer", self.span(token), "e.g. `layers[0]` or `layers[-1]`")
             return ast.Index(0)
         return ast.Index(value)
 
@@ -303,12 +373,12 @@ class Builder(Transformer):
         for token in children:
             value = None if token is None else number(token)
             if value is not None and not isinstance(value, int):
-                self.error("MP202", "slice bounds must be integers", self.span(token))
+                self.error("MP202", "slice bounds must be integers", self.span(token), "e.g. `layers[0:24:2]`")
                 value = None
             bounds.append(value)
         start, stop, step = (bounds + [None, None, None])[:3]
         if step == 0:
-            self.error("MP203", "slice step cannot be zero", self.span(children[2]))
+            self.error("MP203", "slice step cannot be zero", self.span(children[2]), "leave it out for a step of 1")
             step = None
         return ast.Slice(start, stop, step)
 
@@ -381,7 +451,10 @@ class Builder(Transformer):
                 )
             elif not codec.lossy and "tolerance" in c.seen:
                 self.error(
-                    "MP201", "`tolerance` applies only to lossy codecs", c.seen["tolerance"].span
+                    "MP201",
+                    "`tolerance` applies only to lossy codecs",
+                    c.seen["tolerance"].span,
+                    "lossless codecs restore the input exactly; remove `tolerance`",
                 )
         if codec is None:
             return None
@@ -394,13 +467,15 @@ class Builder(Transformer):
         c = _Checker(self, "temporal_chunk", options, ("args", "allow_nonequivalent"))
         chunks, dim = number(chunks_token), number(dim_token)
         if not isinstance(chunks, int) or chunks < 1:
-            self.error("MP203", "the chunk count must be an integer >= 1", self.span(chunks_token))
+            self.error(
+                "MP203", "the chunk count must be an integer >= 1", self.span(chunks_token), "e.g. `temporal_chunk 4 dim 0`"
+            )
             chunks = None
         if not isinstance(dim, int):
-            self.error("MP202", "`dim` expects an integer", self.span(dim_token))
+            self.error("MP202", "`dim` expects an integer", self.span(dim_token), "e.g. `temporal_chunk 4 dim 0`")
             dim = None
         args = None
-        if "args" in c.seen:
+        if c.get("args"):
             opt = c.seen["args"]
             items = opt.value.items if isinstance(opt.value, ast.ValueList) else (opt.value,)
             converted = []
@@ -420,7 +495,7 @@ class Builder(Transformer):
                     break
             args = tuple(converted) if converted else None
             if converted == []:
-                self.error("MP203", "`args` cannot be empty", opt.span)
+                self.error("MP203", "`args` cannot be empty", opt.span, "leave `args` out to chunk the first argument")
         allow = c.boolean("allow_nonequivalent")
         if chunks is None or dim is None:
             return None
@@ -466,7 +541,7 @@ class Builder(Transformer):
                         "MP207",
                         f"`keep` and `{_policy_word(other)}` contradict each other",
                         other.span,
-                        "`keep` means: never recompute this module; drop one of the two",
+                        "`keep` leaves this module's saved activations as they are; drop one of the two",
                         notes=(("`keep` here", keep.span),),
                     )
         return ast.ModuleRule(selector, tuple(policies), span=self.span(meta))
@@ -475,21 +550,27 @@ class Builder(Transformer):
 
     @v_args(meta=True)
     def budget_stmt(self, meta, children):
-        amount, mode_token = children
-        span = self.span(meta)
+        amount_token, mode_token = children
+        convert = {"SIZE": self.size, "PERCENT": self.percent, "NUMBER": self.number}[amount_token.type]
+        amount = convert([amount_token])
+        if amount is None:
+            return None
+        span = self.span(amount_token)
         unit = next((u for u in ast.Unit if mode_token and u.symbol.lower() == str(mode_token).lower()), None)
         if unit is not None:
             self.error(
                 "MP100",
                 f"unknown unit `{mode_token}`",
                 self.span(mode_token),
-                f"units are case-sensitive: write `{unit.symbol}`",
+                unit_help(str(mode_token), unit.symbol),
             )
             return None
         if isinstance(amount, ast.Size) and amount.bytes <= 0:
-            self.error("MP203", "a budget must be more than 0 bytes", span)
+            self.error("MP203", "a budget must be more than 0 bytes", span, "e.g. `budget 4 GiB`")
         elif isinstance(amount, ast.Percent) and not 0 < amount.value <= 100:
-            self.error("MP203", "a percentage budget must be in (0%, 100%]", span)
+            self.error(
+                "MP203", "a percentage budget must be in (0%, 100%]", span, "a share of the unplanned peak, e.g. `60%`"
+            )
         elif isinstance(amount, (int, float)) and not 0 < amount <= 1:
             self.error(
                 "MP203",
@@ -500,7 +581,7 @@ class Builder(Transformer):
         mode = None
         if mode_token is not None:
             mode = self.enum_value(ast.BudgetMode, str(mode_token), self.span(mode_token), "`budget`")
-        return ast.Budget(amount, mode, span=span)
+        return ast.Budget(amount, mode, span=self.span(meta))
 
     @v_args(meta=True)
     def entry(self, meta, children):
@@ -520,6 +601,12 @@ class Builder(Transformer):
 
     def start(self, children):
         return children
+
+
+def unit_help(written: str, symbol: str) -> str:
+    if written != symbol:
+        return f"units are case-sensitive: write `{symbol}`"
+    return f"a unit follows a number directly, e.g. `4 {symbol}`"
 
 
 def _policy_word(policy) -> str:

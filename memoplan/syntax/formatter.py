@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+from decimal import Decimal
 
 from memoplan.syntax import ast
 
@@ -20,6 +21,7 @@ INDENT = "    "
 _SELECTOR_KEYWORDS = {"class", "not"}
 _BARE_NAME = re.compile(r"[^\W\d]\w*")
 _BARE_INT = re.compile(r"\d+")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def format_plan(plan: ast.Plan) -> str:
@@ -217,11 +219,11 @@ def format_value(value) -> str:
 
 
 def _amount(amount: int | float) -> str:
-    # Sizes, percentages and durations take no exponent in the grammar.
+    # Written without an exponent, every digit of the float kept, and a point so it stays a float.
     if isinstance(amount, int):
         return str(amount)
-    text = f"{amount:.12f}".rstrip("0")
-    return text + "0" if text.endswith(".") else text
+    text = format(Decimal(repr(amount)), "f")
+    return text if "." in text else text + ".0"
 
 
 def format_example(stmt: ast.ExampleStmt) -> str:
@@ -242,4 +244,5 @@ def _tensor(spec: ast.TensorSpec) -> str:
 
 
 def _quote(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    # Lone surrogates (from a "\ud800" escape) are escaped again, so the text stays valid UTF-8.
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))

@@ -15,12 +15,12 @@ from pathlib import Path
 
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
-from lark.lexer import PatternStr
+from lark.lexer import PatternRE, PatternStr
 
 from memoplan._resources import grammar_text
 from memoplan.diagnostics import Diagnostic, PlanError, Span, did_you_mean
 from memoplan.syntax import ast
-from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES, Builder
+from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES, Builder, unit_help
 
 MAX_ERRORS = 50
 
@@ -32,7 +32,7 @@ _TERMINAL_WORDS = {
     "SIZE": "a size such as `4 GiB`",
     "PERCENT": "a percentage such as `50%`",
     "DURATION": "a duration such as `10 ms`",
-    "_NL": "a new line",
+    "_NL": "the end of the line",
     "$END": "the end of the file",
     "STAR": "`*`",
     "DOUBLESTAR": "`**`",
@@ -73,7 +73,14 @@ def _terminal_words() -> dict[str, str]:
     for terminal in parser.terminals:
         if isinstance(terminal.pattern, PatternStr):
             words.setdefault(terminal.name, f"`{terminal.pattern.value}`")
+        elif isinstance(terminal.pattern, PatternRE):
+            keyword = _KEYWORD_RE.fullmatch(terminal.pattern.value)
+            if keyword:
+                words.setdefault(terminal.name, f"`{keyword.group(1)}`")
     return words
+
+
+_KEYWORD_RE = re.compile(r"(\w+)\(\?!\\w\)")  # a keyword terminal: /word(?!\w)/
 
 
 # ---------------------------------------------------------------- public API
@@ -104,7 +111,7 @@ def load(path: str | Path) -> ast.Plan:
 
 def parse_with_diagnostics(text: str, file: str = "<memory>") -> tuple[ast.Plan | None, list[Diagnostic]]:
     """Parse plan text and return ``(plan or None, diagnostics)`` without raising."""
-    text = text.replace("\r\n", "\n")
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n")
     missing = _missing_header(text, file)
     if missing:
         return None, [missing]
@@ -131,7 +138,7 @@ def parse_example_spec(text: str, file: str = "<example>") -> ast.ExampleStmt:
     if ":" in stripped and "(" not in stripped and not stripped.startswith('"'):
         return ast.ExampleStmt(spec=stripped)
     source = f"example {stripped}"
-    tree, _, diagnostics = _parse_tree(source, file, "example_stmt")
+    tree, _, diagnostics = _parse_tree(source, file, "example_stmt", recover=False)
     if tree is not None:
         builder = Builder(file)
         stmt = builder.transform(tree)
@@ -146,13 +153,13 @@ def parse_example_spec(text: str, file: str = "<example>") -> ast.ExampleStmt:
 
 def _missing_header(text: str, file: str) -> Diagnostic | None:
     for number, line in enumerate(text.split("\n"), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+        code = _code_part(line).strip(_BLANK)
+        if not code:
             continue
-        if re.match(r"memplan\b", stripped):
+        if re.match(r"memplan(?!\w)", code):
             return None
-        column = len(line) - len(line.lstrip()) + 1
-        word = stripped.split()[0]
+        column = len(line) - len(line.lstrip(_BLANK)) + 1
+        word = code.split()[0]
         return Diagnostic(
             "MP104",
             "a plan must start with its version header",
@@ -162,17 +169,26 @@ def _missing_header(text: str, file: str) -> Diagnostic | None:
     return Diagnostic("MP104", "the plan is empty", Span(file, 1, 1, 1, 1), "start with `memplan 1`")
 
 
-def _parse_tree(text: str, file: str, start: str):
+_BLANK = " \t\f;"  # what may stand before the header
+
+
+def _parse_tree(text: str, file: str, start: str, recover: bool = True):
+    """Parse; after a syntax error blank out its line (or block) and go on, reporting each line once."""
     parser, sink = _lark()
     diagnostics: list[Diagnostic] = []
+    reported: set[int] = set()
     work = text
     for _ in range(MAX_ERRORS):
         sink.tokens = []
         try:
             tree = parser.parse(work, start=start)
         except UnexpectedInput as error:
-            diagnostics.append(_diagnose(error, work, file))
-            work_next = _elide(work, error)
+            line = _error_line(error, work)
+            again = line in reported
+            if not again:  # a second error on a line already reported is a cascade: not shown
+                diagnostics.append(_diagnose(error, work, file))
+                reported.add(line)
+            work_next = _elide(work, error, again) if recover else None
             if work_next is None or work_next == work:
                 return None, [], diagnostics
             work = work_next
@@ -192,10 +208,21 @@ def _build_only_for_errors(tree, file, diagnostics):
     return None, [], diagnostics
 
 
-def _elide(text: str, error: UnexpectedInput) -> str | None:
-    """Blank out the line of an error (or the block it opens), keeping positions of the rest."""
+def _is_end(error: UnexpectedInput) -> bool:
+    return isinstance(error, UnexpectedToken) and error.token.type == "$END"
+
+
+def _error_line(error: UnexpectedInput, text: str) -> int:
+    return text.count("\n") + 1 if _is_end(error) else error.line
+
+
+def _elide(text: str, error: UnexpectedInput, again: bool = False) -> str | None:
+    """Blank out the line of an error (or the block it opens), keeping positions of the rest.
+
+    ``again``: the line was blanked before except for its closing braces; now blank it all.
+    """
     lines = text.split("\n")
-    if isinstance(error, UnexpectedToken) and error.token.type == "$END":
+    if _is_end(error):
         opened = _unclosed_block(text)
         if opened is None:
             return None
@@ -205,14 +232,28 @@ def _elide(text: str, error: UnexpectedInput) -> str | None:
     index = error.line - 1
     if not 0 <= index < len(lines):
         return None
-    if re.match(r"\s*memplan\b", lines[index]):
+    inside = _open_before_statement(error, text)
+    if inside and not again:
+        opened = inside[0]
+        # A statement inside an unclosed block: drop the block, keep the statement.
+        for i in range(opened - 1, error.line - 1):
+            lines[i] = " " * len(lines[i])
+        return "\n".join(lines)
+    header = next((i for i, line in enumerate(lines) if _code_part(line).strip(_BLANK)), -1)
+    if index == header:
+        if again:
+            return None
         lines[index] = "memplan 1".ljust(len(lines[index]))
         return "\n".join(lines)
     depth = _brace_depth(lines[index])
+    if again:
+        lines[index] = " " * len(lines[index])
+        return "\n".join(lines)
     if depth < 0:
-        lines[index] = re.sub(r"[^}\s]", " ", _code_part(lines[index])) + " " * (
-            len(lines[index]) - len(_code_part(lines[index]))
-        )
+        # Keep the braces that close an enclosing block; a line of braces only goes entirely.
+        code = _code_part(lines[index])
+        only_braces = not code.replace("}", "").strip()
+        lines[index] = " " * len(lines[index]) if only_braces else re.sub(r"[^}]", " ", code).ljust(len(lines[index]))
         return "\n".join(lines)
     last = index
     while depth > 0 and last + 1 < len(lines):
@@ -253,7 +294,7 @@ def _diagnose(error: UnexpectedInput, text: str, file: str) -> Diagnostic:
     if isinstance(error, UnexpectedCharacters):
         char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
         span = Span(file, error.line, error.column, error.line, error.column + 1)
-        help_ = None
+        help_ = _expected_help(sorted(error.allowed or ()), words)
         if char == "'":
             help_ = 'strings use double quotes: "..."'
         return Diagnostic("MP100", f"unexpected character `{char}`", span, help_)
@@ -274,9 +315,19 @@ def _diagnose(error: UnexpectedInput, text: str, file: str) -> Diagnostic:
             )
         return Diagnostic("MP106", "unexpected end of file", span, _expected_help(expected, words))
     span = Span(file, token.line, token.column, token.end_line or token.line, token.end_column or token.column + 1)
-    shown = "a new line" if token.type == "_NL" else f"`{token}`"
+    shown = "end of line" if token.type == "_NL" else f"`{token}`"
     expected_words = {words.get(name, name) for name in expected}
     value = str(token)
+    inside = _open_before_statement(error, text)
+    if inside:
+        opened, column, word = inside
+        return Diagnostic(
+            "MP106",
+            f"the block opened on line {opened} is not closed before this `{word}`",
+            Span(file, error.line, column, error.line, column + len(word)),
+            "add `}` before this line",
+            notes=(("opened", Span(file, opened, 1, opened, 1)),),
+        )
     if token.type == "NAME":
         policies = {f"`{p}`" for p in POLICY_NAMES}
         statements = {f"`{s}`" for s in STATEMENT_NAMES}
@@ -296,7 +347,7 @@ def _diagnose(error: UnexpectedInput, text: str, file: str) -> Diagnostic:
             )
         unit = next((u for u in UNITS if u.lower() == value.lower()), None)
         if unit:
-            return Diagnostic("MP100", f"unknown unit `{value}`", span, f"units are case-sensitive: write `{unit}`")
+            return Diagnostic("MP100", f"unknown unit `{value}`", span, unit_help(value, unit))
     return Diagnostic("MP100", f"unexpected {shown}", span, _expected_help(expected, words))
 
 
@@ -307,6 +358,19 @@ def _expected_help(expected: list[str], words: dict[str, str]) -> str | None:
     if len(names) > 8:
         names = names[:8] + ["..."]
     return "expected " + ", ".join(names)
+
+
+def _open_before_statement(error: UnexpectedInput, text: str) -> tuple[int, int, str] | None:
+    """``(block line, column, keyword)`` if the error's line starts a statement inside an unclosed block."""
+    if not isinstance(error, UnexpectedToken) or _is_end(error):
+        return None
+    lines = text.split("\n")
+    line = lines[error.line - 1]
+    word = re.match(r"[ \t\f;]*(\w*)", line)
+    if word.group(1) not in STATEMENT_NAMES:
+        return None
+    opened = _unclosed_block("\n".join(lines[: error.line - 1]))
+    return None if opened is None else (opened, word.start(1) + 1, word.group(1))
 
 
 def _unclosed_block(text: str) -> int | None:
