@@ -128,8 +128,10 @@ def path_key(path: str) -> tuple:
     for segment in path.split("."):
         # ASCII digits only: "²".isdigit() is true but int("²") fails.  The segment itself
         # breaks ties ("1" vs "01"), so the order never depends on registration order.
+        # Compared as digit strings, not via int(), which refuses more than 4300 digits.
         if segment.isascii() and segment.isdigit():
-            key.append((0, int(segment), segment))
+            digits = segment.lstrip("0")
+            key.append((0, len(digits), digits, segment))
         else:
-            key.append((1, 0, segment))
+            key.append((1, 0, segment, ""))
     return tuple(key)

@@ -374,6 +374,22 @@ def test_agreeing_duplicates_are_fine() -> None:
     assert plan.module("a.0").checkpoint.origin.line == 2
 
 
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ("checkpoint", "checkpoint rng = preserve"),
+        ("checkpoint", "checkpoint impl = torch"),
+        ("checkpoint", "checkpoint nested = false"),
+        ("checkpoint segments = 2", "checkpoint segments = 2 rng = preserve  # spelled out"),
+    ],
+)
+def test_default_options_agree_with_spelled_out_ones(a: str, b: str) -> None:
+    model = nn.Module()
+    model.a = nn.Sequential(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)))
+    plan = resolved(f"module a.* {{ {a} }}\nmodule *.0 {{\n    {b}\n}}\n", model)
+    assert plan.module("a.0").checkpoint.origin.line == 2
+
+
 def test_aspects_are_decided_independently() -> None:
     body = "module a.* { checkpoint }\nmodule a.0 { buffers = commit_once }\n"
     plan = resolved(body, Tree())
@@ -513,6 +529,17 @@ def test_mp311_shared_module_with_conflicting_decisions() -> None:
     assert [m.path for m in plan.modules] == ["first"]
 
 
+def test_mp304_temporal_chunk_over_batchnorm_needs_explicit_consent() -> None:
+    error = errors_of("module a.0 { checkpoint; temporal_chunk 2 dim 0 }\n", Tree())
+    assert error.codes == ["MP304"]
+    assert (error.diagnostics[0].span.line, error.diagnostics[0].span.column) == (2, 26)
+    assert "bn" in error.diagnostics[0].message
+    plan = resolved("module a.0 { checkpoint; temporal_chunk 2 dim 0 allow_nonequivalent = true }\n", Tree())
+    assert plan.module("a.0").temporal_chunk.allow_nonequivalent is True
+    plan = resolved("module a.0.conv { checkpoint; temporal_chunk 2 dim 0 }\n", Tree())
+    assert plan.module("a.0.conv").temporal_chunk.chunks == 2
+
+
 def test_mp312_checkpoint_on_a_container_that_is_never_called() -> None:
     error = errors_of("module b { checkpoint }\nmodule d { checkpoint }\n", Tree())
     assert error.codes == ["MP312", "MP312"]
@@ -626,6 +653,26 @@ def test_module_plans_are_in_natural_path_order() -> None:
     assert ir.path_key("1") != ir.path_key("01")
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**30) | st.text("ab.²_", min_size=1, max_size=3), min_size=2, max_size=8))
+def test_path_key_is_natural_and_total(items) -> None:
+    segments = [str(i) if isinstance(i, int) else i.replace(".", "_") for i in items]
+    ordered = sorted(segments, key=ir.path_key)
+    numbers = [int(s) for s in ordered if s.isascii() and s.isdigit()]
+    assert numbers == sorted(numbers)
+    # numbers first, then names in plain order; the order does not depend on input order
+    assert sorted(reversed(segments), key=ir.path_key) == ordered
+
+
+def test_huge_integer_names_do_not_crash() -> None:
+    model = nn.ModuleList()
+    model.add_module("9" * 5000, nn.Linear(1, 1))
+    model.add_module("1" * 4999, nn.Linear(1, 1))
+    plan = resolved("module * { checkpoint }\n", model)
+    assert [m.path for m in plan.modules] == ["1" * 4999, "9" * 5000]
+    assert selected("[-1]", model) == ["9" * 5000]
+
+
 def test_module_plan_type_names() -> None:
     plan = resolved("module a.* { keep }\n", Tree())
     assert plan.module("a.1").type_name == f"{__name__}.SpecialInner"
@@ -674,6 +721,16 @@ def test_explain_names_winner_and_beaten_lines() -> None:
     (what, why), = rows["a.1.conv"].decisions
     assert what == "recomputed" and "`a.1`" in why and "line 2" in why
     assert rows["b.3"].decisions[0][1].startswith("line 3 ")
+
+
+def test_explain_shared_module_second_path() -> None:
+    shared = nn.Linear(1, 1)
+    model = nn.Module()
+    model.first = shared
+    model.second = shared
+    rows = {r.path: r for r in explain(plan_of("module * { checkpoint }\n"), model)}
+    assert rows["first"].decisions[0][0] == "checkpoint"
+    assert rows["second"].decisions == (("shared", "the same module object as `first`, planned there"),)
 
 
 def test_explain_keep_inside_region() -> None:

@@ -33,6 +33,9 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
             (format_policy(decision.winner.policy), _why(decision))
             for _, decision in sorted(resolution.decisions.get(path, {}).items())
         ]
+        first = resolution.shared_with.get(path)
+        if first is not None:
+            decisions.append(("shared", f"the same module object as `{first}`, planned there"))
         outer = resolution.inside_region.get(path)
         if outer is not None:
             region = resolution.decisions[outer]["recompute"].winner

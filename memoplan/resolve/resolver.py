@@ -47,7 +47,21 @@ class Candidate:
 
 
 def _bare(policy: ast.Policy) -> ast.Policy:
-    return replace(policy, comments=ast.NO_COMMENTS)
+    """The policy as a decision: no comments, and options left out spelled as their defaults,
+    so `checkpoint` and `checkpoint rng = preserve` agree."""
+    policy = replace(policy, comments=ast.NO_COMMENTS)
+    if isinstance(policy, ast.Checkpoint):
+        return replace(
+            policy,
+            rng=policy.rng or ast.RngMode.PRESERVE,
+            impl=policy.impl or ast.CheckpointImpl.TORCH,
+            nested=bool(policy.nested),
+        )
+    if isinstance(policy, ast.Compress):
+        return replace(policy, validate=policy.validate or ast.Validate.SAMPLE)
+    if isinstance(policy, ast.TemporalChunk):
+        return replace(policy, args=policy.args or (0,), allow_nonequivalent=bool(policy.allow_nonequivalent))
+    return policy
 
 
 @dataclass
@@ -67,6 +81,7 @@ class Resolution:
     decisions: dict[str, dict[str, Decision]] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     inside_region: dict[str, str] = field(default_factory=dict)  # path -> enclosing checkpointed path
+    shared_with: dict[str, str] = field(default_factory=dict)  # second path of a shared module -> first
 
     def error(self, code, message, span=None, help=None, notes=()) -> None:
         self.diagnostics.append(Diagnostic(code, message, span, help, notes=notes))
@@ -190,7 +205,8 @@ def _check_shared(res: Resolution) -> None:
             )
         else:
             # Install once, under the first path.
-            res.decisions.pop(path, None)
+            if res.decisions.pop(path, None):
+                res.shared_with[path] = first
 
 
 def _winner(res: Resolution, path: str, aspect: str):
@@ -242,6 +258,21 @@ def _check_policies(res: Resolution) -> None:
         recompute = _winner(res, path, RECOMPUTE)
         if isinstance(recompute, ast.Checkpoint):
             _check_checkpoint(res, path, module, recompute)
+        chunk = _winner(res, path, "temporal_chunk")
+        if chunk is not None and not chunk.allow_nonequivalent:
+            norms = [
+                name or path
+                for name, sub in module.named_modules()
+                if any(base.__name__ == "_BatchNorm" for base in type(sub).__mro__)
+            ]
+            if norms:
+                res.error(
+                    "MP304",
+                    f"`temporal_chunk` on `{path}` is not equivalent: BatchNorm ({', '.join(norms[:3])}) "
+                    "would see each chunk's statistics instead of the whole batch's",
+                    chunk.span,
+                    "checkpoint the module instead, or write `allow_nonequivalent = true` to accept the difference",
+                )
         compress = _winner(res, path, "compress")
         if compress is not None and not isinstance(recompute, ast.Checkpoint):
             res.error(

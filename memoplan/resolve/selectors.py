@@ -173,7 +173,7 @@ def _picked(index: ModelIndex, parent: str, segment) -> set[str]:
         return set()
     # Positions follow the integer names, not registration order, so the same model
     # built in a different order selects the same children.
-    names = sorted(names, key=lambda n: (int(n), n))
+    names = sorted(names, key=path_key)
     if isinstance(segment, ast.Index):
         if -len(names) <= segment.value < len(names):
             return {names[segment.value]}

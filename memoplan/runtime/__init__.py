@@ -1,7 +1,9 @@
 """Runtime stage: the small, stable layer that generated plan code imports.
 
 Generated modules call exactly these names: :class:`Target`, :func:`install`,
-:func:`uninstall`, :func:`run_checkpointed` and :func:`run_segmented`.  This
+:func:`uninstall`, :func:`run_checkpointed`, :func:`run_segmented` and
+:func:`run_planned` (memoplan's own region: compressed input, threaded state,
+temporal chunks).  This
 package imports only ``torch``, the standard library and
 :mod:`memoplan.diagnostics`, never the parser, resolver or planner.
 """
@@ -9,6 +11,7 @@ package imports only ``torch``, the standard library and
 from __future__ import annotations
 
 from memoplan.runtime.checkpoint import run_checkpointed, run_segmented
+from memoplan.runtime.region import RegionOptions, run_chunked, run_planned, run_region
 from memoplan.runtime.install import (
     InstalledPlan,
     PlanMismatchError,
@@ -22,11 +25,15 @@ from memoplan.runtime.install import (
 __all__ = [
     "InstalledPlan",
     "PlanMismatchError",
+    "RegionOptions",
     "Target",
     "install",
     "installed_plan",
     "qualified_type_name",
     "run_checkpointed",
+    "run_chunked",
+    "run_planned",
+    "run_region",
     "run_segmented",
     "uninstall",
 ]

@@ -19,7 +19,8 @@ from memoplan.syntax.blocks import check_block
 
 POLICY_NAMES = ("checkpoint", "compress", "temporal_chunk", "keep", "state", "buffers")
 STATEMENT_NAMES = ("model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger")
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+DTYPES = FLOAT_DTYPES + ("int64", "int32", "int16", "int8", "uint8", "bool")
 
 _UNIT_RE = re.compile(r"(.*?)[ \t]*([A-Za-z]+)")  # "6 GiB" -> ("6", "GiB"), "10ms" -> ("10", "ms")
 _INT_RE = re.compile(r"[+-]?\d+")
@@ -336,6 +337,13 @@ class Builder(Transformer):
             self.error("MP201", f"`{fn.value}` takes no `low`/`high`", span, "only `randint` does")
         elif "low" in options and "high" in options and options["low"] >= options["high"]:
             self.error("MP203", "`low` must be below `high`", span, "`randint` draws from [low, high)")
+        elif fn in (ast.TensorFn.RANDN, ast.TensorFn.RAND) and options.get("dtype", "float32") not in FLOAT_DTYPES:
+            self.error(
+                "MP203",
+                f"`{fn.value}` draws floats; `dtype={options['dtype']}` is not a float dtype",
+                span,
+                "use `randint` for integer or bool tensors",
+            )
         return ast.TensorSpec(
             fn, tuple(shape), options.get("low"), options.get("high"), options.get("dtype")
         )

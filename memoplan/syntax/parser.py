@@ -9,6 +9,7 @@ without cascades.  Value errors (``MP2xx``) come from ``build``.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -98,14 +99,20 @@ def parse(text: str, file: str = "<memory>") -> ast.Plan:
 
 
 def load(path: str | Path) -> ast.Plan:
-    """Read and parse a ``.memplan`` file."""
+    """Read and parse a ``.memplan`` file (UTF-8, a byte-order mark allowed)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
-        raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: {exc.strerror}"),)) from None
+        raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: {exc.strerror or exc}"),)) from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PlanError((Diagnostic("MP107", f"plan `{path}` is not UTF-8 text: {exc.reason}"),)) from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        span = Span(str(path), line, column, line, column + 1)
+        message = f"plan `{path}` is not UTF-8 text: byte 0x{data[exc.start]:02x} ({exc.reason})"
+        raise PlanError((Diagnostic("MP107", message, span, "save the file as UTF-8"),)) from None
     return parse(text, str(path))
 
 
@@ -159,7 +166,7 @@ def _missing_header(text: str, file: str) -> Diagnostic | None:
         if re.match(r"memplan(?!\w)", code):
             return None
         column = len(line) - len(line.lstrip(_BLANK)) + 1
-        word = code.split()[0]
+        word = (code.split() or [code])[0]
         return Diagnostic(
             "MP104",
             "a plan must start with its version header",
@@ -172,7 +179,15 @@ def _missing_header(text: str, file: str) -> Diagnostic | None:
 _BLANK = " \t\f;"  # what may stand before the header
 
 
+_LOCK = threading.Lock()  # the parser and its comment sink are shared
+
+
 def _parse_tree(text: str, file: str, start: str, recover: bool = True):
+    with _LOCK:
+        return _parse_tree_locked(text, file, start, recover)
+
+
+def _parse_tree_locked(text: str, file: str, start: str, recover: bool):
     """Parse; after a syntax error blank out its line (or block) and go on, reporting each line once."""
     parser, sink = _lark()
     diagnostics: list[Diagnostic] = []
@@ -203,8 +218,9 @@ def _parse_tree(text: str, file: str, start: str, recover: bool = True):
 
 def _build_only_for_errors(tree, file, diagnostics):
     builder = Builder(file)
-    builder.transform(tree)
+    _, *statements = builder.transform(tree)
     diagnostics.extend(builder.diagnostics)
+    _check_unique([s for s in statements if s is not None], diagnostics)
     return None, [], diagnostics
 
 
@@ -328,9 +344,16 @@ def _diagnose(error: UnexpectedInput, text: str, file: str) -> Diagnostic:
             "add `}` before this line",
             notes=(("opened", Span(file, opened, 1, opened, 1)),),
         )
+    policies = {f"`{p}`" for p in POLICY_NAMES}
+    statements = {f"`{s}`" for s in STATEMENT_NAMES}
+    if value in POLICY_NAMES and token.type != "NAME" and statements & expected_words:
+        return Diagnostic(
+            "MP101",
+            f"`{value}` is a policy, not a statement",
+            span,
+            f"policies go inside a rule, e.g. `module fc {{ {value} }}`",
+        )
     if token.type == "NAME":
-        policies = {f"`{p}`" for p in POLICY_NAMES}
-        statements = {f"`{s}`" for s in STATEMENT_NAMES}
         if policies & expected_words:
             return Diagnostic(
                 "MP102",

@@ -1,0 +1,368 @@
+"""Runtime stage: memoplan's own checkpointed region — compressed input, threaded state, time chunks.
+
+``torch.utils.checkpoint`` keeps a region's inputs as they are and knows nothing
+of module state kept between calls.  A region that must keep its input in a
+compact form (``compress input = bit``), carry a stateful module's state
+(``state = functional``) or run in time chunks (``temporal_chunk``) runs here
+instead, as one ``autograd.Function``:
+
+* forward, without grad: encode the first positional tensor argument with the
+  region's codec and keep only the payload; run the forward; return its tensor
+  outputs *and* the stateful modules' new state as outputs, so gradients flow
+  through the state into the next call or chunk;
+* backward: decode the input, put back the state the forward started from and
+  the buffer values and RNG state it saw, recompute with grad, take
+  ``autograd.grad`` with respect to the inputs, the entering state and the
+  parameters, then restore the modules' post-forward state and buffers.
+
+Compression therefore happens inside the checkpointed computation, not through
+ambient saved-tensor hooks (which save nothing under ``torch.compile``,
+pytorch/pytorch#148222).  Parameters are explicit inputs of the Function and
+their gradients come back through the outer autograd engine, so DDP sees each
+parameter ready exactly once (pytorch/pytorch#24005) and frozen inputs and
+parameters behave as without a plan (huggingface/transformers#23170).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils.checkpoint import get_device_states, set_device_states
+
+from memoplan.runtime import codecs
+from memoplan.runtime.buffers import BufferGuard
+from memoplan.runtime.state import get_state, load_state
+
+__all__ = ["RegionOptions", "run_chunked", "run_planned", "run_region"]
+
+
+@dataclass(frozen=True)
+class RegionOptions:
+    codec: str = "none"  # for the first positional tensor argument; "auto" chooses once per region
+    validate: str = "sample"
+    tolerance: float | None = None
+    preserve_rng: bool = True
+    where: str = ""  # the module path, for messages
+
+
+# Codecs `auto` may choose, each able to hold everything the ones before it hold.
+AUTO_ORDER = ("bit", "bool", "uint8", "sparse", "none")
+
+# (where, chunks, length) already warned about, so a clamp is reported once, not every step.
+_CLAMPED: set[tuple[str, int, int]] = set()
+
+# (region root, where) -> codec chosen by "auto" on the region's first train-mode call.
+_AUTO: weakref.WeakKeyDictionary[nn.Module, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def run_planned(
+    module: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    codec: str = "none",
+    validate: str = "sample",
+    tolerance: float | None = None,
+    preserve_rng: bool = True,
+    where: str = "",
+    stateful: Sequence[str] = (),
+    chunks: int | None = None,
+    dim: int = 0,
+    chunk_args: Sequence[int | str] = (0,),
+) -> Any:
+    """A planned module's forward as memoplan regions (what generated code calls).
+
+    ``stateful`` names the submodules (paths relative to ``module``, ``""`` for itself)
+    whose state the region threads; ``chunks`` splits ``chunk_args`` along ``dim``.
+    """
+    options = RegionOptions(codec, validate, tolerance, preserve_rng, where)
+    modules = tuple(module.get_submodule(path) if path else module for path in stateful)
+    fn = partial(type(module).forward, module)
+    if chunks is not None:
+        return run_chunked(
+            (module,), fn, args, kwargs, options, modules, chunks=chunks, dim=dim, chunk_args=chunk_args
+        )
+    return run_region((module,), fn, args, kwargs, options, modules)
+
+
+def run_region(
+    roots: Sequence[nn.Module],
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: RegionOptions,
+    stateful: Sequence[nn.Module] = (),
+) -> Any:
+    """``fn(*args, **kwargs)`` as one region over ``roots`` (whose parameters and buffers it uses)."""
+    if not torch.is_grad_enabled():
+        return fn(*args, **kwargs)
+    run = _Run(roots, fn, args, kwargs, options, stateful)
+    outputs = _RegionFunction.apply(run, *run.inputs)
+    return run.finish(outputs)
+
+
+def run_chunked(
+    roots: Sequence[nn.Module],
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: RegionOptions,
+    stateful: Sequence[nn.Module],
+    *,
+    chunks: int,
+    dim: int,
+    chunk_args: Sequence[int | str],
+) -> Any:
+    """Split the chosen arguments along ``dim`` into ``chunks`` regions run one after another.
+
+    The stateful modules' state passes from each chunk to the next, so with
+    time-local layers the result equals the unchunked forward; tensor outputs are
+    concatenated along ``dim``.
+    """
+    if not torch.is_grad_enabled():
+        return fn(*args, **kwargs)
+    args, kwargs = list(args), dict(kwargs)
+    pieces: dict[int | str, tuple[torch.Tensor, ...]] = {}
+    length = None
+    for key in chunk_args:
+        tensor = args[key] if isinstance(key, int) else kwargs[key]
+        size = tensor.shape[dim]
+        if length is not None and size != length:
+            raise ValueError(
+                f"memoplan: {options.where}: chunked arguments differ in length along dim {dim} "
+                f"({length} vs {size})"
+            )
+        length = size
+        if chunks > size and key == chunk_args[0] and (options.where, chunks, size) not in _CLAMPED:
+            _CLAMPED.add((options.where, chunks, size))
+            warnings.warn(
+                f"memoplan: {options.where}: temporal_chunk {chunks} over a time axis of {size} steps; "
+                f"using {max(1, size)} chunks",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        pieces[key] = torch.tensor_split(tensor, max(1, min(chunks, size)), dim=dim)
+    outputs = []
+    for k in range(len(next(iter(pieces.values())))):
+        for key, parts in pieces.items():
+            if isinstance(key, int):
+                args[key] = parts[k]
+            else:
+                kwargs[key] = parts[k]
+        outputs.append(run_region(roots, fn, args, kwargs, options, stateful))
+    return _concat(outputs, dim, options.where)
+
+
+def _concat(outputs: list[Any], dim: int, where: str) -> Any:
+    flat = [pytree.tree_flatten(o) for o in outputs]
+    spec = flat[0][1]
+    joined = []
+    for i, leaf in enumerate(flat[0][0]):
+        column = [leaves[i] for leaves, _ in flat]
+        if isinstance(leaf, torch.Tensor):
+            joined.append(torch.cat(column, dim=dim))
+        elif all(v == leaf for v in column):
+            joined.append(leaf)
+        else:
+            raise ValueError(f"memoplan: {where}: chunks returned different non-tensor outputs")
+    return pytree.tree_unflatten(joined, spec)
+
+
+class _Run:
+    """Everything one region call needs between its forward and its backward.
+
+    It is reachable from the autograd graph (through ``ctx``), so after the
+    forward it keeps no tensor of its own: inputs live on as a codec payload or in
+    ``save_for_backward``, outputs belong to the caller.
+    """
+
+    def __init__(self, roots, fn, args, kwargs, options: RegionOptions, stateful) -> None:
+        self.roots = tuple(roots)
+        self.fn = fn
+        self.options = options
+        self.stateful = tuple(stateful)
+        leaves, self.spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        self.tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        positional = len(pytree.tree_leaves(tuple(args)))
+        self.primary = next((n for n, i in enumerate(self.tensor_at) if i < positional), None)
+        self.entry_states = [get_state(m) for m in self.stateful]
+        self.state_keys = _tensor_keys(self.entry_states)
+        seen: set[int] = set()
+        self.params = []
+        for root in self.roots:
+            for p in root.parameters():
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    self.params.append(p)
+        self.inputs = (
+            [leaves[i] for i in self.tensor_at]
+            + [self.entry_states[j][name] for j, name in self.state_keys]
+            + self.params
+        )
+        self.n_args = len(self.tensor_at)
+        self.n_state = len(self.state_keys)
+        self.leaves = _without_tensors(leaves)
+        self.entry_states = [_state_without_tensors(s) for s in self.entry_states]
+
+    def call(self, arg_tensors: Sequence[torch.Tensor]) -> Any:
+        leaves = list(self.leaves)
+        for i, tensor in zip(self.tensor_at, arg_tensors):
+            leaves[i] = tensor
+        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return self.fn(*args, **kwargs)
+
+    def read_states(self) -> list[dict[str, Any]]:
+        return [get_state(m) for m in self.stateful]
+
+    def load_states(self, states: Sequence[dict[str, Any]], keys, tensors) -> None:
+        states = [dict(s) for s in states]
+        for (j, name), tensor in zip(keys, tensors):
+            states[j][name] = tensor
+        for module, state in zip(self.stateful, states):
+            load_state(module, state)
+
+    def split_outputs(self, out: Any, states: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """The forward's tensor outputs followed by the new state's tensors."""
+        leaves, self.out_spec = pytree.tree_flatten(out)
+        self.out_tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        self.out_state_keys = _tensor_keys(states)
+        tensors = [leaves[i] for i in self.out_tensor_at]
+        tensors += [states[j][name] for j, name in self.out_state_keys]
+        self.out_leaves = _without_tensors(leaves)
+        self.out_states = [_state_without_tensors(s) for s in states]
+        return tensors
+
+    def finish(self, outputs: Sequence[torch.Tensor]) -> Any:
+        """Rebuild the forward's output and hand the new state (with its history) to the modules."""
+        self.inputs = None
+        n = len(self.out_tensor_at)
+        leaves = list(self.out_leaves)
+        for i, tensor in zip(self.out_tensor_at, outputs[:n]):
+            leaves[i] = tensor
+        self.load_states(self.out_states, self.out_state_keys, outputs[n:])
+        return pytree.tree_unflatten(leaves, self.out_spec)
+
+    def codec(self, x: torch.Tensor) -> str:
+        name = self.options.codec
+        if name != "auto":
+            return name
+        chosen = _AUTO.setdefault(self.roots[0], {})
+        if self.options.where not in chosen:
+            chosen[self.options.where] = _agree(codecs.choose(x))
+        return chosen[self.options.where]
+
+
+def _tensor_keys(states: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [(j, name) for j, state in enumerate(states) for name, v in state.items() if isinstance(v, torch.Tensor)]
+
+
+def _without_tensors(leaves: Sequence[Any]) -> list[Any]:
+    return [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+
+
+def _state_without_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+
+
+def _agree(codec: str) -> str:
+    """Under torch.distributed, every rank takes the most general codec any rank needs."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return codec
+    order = list(AUTO_ORDER)
+    rank = torch.tensor([order.index(codec)], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        rank = rank.cuda()
+    dist.all_reduce(rank, op=dist.ReduceOp.MAX)
+    return order[int(rank.item())]
+
+
+def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
+
+
+class _RegionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run: _Run, *inputs: torch.Tensor):
+        ctx.run = run
+        arg_tensors = inputs[: run.n_args]
+        ctx.autocast = _autocast_state()
+        ctx.cpu_rng = torch.get_rng_state() if run.options.preserve_rng else None
+        ctx.devices, ctx.device_rng = get_device_states(*arg_tensors) if run.options.preserve_rng else ([], [])
+        forward_context, ctx.recompute_context = BufferGuard(run.roots).contexts()
+        with forward_context:
+            out = run.call(arg_tensors)
+        outputs = tuple(run.split_outputs(out, run.read_states()))
+        # Keep the inputs: the first positional tensor as a codec payload, the rest as they are.
+        ctx.payload = None
+        kept: list[torch.Tensor | None] = list(arg_tensors)
+        ctx.primary_requires_grad = False
+        if run.primary is not None:
+            x = arg_tensors[run.primary]
+            codec = run.codec(x)
+            if codec != "none":
+                ctx.payload = codecs.encode(
+                    x, codec, validate=run.options.validate, where=run.options.where, tolerance=run.options.tolerance
+                )
+                ctx.primary_requires_grad = x.requires_grad
+                kept[run.primary] = None
+        ctx.dropped = [t is None for t in kept]
+        ctx.save_for_backward(*[t for t in kept if t is not None], *inputs[run.n_args : run.n_args + run.n_state])
+        ctx.mark_non_differentiable(*[t for t in outputs if not (t.is_floating_point() or t.is_complex())])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None):
+        run: _Run = ctx.run
+        saved = list(ctx.saved_tensors)
+        args = [None if dropped else saved.pop(0) for dropped in ctx.dropped]
+        detached = []
+        for n, t in enumerate(args):
+            if t is None:  # the compressed input
+                detached.append(codecs.decode(ctx.payload).requires_grad_(ctx.primary_requires_grad))
+            else:
+                detached.append(t.detach().requires_grad_(t.requires_grad))
+        state_in = [t.detach().requires_grad_(t.requires_grad) for t in saved]
+
+        post_forward = run.read_states()
+        with contextlib.ExitStack() as stack:
+            if ctx.cpu_rng is not None:
+                stack.enter_context(torch.random.fork_rng(devices=ctx.devices))
+                torch.set_rng_state(ctx.cpu_rng)
+                set_device_states(ctx.devices, ctx.device_rng)
+            for device, enabled, dtype in ctx.autocast:
+                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+            stack.enter_context(ctx.recompute_context)
+            try:
+                run.load_states(run.entry_states, run.state_keys, state_in)
+                with torch.enable_grad():
+                    out = run.call(detached)
+                    states = run.read_states()
+            finally:
+                # The recompute must not advance the state (fangwei123456/spikingjelly#629).
+                for module, state in zip(run.stateful, post_forward):
+                    load_state(module, state)
+
+        out_tensors = [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
+        out_tensors += [states[j][name] for j, name in run.out_state_keys]
+        pairs = [(o, g) for o, g in zip(out_tensors, grads) if g is not None and o.requires_grad]
+        candidates = detached + state_in + run.params
+        wanted = [t for t in candidates if t.requires_grad]
+        found = (
+            torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+            if pairs and wanted
+            else [None] * len(wanted)
+        )
+        by_id = {id(t): g for t, g in zip(wanted, found)}
+        return (None, *[by_id.get(id(t)) for t in candidates])

@@ -1,0 +1,83 @@
+"""The public API: its names are frozen, it accepts every plan form, and failure changes nothing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import memoplan
+from memoplan.examples import cnn
+
+PLAN = "memplan 1\nmodule features.* { checkpoint }\n"
+
+
+def test_public_names_are_frozen():
+    assert sorted(memoplan.__all__) == [
+        "Diagnostic",
+        "PlanError",
+        "__version__",
+        "apply",
+        "explain",
+        "format_plan",
+        "load",
+        "parse",
+        "remove",
+        "resolve",
+    ]
+
+
+@pytest.mark.parametrize("form", ["text", "path", "plan", "resolved"])
+def test_apply_accepts_every_plan_form(form, tmp_path):
+    model = cnn.build()
+    path = tmp_path / "p.memplan"
+    path.write_text(PLAN)
+    plan = {
+        "text": PLAN,
+        "path": path,
+        "plan": memoplan.parse(PLAN),
+        "resolved": memoplan.resolve(memoplan.parse(PLAN), model),
+    }[form]
+    assert memoplan.apply(model, plan) is model
+    assert all("forward" in model.features[i].__dict__ for i in range(5))
+    memoplan.remove(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_a_plan_that_does_not_fit_changes_nothing():
+    model = cnn.build()
+    before = copy.deepcopy(model.state_dict())
+    bad = "memplan 1\nmodule features.* { checkpoint }\nmodule classifer { checkpoint }\n"
+    with pytest.raises(memoplan.PlanError) as caught:
+        memoplan.apply(model, bad)
+    assert caught.value.codes == ["MP301"]
+    assert "nearest paths: `classifier`" in str(caught.value)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_applying_twice_is_refused():
+    model = cnn.build()
+    memoplan.apply(model, PLAN)
+    with pytest.raises(memoplan.PlanError) as caught:
+        memoplan.apply(model, PLAN)
+    assert "MP403" in caught.value.codes
+
+
+def test_optimizer_built_before_apply_trains_the_same_parameters():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4), nn.GELU())
+    twin = copy.deepcopy(model)
+    opt_a = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(twin.parameters(), lr=0.1)
+    memoplan.apply(twin, "memplan 1\nmodule [0:2] { checkpoint }\nmodule 2 { checkpoint }\n")
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        for m, opt in ((model, opt_a), (twin, opt_b)):
+            opt.zero_grad()
+            m(x).pow(2).sum().backward()
+            opt.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)

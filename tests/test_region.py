@@ -1,0 +1,216 @@
+"""memoplan's own region (compressed input, threaded state, temporal chunks) against the unplanned model."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from memoplan.diagnostics import PlanError
+from memoplan.measure import LiveStorageMeter
+from memoplan.neurons import LIF, reset
+from memoplan.runtime import run_planned, state
+from memoplan.runtime.region import RegionOptions, run_chunked, run_region
+
+# Temporal chunks sum weight gradients chunk by chunk: equal up to float reassociation.
+CHUNK_RTOL = 1e-5  # max |difference| <= CHUNK_RTOL * max |gradient|, per tensor
+
+
+class Block(nn.Module):
+    """Conv over every time step, then a stateful LIF neuron over time: x is (T, B, C, H, W)."""
+
+    def __init__(self, channels: int = 4, dropout: float = 0.0):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.drop = nn.Dropout(dropout)
+        self.lif = LIF(threshold=0.3)
+
+    def forward(self, x):
+        steps, batch = x.shape[:2]
+        y = self.drop(self.conv(x.flatten(0, 1))).unflatten(0, (steps, batch))
+        return self.lif(y)
+
+
+def _net(dropout: float = 0.0, blocks: int = 3) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block(dropout=dropout) for _ in range(blocks)])
+
+
+def _spikes(steps: int = 8) -> torch.Tensor:
+    return (torch.rand(steps, 2, 4, 12, 12, generator=torch.Generator().manual_seed(3)) < 0.3).float()
+
+
+def _step(model: nn.Sequential, x: torch.Tensor, planned: dict | None):
+    """One training step; ``planned`` holds run_planned options (None: unplanned)."""
+    reset(model)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    x = x.clone().requires_grad_()
+    h = x
+    for i, block in enumerate(model):
+        options = {**planned, "where": f"{planned.get('where', 'blocks')}.{i}"} if planned else None
+        h = block(h) if options is None else run_planned(block, (h,), {}, stateful=("lif",), **options)
+    weight = torch.linspace(-1, 1, h.numel()).view_as(h)
+    (h * weight).sum().backward()
+    return {
+        "out": h.detach(),
+        "dx": x.grad,
+        "grads": [p.grad for p in model.parameters()],
+        "v": [b.lif.v.detach() for b in model],
+        "rng": torch.get_rng_state(),
+    }
+
+
+@pytest.mark.parametrize("codec", ["none", "bit", "bool", "uint8", "sparse", "auto"])
+def test_region_is_bit_exact_for_every_lossless_codec(codec):
+    net = _net(dropout=0.2)
+    a = _step(copy.deepcopy(net), _spikes(), None)
+    b = _step(copy.deepcopy(net), _spikes(), {"codec": codec})
+    assert torch.equal(a["out"], b["out"])
+    assert torch.equal(a["dx"], b["dx"])
+    assert all(torch.equal(g, h) for g, h in zip(a["grads"], b["grads"]))
+    assert all(torch.equal(v, w) for v, w in zip(a["v"], b["v"]))  # state advanced once
+    assert torch.equal(a["rng"], b["rng"])  # dropout replayed, not redrawn
+
+
+@pytest.mark.parametrize("chunks", [2, 3, 8])
+def test_temporal_chunks_equal_the_unchunked_step(chunks):
+    net = _net(dropout=0.2)
+    a = _step(copy.deepcopy(net), _spikes(), None)
+    b = _step(copy.deepcopy(net), _spikes(), {"codec": "bit", "chunks": chunks})
+    # Outputs, input gradients and the carried state are computed by the same
+    # arithmetic step by step: bit-exact.
+    assert torch.equal(a["out"], b["out"])
+    assert torch.equal(a["dx"], b["dx"])
+    assert all(torch.equal(v, w) for v, w in zip(a["v"], b["v"]))
+    assert torch.equal(a["rng"], b["rng"])
+    for g, h in zip(a["grads"], b["grads"]):
+        assert (g - h).abs().max() <= CHUNK_RTOL * g.abs().max()
+
+
+def test_chunk_count_above_the_time_axis_is_clamped_with_a_warning():
+    net = _net()
+    a = _step(copy.deepcopy(net), _spikes(steps=3), None)
+    with pytest.warns(RuntimeWarning, match=r"clamp-test\.\d: temporal_chunk 16 over a time axis of 3 steps; using 3"):
+        b = _step(copy.deepcopy(net), _spikes(steps=3), {"chunks": 16, "where": "clamp-test"})
+    assert torch.equal(a["out"], b["out"])
+
+
+def test_state_carries_across_calls_and_recompute_does_not_advance_it():
+    """Feed one sequence in two calls (state kept between them), each call a region."""
+    net = _net(blocks=1)
+    block_a, block_b = copy.deepcopy(net[0]), copy.deepcopy(net[0])
+    x = _spikes().requires_grad_()
+    outs = []
+    for block, planned in ((block_a, False), (block_b, True)):
+        reset(block)
+        parts = []
+        for piece in x.split(4):
+            if planned:
+                parts.append(run_planned(block, (piece,), {}, stateful=("lif",), codec="bit"))
+            else:
+                parts.append(block(piece))
+        torch.cat(parts).sum().backward()
+        outs.append((torch.cat(parts).detach(), block.lif.v.detach(), [p.grad.clone() for p in block.parameters()]))
+        block.zero_grad()
+    (ya, va, ga), (yb, vb, gb) = outs
+    assert torch.equal(ya, yb)
+    assert torch.equal(va, vb)
+    assert all(torch.equal(g, h) for g, h in zip(ga, gb))
+
+
+def test_batchnorm_statistics_are_committed_once_in_a_region():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Tanh())
+    twin = copy.deepcopy(model)
+    x = torch.randn(5, 6)
+    model(x).sum().backward()
+    fn = functools.partial(type(twin).forward, twin)
+    run_region((twin,), fn, (x,), {}, RegionOptions()).sum().backward()
+    for a, b in zip(model.buffers(), twin.buffers()):
+        assert torch.equal(a, b)
+    assert int(twin[1].num_batches_tracked) == 1
+
+
+def test_non_binary_input_under_bit_names_the_module():
+    net = _net(blocks=1)
+    x = _spikes()
+    x[0, 0, 0, 0, 0] = 0.7
+    with pytest.raises(PlanError) as caught:
+        run_planned(net[0], (x,), {}, codec="bit", validate="always", where="blocks.0", stateful=("lif",))
+    assert caught.value.codes == ["MP405"]
+    assert "blocks.0" in str(caught.value)
+
+
+def test_compression_lowers_the_peak_by_the_saved_inputs():
+    net = _net()
+    peaks = {}
+    for codec in ("none", "bit"):
+        model = copy.deepcopy(net)
+        x = _spikes()
+        with LiveStorageMeter() as meter:
+            _step(model, x, {"codec": codec})
+        peaks[codec] = meter.peak_bytes
+    assert peaks["bit"] < peaks["none"]
+
+
+def test_frozen_parameters_get_no_gradient_and_the_rest_are_exact():
+    net = _net()
+    for p in net[1].parameters():
+        p.requires_grad_(False)
+    a = _step(copy.deepcopy(net), _spikes(), None)
+    b = _step(copy.deepcopy(net), _spikes(), {"codec": "bit"})
+    for g, h in zip(a["grads"], b["grads"]):
+        assert (g is None) == (h is None)
+        assert g is None or torch.equal(g, h)
+
+
+def test_no_grad_runs_the_plain_forward():
+    net = _net(blocks=1)
+    x = _spikes()
+    with torch.no_grad():
+        reset(net)
+        a = net[0](x)
+        reset(net)
+        b = run_planned(net[0], (x,), {}, codec="bit", stateful=("lif",))
+    assert torch.equal(a, b)
+
+
+def test_a_second_backward_with_retained_graph_recomputes_again():
+    net = _net(blocks=1)
+    x = _spikes().requires_grad_()
+    reset(net)
+    y = run_planned(net[0], (x,), {}, codec="bit", stateful=("lif",))
+    y.sum().backward(retain_graph=True)
+    first = x.grad.clone()
+    y.sum().backward()
+    assert torch.equal(x.grad, 2 * first)
+
+
+def test_lif_speaks_the_state_protocol():
+    lif = LIF()
+    assert state.is_stateful(lif)
+    lif(torch.ones(2, 3))
+    assert isinstance(state.get_state(lif)["v"], torch.Tensor)
+    state.load_state(lif, {"v": 0.5})
+    assert lif.v == 0.5
+    assert not state.is_stateful(nn.Linear(2, 2))
+
+
+def test_chunked_region_splits_keyword_arguments_too():
+    class Scale(nn.Module):
+        def forward(self, x, *, gain):
+            return x * gain
+
+    module = Scale()
+    x = torch.randn(6, 3, requires_grad=True)
+    gain = torch.randn(6, 3, requires_grad=True)
+    fn = functools.partial(type(module).forward, module)
+    y = run_chunked((module,), fn, (x,), {"gain": gain}, RegionOptions(), (), chunks=3, dim=0, chunk_args=(0, "gain"))
+    assert torch.equal(y, x * gain)
+    y.sum().backward()
+    assert torch.equal(x.grad, gain.detach())
+    assert torch.equal(gain.grad, x.detach())
