@@ -2,24 +2,49 @@
 
 Data flows one way: ``.memplan`` text --parse--> AST --resolve(model)--> ResolvedPlan
 --emit--> generated Python --import--> applied to the model.
+
+The public names are imported on first use, so that generated plan modules, which
+import only ``memoplan.runtime``, never load the parser, resolver or templates.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-from memoplan.api import apply, remove  # noqa: E402
-from memoplan.diagnostics import Diagnostic, PlanError  # noqa: E402
-from memoplan.resolve import explain, resolve  # noqa: E402
-from memoplan.syntax import format_plan, load, parse  # noqa: E402
+# public name -> module that defines it
+_EXPORTS = {
+    "Diagnostic": "memoplan.diagnostics",
+    "PlanError": "memoplan.diagnostics",
+    "apply": "memoplan.api",
+    "remove": "memoplan.api",
+    "explain": "memoplan.resolver",
+    "resolve": "memoplan.resolver",
+    "format_plan": "memoplan.syntax",
+    "load": "memoplan.syntax",
+    "parse": "memoplan.syntax",
+}
 
-__all__ = [
-    "Diagnostic",
-    "PlanError",
-    "__version__",
-    "apply",
-    "explain",
-    "format_plan",
-    "load",
-    "parse",
-    "remove",
-    "resolve",
-]
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memoplan' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memoplan.api import apply, remove
+    from memoplan.diagnostics import Diagnostic, PlanError
+    from memoplan.resolver import explain, resolve
+    from memoplan.syntax import format_plan, load, parse

@@ -14,7 +14,7 @@ from torch import nn
 from memoplan import runtime
 from memoplan.codegen import emit, import_generated
 from memoplan.ir import ResolvedPlan
-from memoplan.resolve import resolve
+from memoplan.resolver import resolve
 from memoplan.syntax import ast, load, parse
 
 PlanLike = ast.Plan | ResolvedPlan | Path | str

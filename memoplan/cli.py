@@ -145,7 +145,7 @@ def _example(plan, path: Path, spec: str | None, *, required: bool):
 
 
 def _resolve(plan, model):
-    from memoplan.resolve import resolve
+    from memoplan.resolver import resolve
 
     resolved = resolve(plan, model)
     for warning in resolved.warnings:
@@ -196,7 +196,7 @@ def _fmt(args) -> int:
 
 
 def _explain(args) -> int:
-    from memoplan.resolve import explain, render_explain
+    from memoplan.resolver import explain, render_explain
 
     plan = _load(args.plan)
     model = _model(plan, args.plan, args.model, required=True)

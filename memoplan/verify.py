@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 from memoplan import api
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, measured_step
-from memoplan.resolve import resolve
+from memoplan.resolver import resolve
 from memoplan.specs import Example
 
 

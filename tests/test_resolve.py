@@ -19,9 +19,9 @@ from torch import nn
 from memoplan import ir, parse, resolve
 from memoplan.diagnostics import PlanError, Severity
 from memoplan.examples import cnn, mlp, spiking, transformer
-from memoplan.resolve import explain, render_explain
-from memoplan.resolve.resolver import _groups, analyse
-from memoplan.resolve.selectors import ModelIndex, Specificity, select, specificity
+from memoplan.resolver import explain, render_explain
+from memoplan.resolver.bind import _groups, analyse
+from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))

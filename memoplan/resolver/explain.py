@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from memoplan.resolve.resolver import Decision, Resolution, analyse
+from memoplan.resolver.bind import Decision, Resolution, analyse
 from memoplan.syntax import ast
 from memoplan.syntax.formatter import format_policy, format_selector
 

@@ -1,6 +1,6 @@
 """Resolve stage: bind a plan to a model (selectors, precedence, legality checks, explain)."""
 
-from memoplan.resolve.explain import ExplainRow, explain, render_explain
-from memoplan.resolve.resolver import resolve
+from memoplan.resolver.explain import ExplainRow, explain, render_explain
+from memoplan.resolver.bind import resolve
 
 __all__ = ["ExplainRow", "explain", "render_explain", "resolve"]

@@ -14,7 +14,7 @@ from torch import nn
 
 from memoplan import ir
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
-from memoplan.resolve.selectors import ModelIndex, Specificity, select, specificity
+from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 from memoplan.syntax import ast
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
