@@ -74,6 +74,9 @@ class ModulePlan:
     temporal_chunk: TemporalChunkAction | None = None
     state: StateAction | None = None
     buffers_commit_once: Origin | None = None
+    # Paths, relative to this module ("" for itself), of the `state = functional`
+    # modules inside its region, whose state the region threads.
+    region_state: tuple[str, ...] = ()
 
     @property
     def changes_forward(self) -> bool:
@@ -110,6 +113,7 @@ class ResolvedPlan:
                         _strip(m.temporal_chunk),
                         _strip(m.state),
                         m.buffers_commit_once is not None,
+                        m.region_state,
                     )
                 )
             )

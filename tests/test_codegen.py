@@ -45,6 +45,8 @@ TEMPLATE_NAMES = {
     "memoplan", "runtime", "_rt", "PLAN_ID", "SOURCE", "TARGETS", "apply", "remove", "model",
     "self", "args", "kwargs", "forward", "plan_id", "preserve_rng",
     "Target", "install", "uninstall", "run_checkpointed", "run_segmented",
+    "run_planned", "RegionOptions", "region", "stateful", "codec", "validate", "tolerance",
+    "chunks", "dim", "chunk_args",
 }  # fmt: skip
 
 
@@ -194,11 +196,18 @@ def test_plan_without_checkpoints_emits_empty_targets() -> None:
     assert installed_plan(model) is None
 
 
-def test_emit_refuses_policies_the_runtime_does_not_run() -> None:
-    plan = resolve(plan_of("module features.1 { checkpoint; compress input = bit }\n"), cnn.build())
-    with pytest.raises(PlanError) as info:
-        emit(plan)
-    assert info.value.codes == ["MP404"]
+def test_compress_and_chunks_run_through_memoplans_region() -> None:
+    body = (
+        "module features.1 { checkpoint; compress input = uint8 validate = always }\n"
+        "module features { checkpoint segments = 2 nested = true; compress input = none }\n"
+    )
+    text = emit(resolve(plan_of(body), cnn.build())).main.text
+    assert_well_formed(text)
+    assert "_rt.run_planned(self, args, kwargs, codec='uint8', validate='always', preserve_rng=True, stateful=())" in text
+    assert "region=_rt.RegionOptions(codec='none', validate='sample')" in text
+    # Plain `checkpoint` still goes through torch's checkpoint.
+    plain = emit(resolve(plan_of("module features.1 { checkpoint }\n"), cnn.build())).main.text
+    assert "_rt.run_checkpointed(" in plain and "run_planned" not in plain
 
 
 def test_wrappers_are_shared_and_named_by_the_allocator() -> None:

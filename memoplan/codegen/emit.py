@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from memoplan import __version__
 from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
-from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.ir import CheckpointAction, ModulePlan, ResolvedPlan
+from memoplan.ir import ModulePlan, ResolvedPlan
 
 # Names the template defines itself.
 RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "_rt", "self", "args", "kwargs", "torch")
@@ -44,38 +43,76 @@ class _Wrapper:
 
 def emit(plan: ResolvedPlan, *, source: str | None = None, module_name: str = "plan_module") -> GeneratedCode:
     """Render the plan module; ``source`` is the plan's name as printed in the header."""
-    _refuse_unsupported(plan)
     names = NameAllocator(RESERVED)
-    wrappers: dict[object, _Wrapper] = {}
-    lines_of: dict[object, list[str]] = {}
+    lines_of: dict[_Policy, set[str]] = {}
+    texts_of: dict[_Policy, list[str]] = {}
     targets = []
     for module in plan.modules:
-        action = module.checkpoint
-        if action is None:
+        policy = _policy_of(module)
+        if policy is None:
             continue
-        key = _key(action)
-        lines_of.setdefault(key, []).append(str(action.origin))
-        targets.append((module, key))
-    for key in sorted(lines_of, key=repr):
-        lines = sorted(set(lines_of[key]), key=_line_order)
-        wrappers[key] = _wrapper(key, lines, names)
+        for origin in _origins(module):
+            lines_of.setdefault(policy, set()).add(str(origin))
+            texts = texts_of.setdefault(policy, [])
+            if origin.policy not in texts:
+                texts.append(origin.policy)
+        targets.append((module, policy))
+    order = sorted(lines_of, key=repr)
+    wrappers = {p: _wrapper(p, texts_of[p], sorted(lines_of[p], key=_line_order), names) for p in order}
     context = {
         "version": __version__,
         "source": source or plan.file,
         "plan_id": plan.digest,
         "rows": plan_table(plan),
         "module_count": len(plan.modules),
-        "policies": [wrappers[k] for k in sorted(wrappers, key=repr)],
+        "policies": [wrappers[p] for p in order],
         "targets": [
-            {"path": m.path, "type_name": m.type_name, "forward": wrappers[k].name} for m, k in targets
+            {"path": m.path, "type_name": m.type_name, "forward": wrappers[p].name} for m, p in targets
         ],
     }
     text = render("plan_module.py.j2", **context)
     return GeneratedCode(plan.digest, (GeneratedFile(f"{module_name}.py", text),))
 
 
-def _key(action: CheckpointAction) -> tuple:
-    return ("checkpoint", action.groups, action.preserve_rng)
+@dataclass(frozen=True)
+class _Policy:
+    """One distinct wrapper: everything its generated call passes (nothing module-specific)."""
+
+    groups: tuple[tuple[str, ...], ...] | None
+    preserve_rng: bool
+    codec: str | None  # None: inputs kept as they are
+    validate: str
+    tolerance: float | None
+    stateful: tuple[str, ...]
+    chunks: int | None
+    dim: int
+    chunk_args: tuple[int | str, ...]
+
+    @property
+    def own_region(self) -> bool:
+        """Whether memoplan's region runs it (torch's checkpoint cannot compress, chunk or carry state)."""
+        return self.codec is not None or self.chunks is not None or bool(self.stateful)
+
+
+def _policy_of(m: ModulePlan) -> _Policy | None:
+    if m.checkpoint is None and m.temporal_chunk is None:
+        return None
+    check, chunk, compress = m.checkpoint, m.temporal_chunk, m.compress
+    return _Policy(
+        groups=check.groups if check else None,
+        preserve_rng=check.preserve_rng if check else True,
+        codec=compress.codec.value if compress else None,
+        validate=compress.validate.value if compress else "sample",
+        tolerance=compress.tolerance if compress else None,
+        stateful=m.region_state,
+        chunks=chunk.chunks if chunk else None,
+        dim=chunk.dim if chunk else 0,
+        chunk_args=chunk.args if chunk else (0,),
+    )
+
+
+def _origins(m: ModulePlan):
+    return [a.origin for a in (m.checkpoint, m.compress, m.temporal_chunk) if a is not None]
 
 
 def _line_order(origin: str) -> tuple:
@@ -83,20 +120,42 @@ def _line_order(origin: str) -> tuple:
     return (file, int(line) if line.isdigit() else 0)
 
 
-def _wrapper(key: tuple, lines: list[str], names: NameAllocator) -> _Wrapper:
-    _, groups, preserve_rng = key
-    where = ", ".join(lines)
-    if groups is None:
-        name = names.allocate("checkpoint" if preserve_rng else "checkpoint_rng_off")
-        doc = f"checkpoint{'' if preserve_rng else ' rng = off'}: recompute this module in backward ({where})"
+def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAllocator) -> _Wrapper:
+    hint = ["checkpoint" if policy.chunks is None else f"temporal_chunk_{policy.chunks}"]
+    if policy.groups is not None:
+        hint.append(f"regions_{len(policy.groups)}")
+    if not policy.preserve_rng:
+        hint.append("rng_off")
+    if policy.codec is not None:
+        hint.append(policy.codec)
+    if policy.stateful:
+        hint.append("stateful")
+    name = names.allocate("_".join(hint))
+    doc = f"{'; '.join(texts)}  ({', '.join(lines)})"
+    rng = pyrepr(policy.preserve_rng)
+    if not policy.own_region:
+        if policy.groups is None:
+            call = f"_rt.run_checkpointed(self, type(self).forward, args, kwargs, preserve_rng={rng})"
+        else:
+            call = f"_rt.run_segmented(self, {pyrepr(policy.groups)}, args, kwargs, preserve_rng={rng})"
+        return _Wrapper(name, doc, call)
+    codec = [f"codec={pyrepr(policy.codec or 'none')}"]
+    if policy.codec is not None:
+        codec.append(f"validate={pyrepr(policy.validate)}")
+        if policy.tolerance is not None:
+            codec.append(f"tolerance={pyrepr(policy.tolerance)}")
+    state = f"stateful={pyrepr(policy.stateful)}"
+    if policy.groups is not None:
+        options = f"_rt.RegionOptions({', '.join(codec)})"
         call = (
-            f"_rt.run_checkpointed(self, type(self).forward, args, kwargs, preserve_rng={pyrepr(preserve_rng)})"
+            f"_rt.run_segmented(self, {pyrepr(policy.groups)}, args, kwargs, preserve_rng={rng}, "
+            f"region={options}, {state})"
         )
-    else:
-        name = names.allocate(f"checkpoint_segments_{len(groups)}")
-        doc = f"checkpoint segments = {len(groups)}: one region per group of children ({where})"
-        call = f"_rt.run_segmented(self, {pyrepr(groups)}, args, kwargs, preserve_rng={pyrepr(preserve_rng)})"
-    return _Wrapper(name, doc, call)
+        return _Wrapper(name, doc, call)
+    parts = codec + [f"preserve_rng={rng}", state]
+    if policy.chunks is not None:
+        parts += [f"chunks={policy.chunks}", f"dim={policy.dim}", f"chunk_args={pyrepr(policy.chunk_args)}"]
+    return _Wrapper(name, doc, f"_rt.run_planned(self, args, kwargs, {', '.join(parts)})")
 
 
 def plan_table(plan: ResolvedPlan) -> list[str]:
@@ -117,20 +176,3 @@ def _decisions(m: ModulePlan):
         yield m.keep.policy, m.keep
     if m.buffers_commit_once is not None:
         yield m.buffers_commit_once.policy, m.buffers_commit_once
-
-
-def _refuse_unsupported(plan: ResolvedPlan) -> None:
-    problems = []
-    for m in plan.modules:
-        for action in (m.compress, m.temporal_chunk):
-            if action is not None:
-                problems.append(
-                    Diagnostic(
-                        "MP404",
-                        f"`{action.origin.policy}` on `{m.path}` is checked but not yet run by this "
-                        f"memoplan version's runtime",
-                        help=f"rule at {action.origin}; remove it to apply the rest of the plan",
-                    )
-                )
-    if problems:
-        raise PlanError(tuple(problems))

@@ -16,6 +16,7 @@ from memoplan import ir
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
 from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 from memoplan.syntax import ast
+from memoplan.runtime.state import is_stateful
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
 
@@ -259,28 +260,111 @@ def _check_policies(res: Resolution) -> None:
         if isinstance(recompute, ast.Checkpoint):
             _check_checkpoint(res, path, module, recompute)
         chunk = _winner(res, path, "temporal_chunk")
-        if chunk is not None and not chunk.allow_nonequivalent:
-            norms = [
-                name or path
-                for name, sub in module.named_modules()
-                if any(base.__name__ == "_BatchNorm" for base in type(sub).__mro__)
-            ]
-            if norms:
-                res.error(
-                    "MP304",
-                    f"`temporal_chunk` on `{path}` is not equivalent: BatchNorm ({', '.join(norms[:3])}) "
-                    "would see each chunk's statistics instead of the whole batch's",
-                    chunk.span,
-                    "checkpoint the module instead, or write `allow_nonequivalent = true` to accept the difference",
-                )
+        if chunk is not None:
+            _check_chunk(res, path, module, chunk, recompute)
+        state = _winner(res, path, "state")
+        if state is not None and not is_stateful(module):
+            res.error(
+                "MP315",
+                f"`state = functional` on `{path}`, a {type(module).__qualname__} that does not expose its state",
+                state.span,
+                "implement `memoplan_state()` and `memoplan_load_state(state)` (see docs/state.md)",
+            )
+        if isinstance(recompute, ast.Checkpoint) or chunk is not None:
+            _check_region_state(res, path, module, recompute, _winner(res, path, "compress"), chunk)
         compress = _winner(res, path, "compress")
-        if compress is not None and not isinstance(recompute, ast.Checkpoint):
+        if compress is not None and not isinstance(recompute, ast.Checkpoint) and chunk is None:
             res.error(
                 "MP309",
                 f"`compress` on `{path}` needs `checkpoint` on the same module",
                 compress.span,
-                "compression keeps the saved input of a checkpointed region; add `checkpoint`",
+                "compression keeps the saved input of a checkpointed region; add `checkpoint` or `temporal_chunk`",
             )
+
+
+def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.TemporalChunk, recompute) -> None:
+    if isinstance(recompute, ast.Keep):
+        res.error(
+            "MP207",
+            f"`keep` and `temporal_chunk` contradict each other on `{path}`",
+            chunk.span,
+            "temporal chunks are checkpointed regions; drop one of the two rules",
+            notes=(("`keep` here", recompute.span),),
+        )
+    if isinstance(recompute, ast.Checkpoint) and (recompute.segments or recompute.split):
+        res.error(
+            "MP316",
+            f"`temporal_chunk` and `{'segments' if recompute.segments else 'split'}` on the same module `{path}`",
+            chunk.span,
+            "chunk the regions' children instead, or cut the module in one way only",
+        )
+    if chunk.allow_nonequivalent:
+        return
+    reasons = []
+    for name, sub in module.named_modules():
+        where = name or path
+        bases = [base.__name__ for base in type(sub).__mro__]
+        if "_BatchNorm" in bases:
+            reasons.append(f"BatchNorm `{where}` would see each chunk's statistics instead of the whole batch's")
+        elif isinstance(sub, (nn.MultiheadAttention, nn.RNNBase)) or any("Attention" in b for b in bases[:1]):
+            reasons.append(f"`{where}` ({type(sub).__qualname__}) mixes time steps")
+        elif getattr(sub, "memoplan_mixes_time", False):
+            reasons.append(f"`{where}` ({type(sub).__qualname__}) processes the whole sequence at once")
+    if reasons:
+        res.error(
+            "MP304",
+            f"`temporal_chunk` on `{path}` is not equivalent: {reasons[0]}"
+            + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""),
+            chunk.span,
+            "checkpoint the module instead, or write `allow_nonequivalent = true` to accept the difference",
+        )
+
+
+def _check_region_state(res: Resolution, path: str, module: nn.Module, recompute, compress, chunk) -> None:
+    """Stateful modules inside a region must be marked; torch's checkpoint cannot carry them."""
+    unmarked = [
+        f"{path}.{name}" if name else path
+        for name, sub in module.named_modules()
+        if is_stateful(sub) and _winner(res, f"{path}.{name}" if name else path, "state") is None
+    ]
+    span = (chunk or recompute).span
+    if unmarked:
+        res.error(
+            "MP314",
+            f"the region of `{path}` contains stateful `{unmarked[0]}`"
+            + (f" and {len(unmarked) - 1} more" if len(unmarked) > 1 else "")
+            + ", whose state recompute would advance a second time",
+            span,
+            f"add `module {unmarked[0]} {{ state = functional }}` (or `module class "
+            f"{type(res.index.modules[unmarked[0]]).__name__} {{ state = functional }}`)",
+        )
+    if isinstance(recompute, ast.Checkpoint) and recompute.impl is ast.CheckpointImpl.TORCH:
+        needs = [
+            word
+            for word, present in (
+                ("compress", compress is not None),
+                ("temporal_chunk", chunk is not None),
+                ("stateful modules", bool(_region_state(res, path, module))),
+            )
+            if present
+        ]
+        if needs:
+            res.error(
+                "MP317",
+                f"`impl = torch` on `{path}` cannot run {' and '.join(needs)}",
+                recompute.span,
+                "drop `impl = torch`: memoplan's own region runs them",
+            )
+
+
+def _region_state(res: Resolution, path: str, module: nn.Module) -> tuple[str, ...]:
+    """Relative paths of the `state = functional` modules in ``module``'s subtree."""
+    found = []
+    for name, _ in module.named_modules():
+        full = f"{path}.{name}" if name else path
+        if isinstance(_winner(res, full, "state"), ast.State):
+            found.append(name)
+    return tuple(sorted(found, key=ir.path_key))
 
 
 def _check_checkpoint(res: Resolution, path: str, module: nn.Module, policy: ast.Checkpoint) -> None:
@@ -309,6 +393,32 @@ def _check_checkpoint(res: Resolution, path: str, module: nn.Module, policy: ast
                 policy.span,
                 f"write `segments = {len(module._modules)}`",
             )
+    if policy.split is not None:
+        children = [n for n, child in module._modules.items() if child is not None]
+        if type(module).forward is not nn.Sequential.forward:
+            res.error(
+                "MP306",
+                f"`split` needs an nn.Sequential; `{path}` is {type(module).__qualname__}",
+                policy.span,
+                "checkpoint its children instead, e.g. `module " + path + ".* { checkpoint }`",
+            )
+        else:
+            missing = [n for n in policy.split if n not in children]
+            positions = [children.index(n) for n in policy.split if n in children]
+            if missing:
+                res.error(
+                    "MP319",
+                    f"`split` names `{missing[0]}`, which is not a child of `{path}`",
+                    policy.span,
+                    did_you_mean(missing[0], children) or "children: " + ", ".join(children[:12]),
+                )
+            elif positions != sorted(set(positions)) or 0 in positions:
+                res.error(
+                    "MP319",
+                    f"`split` over `{path}` must name children in order, once each, after the first",
+                    policy.span,
+                    "children in order: " + ", ".join(children[:12]),
+                )
     if policy.rng is ast.RngMode.OFF:
         random = [
             name or path
@@ -334,6 +444,16 @@ def _origin(res: Resolution, candidate: Candidate) -> ir.Origin:
         format_selector(candidate.rule.selector),
         format_policy(candidate.policy),
     )
+
+
+def _split(module: nn.Module, policy: ast.Checkpoint) -> tuple[tuple[str, ...], ...] | None:
+    if policy.segments:
+        return _groups(module, policy.segments)
+    if policy.split:
+        names = [n for n, child in module._modules.items() if child is not None]
+        cuts = [0] + [names.index(n) for n in policy.split] + [len(names)]
+        return tuple(tuple(names[a:b]) for a, b in zip(cuts, cuts[1:]))
+    return None
 
 
 def _groups(module: nn.Module, segments: int) -> tuple[tuple[str, ...], ...]:
@@ -362,7 +482,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
             if isinstance(policy, ast.Checkpoint):
                 fields["checkpoint"] = ir.CheckpointAction(
                     origin,
-                    groups=_groups(module, policy.segments) if policy.segments else None,
+                    groups=_split(module, policy),
                     preserve_rng=policy.rng is not ast.RngMode.OFF,
                     nested=bool(policy.nested),
                 )
@@ -380,6 +500,8 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
                 fields["state"] = ir.StateAction(origin, policy.mode)
             elif isinstance(policy, ast.Buffers):
                 fields["buffers_commit_once"] = origin
+        if "checkpoint" in fields or "temporal_chunk" in fields:
+            fields["region_state"] = _region_state(res, path, module)
         modules.append(ir.ModulePlan(path, f"{cls.__module__}.{cls.__qualname__}", **fields))
     plan = res.plan
     blocks = {kind: plan.block(kind) for kind in ast.BlockKind}

@@ -15,6 +15,7 @@ does not mark DDP parameters ready twice (pytorch/pytorch#24005).  On top of it:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -24,6 +25,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memoplan.runtime.buffers import BufferGuard
+from memoplan.runtime.install import PATH_ATTR
+from memoplan.runtime.region import RegionOptions, run_region
 
 __all__ = ["run_checkpointed", "run_segmented"]
 
@@ -50,11 +53,15 @@ def run_segmented(
     kwargs: Mapping[str, Any],
     *,
     preserve_rng: bool = True,
+    region: RegionOptions | None = None,
+    stateful: Sequence[str] = (),
 ) -> Any:
     """An ``nn.Sequential``'s forward with each group of children as its own checkpointed region.
 
     ``groups`` holds the children's names, contiguous and in order, covering them all;
-    the output of one group is the input of the next.
+    the output of one group is the input of the next.  With ``region`` options each
+    group runs as memoplan's own region (its input encoded with the codec, the
+    ``stateful`` modules — paths relative to ``module`` — threaded).
     """
     if type(module).forward is not nn.Sequential.forward:
         raise TypeError(
@@ -70,9 +77,15 @@ def run_segmented(
             f"memoplan: segments {[list(g) for g in groups]} do not cover the children "
             f"{list(module._modules)} in order; the model changed since the plan was compiled"
         )
+    where = module.__dict__.get(PATH_ATTR, "")
     for group in groups:
         children = tuple(module.get_submodule(name) for name in group)
-        x = _region(partial(_chain, children), children, (x,), {}, preserve_rng)
+        if region is None:
+            x = _region(partial(_chain, children), children, (x,), {}, preserve_rng)
+            continue
+        options = replace(region, preserve_rng=preserve_rng, where=f"{where}[{group[0]}..{group[-1]}]")
+        inside = tuple(module.get_submodule(p) for p in stateful if p.split(".")[0] in group)
+        x = run_region(children, partial(_chain, children), (x,), {}, options, inside)
     return x
 
 

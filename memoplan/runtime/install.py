@@ -37,6 +37,8 @@ __all__ = [
 # The key in the root module's ``__dict__`` under which the installed plan is recorded.
 # Written to ``__dict__`` directly: it is plain data, not a parameter, buffer or submodule.
 _PLAN_ATTR = "_memoplan_plan"
+# The module path a plan installed a forward at, kept on the module for runtime messages.
+PATH_ATTR = "_memoplan_path"
 
 
 class PlanMismatchError(PlanError):
@@ -88,6 +90,7 @@ def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str) -> Non
         # An instance attribute shadows the class's forward for this module only;
         # ``nn.Module.__call__`` looks up ``self.forward``, so hooks still run around it.
         module.forward = types.MethodType(target.forward, module)
+        module.__dict__[PATH_ATTR] = target.path  # named in runtime messages
     model.__dict__[_PLAN_ATTR] = InstalledPlan(
         plan_id=plan_id, forwards=tuple((t.path, t.forward) for t in targets)
     )
@@ -106,6 +109,7 @@ def uninstall(model: nn.Module) -> None:
         patched = module.__dict__.get("forward")
         if isinstance(patched, types.MethodType) and patched.__func__ is function:
             del module.__dict__["forward"]
+            module.__dict__.pop(PATH_ATTR, None)
         else:
             warnings.warn(
                 f"memoplan: the forward of `{path}` was replaced after the plan was "

@@ -40,6 +40,7 @@ from torch.utils.checkpoint import get_device_states, set_device_states
 
 from memoplan.runtime import codecs
 from memoplan.runtime.buffers import BufferGuard
+from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.state import get_state, load_state
 
 __all__ = ["RegionOptions", "run_chunked", "run_planned", "run_region"]
@@ -84,7 +85,7 @@ def run_planned(
     ``stateful`` names the submodules (paths relative to ``module``, ``""`` for itself)
     whose state the region threads; ``chunks`` splits ``chunk_args`` along ``dim``.
     """
-    options = RegionOptions(codec, validate, tolerance, preserve_rng, where)
+    options = RegionOptions(codec, validate, tolerance, preserve_rng, where or module.__dict__.get(PATH_ATTR, ""))
     modules = tuple(module.get_submodule(path) if path else module for path in stateful)
     fn = partial(type(module).forward, module)
     if chunks is not None:

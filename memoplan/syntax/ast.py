@@ -209,6 +209,7 @@ class BuffersMode(enum.Enum):
 @dataclass(frozen=True)
 class Checkpoint:
     segments: int | None = None
+    split: tuple[str, ...] | None = None  # children of an nn.Sequential that start a new region
     rng: RngMode | None = None
     impl: CheckpointImpl | None = None
     nested: bool | None = None

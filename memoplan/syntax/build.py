@@ -417,9 +417,30 @@ class Builder(Transformer):
 
     @v_args(meta=True)
     def checkpoint(self, meta, options):
-        c = _Checker(self, "checkpoint", options, ("segments", "rng", "impl", "nested"))
+        c = _Checker(self, "checkpoint", options, ("segments", "split", "rng", "impl", "nested"))
+        split = None
+        if "split" in c.seen:
+            opt = c.seen["split"]
+            items = opt.value.items if isinstance(opt.value, ast.ValueList) else (opt.value,)
+            names = [_child_name(item) for item in items]
+            if not names or None in names:
+                self.error(
+                    "MP202",
+                    "`split` expects a list of child names, e.g. `split = [lif]` or `split = [2, 4]`",
+                    opt.span,
+                )
+            else:
+                split = tuple(names)
+            if "segments" in c.seen:
+                self.error(
+                    "MP207",
+                    "`segments` and `split` both cut the module into regions: use one",
+                    opt.span,
+                    "`segments = k` cuts evenly; `split = [...]` starts a region at each named child",
+                )
         return ast.Checkpoint(
             segments=c.integer("segments", 1),
+            split=split,
             rng=c.choice("rng", ast.RngMode),
             impl=c.choice("impl", ast.CheckpointImpl),
             nested=c.boolean("nested"),
@@ -615,6 +636,17 @@ def unit_help(written: str, symbol: str) -> str:
     if written != symbol:
         return f"units are case-sensitive: write `{symbol}`"
     return f"a unit follows a number directly, e.g. `4 {symbol}`"
+
+
+def _child_name(item) -> str | None:
+    """A child's name in `split = [...]`: a bare name, a quoted name or an integer index name."""
+    if isinstance(item, ast.Word):
+        return item.name
+    if isinstance(item, ast.Text):
+        return item.value or None
+    if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+        return str(item)
+    return None
 
 
 def _policy_word(policy) -> str:

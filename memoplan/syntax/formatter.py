@@ -154,6 +154,7 @@ def format_policy(policy) -> str:
             "checkpoint",
             [
                 ("segments", policy.segments),
+                ("split", None if policy.split is None else ast.ValueList(tuple(_child_value(n) for n in policy.split))),
                 ("rng", policy.rng),
                 ("impl", policy.impl),
                 ("nested", policy.nested),
@@ -175,6 +176,10 @@ def format_policy(policy) -> str:
     if isinstance(policy, ast.Buffers):
         return f"buffers = {policy.mode.value}"
     raise TypeError(f"not a policy: {policy!r}")
+
+
+def _child_value(name: str):
+    return int(name) if _BARE_INT.fullmatch(name) and str(int(name)) == name else _arg_value(name)
 
 
 def _arg_value(arg: int | str):
