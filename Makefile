@@ -1,5 +1,6 @@
 # Each target sets itself up: a virtual environment in .venv with torch 2.13.0
-# (the CPU build) and memoplan installed in editable mode with its test extras.
+# (the CPU build), memoplan installed in editable mode with its test extras, and
+# the optional SpikingJelly 2.0.0.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,11 +8,15 @@ STAMP := $(VENV)/.memoplan-setup
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
+	# Optional: SpikingJelly neurons work with `state = functional`; its own
+	# dependencies would replace torch, so install it alone, then what it imports.
+	$(PY) -m pip install --quiet --no-deps spikingjelly==2.0.0
+	$(PY) -m pip install --quiet loguru tqdm
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,120 +1,94 @@
-"""Example model: a multi-step spiking CNN of leaky integrate-and-fire neurons over T time steps.
+"""Example model: a multi-step spiking CNN — four conv blocks of LIF neurons over T = 8 time steps.
 
 Structure (module paths as in ``named_modules()``)::
 
     blocks              nn.Sequential of SpikingBlock, children 0..3
-    blocks.N.conv       nn.Conv2d (3x3, no bias)
-    blocks.N.bn         nn.BatchNorm2d
-    blocks.N.lif        LIFNeuron
+    blocks.N            SpikingBlock, an nn.Sequential of:
+    blocks.N.conv         MultiStepConv2d (3x3, no bias), time folded into the batch
+    blocks.N.bn           MultiStepBatchNorm2d, time folded into the batch
+    blocks.N.lif          LIFNeuron (memoplan.neurons.LIF): steps over time, keeps its state
     pool                nn.AdaptiveAvgPool2d(1)
     dropout             nn.Dropout (before the head)
-    head                nn.Linear(64, num_classes)
+    head                nn.Linear(CHANNELS[-1], num_classes)
 
-The input is ``(T, B, C, H, W)``.  Every block flattens time into the batch for
-the convolution and BatchNorm (so BatchNorm sees all time steps at once, the
-"multi-step" layout), then the neuron steps over dim 0 (time).  The neuron's
-membrane potential is local to one forward call: it starts at zero every call,
-so there is no state carried between calls to reset.  The head averages the
-pooled spikes over time (firing rates).
+The input is ``(T, B, C, H, W)`` binary spikes (event frames).  Conv and BatchNorm
+see all time steps at once (``(T*B, C, H, W)``, the "multi-step" layout, so
+BatchNorm's statistics cover every step), then the neuron steps over dim 0 (time).
+
+The neurons are :class:`memoplan.neurons.LIF`: the membrane potential is kept
+between calls, so a sequence may be fed in pieces (what ``temporal_chunk`` does);
+call :func:`memoplan.neurons.reset` (or :func:`reset`) between independent
+sequences.  Every block's input is binary — the image for block 0, the previous
+block's spikes after that — which is what ``compress input = bit`` needs.
+
+The blocks keep the 32x32 resolution and the same width, so every block holds
+the same activation memory (the regime where per-block checkpointing pays most;
+see docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
+from memoplan import neurons
+from memoplan.neurons import LIF
+
 T = 8
-BATCH = 4
+BATCH = 8
 IN_CHANNELS = 2
+SIZE = 32
 NUM_CLASSES = 10
-
-# (in_channels, out_channels, stride) of each SpikingBlock.
-_BLOCKS: tuple[tuple[int, int, int], ...] = (
-    (IN_CHANNELS, 16, 1),
-    (16, 32, 2),
-    (32, 32, 1),
-    (32, 64, 2),
-)
+#: Output channels of the four blocks (3x3 convolutions, stride 1, padding 1).
+CHANNELS: tuple[int, ...] = (32, 32, 32, 32)
+#: LIF firing threshold: about 10-15% of neurons fire per step on the example.
+THRESHOLD = 0.5
 
 
-class SurrogateSpike(torch.autograd.Function):
-    """Heaviside step forward, sigmoid-derivative surrogate gradient backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, alpha: float) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        ctx.alpha = alpha
-        return (x >= 0).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (x,) = ctx.saved_tensors
-        sig = torch.sigmoid(ctx.alpha * x)
-        return grad_output * ctx.alpha * sig * (1 - sig), None
-
-
-def spike(x: torch.Tensor, alpha: float = 4.0) -> torch.Tensor:
-    """``heaviside(x)`` (1.0 where ``x >= 0``) with a surrogate gradient of sharpness ``alpha``."""
-    return SurrogateSpike.apply(x, alpha)
-
-
-class LIFNeuron(nn.Module):
-    """Leaky integrate-and-fire neuron over time (dim 0) with hard reset to zero.
-
-    Per step: ``v = v + (x - v) / tau``; ``s = heaviside(v - v_th)``; ``v = v * (1 - s)``.
-    Takes ``(T, ...)`` input currents and returns ``(T, ...)`` binary spikes.
-    """
-
-    def __init__(
-        self, tau: float = 2.0, v_threshold: float = 1.0, surrogate_alpha: float = 4.0
-    ) -> None:
-        super().__init__()
-        self.tau = tau
-        self.v_threshold = v_threshold
-        self.surrogate_alpha = surrogate_alpha
+class MultiStepConv2d(nn.Conv2d):
+    """``nn.Conv2d`` over ``(T, B, C, H, W)``: time folded into the batch, then unfolded."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        v = torch.zeros_like(x[0])  # membrane potential: local to this call
-        spikes = []
-        for x_t in x.unbind(0):
-            v = v + (x_t - v) / self.tau
-            s = spike(v - self.v_threshold, self.surrogate_alpha)
-            v = v * (1.0 - s)
-            spikes.append(s)
-        return torch.stack(spikes)
-
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, v_threshold={self.v_threshold}"
+        return super().forward(x.flatten(0, 1)).unflatten(0, x.shape[:2])
 
 
-class SpikingBlock(nn.Module):
-    """Conv2d -> BatchNorm2d over all time steps at once, then a LIFNeuron over time."""
+class MultiStepBatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` over ``(T, B, C, H, W)``: statistics over every time step and sample."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+
+
+class LIFNeuron(LIF):
+    """:class:`memoplan.neurons.LIF` under this example's name (same dynamics, same state protocol)."""
+
+
+class SpikingBlock(nn.Sequential):
+    """conv -> bn (all time steps at once) -> lif (step by step); binary spikes in, binary spikes out."""
 
     def __init__(self, in_channels: int, out_channels: int, *, stride: int = 1) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(out_channels)
-        self.lif = LIFNeuron(v_threshold=0.5)  # about 14% of neurons fire per step on the example
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        steps, batch = x.shape[:2]
-        y = self.bn(self.conv(x.flatten(0, 1)))  # (T*B, C, H, W)
-        return self.lif(y.unflatten(0, (steps, batch)))  # (T, B, C, H, W)
+        self.conv = MultiStepConv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.bn = MultiStepBatchNorm2d(out_channels)
+        self.lif = LIFNeuron(threshold=THRESHOLD)
 
 
 class SpikingCNN(nn.Module):
     """Four SpikingBlocks, spatial pooling, firing rates over time, dropout and a linear head."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        num_classes: int = NUM_CLASSES,
+        channels: tuple[int, ...] = CHANNELS,
+        in_channels: int = IN_CHANNELS,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(
-            *(SpikingBlock(cin, cout, stride=s) for cin, cout, s in _BLOCKS)
-        )
+        widths = (in_channels, *channels)
+        self.blocks = nn.Sequential(*(SpikingBlock(cin, cout) for cin, cout in zip(widths, widths[1:])))
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(_BLOCKS[-1][1], num_classes)
+        self.head = nn.Linear(channels[-1], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         steps, batch = x.shape[:2]
@@ -128,6 +102,11 @@ def build() -> nn.Module:
     return SpikingCNN()
 
 
-def example(steps: int = T, batch: int = BATCH) -> tuple[torch.Tensor]:
-    """Binary (0/1) float32 events, shape ``(steps, batch, 2, 32, 32)``, about 20% ones."""
-    return ((torch.rand(steps, batch, IN_CHANNELS, 32, 32) < 0.2).float(),)
+def reset(model: nn.Module) -> None:
+    """Reset every neuron's membrane potential (:func:`memoplan.neurons.reset`)."""
+    neurons.reset(model)
+
+
+def example(steps: int = T, batch: int = BATCH, size: int = SIZE) -> tuple[torch.Tensor]:
+    """Binary (0/1) float32 events, shape ``(steps, batch, 2, size, size)``, about 20% ones."""
+    return ((torch.rand(steps, batch, IN_CHANNELS, size, size) < 0.2).float(),)

@@ -302,12 +302,16 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
         return
     reasons = []
     for name, sub in module.named_modules():
-        where = name or path
+        where = f"{path}.{name}" if name else path
         bases = [base.__name__ for base in type(sub).__mro__]
         if "_BatchNorm" in bases:
             reasons.append(f"BatchNorm `{where}` would see each chunk's statistics instead of the whole batch's")
         elif isinstance(sub, (nn.MultiheadAttention, nn.RNNBase)) or any("Attention" in b for b in bases[:1]):
             reasons.append(f"`{where}` ({type(sub).__qualname__}) mixes time steps")
+        elif "_DropoutNd" in bases:
+            reasons.append(
+                f"Dropout `{where}` would draw its mask chunk by chunk, which need not match one whole draw"
+            )
         elif getattr(sub, "memoplan_mixes_time", False):
             reasons.append(f"`{where}` ({type(sub).__qualname__}) processes the whole sequence at once")
     if reasons:

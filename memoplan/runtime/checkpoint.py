@@ -60,8 +60,9 @@ def run_segmented(
 
     ``groups`` holds the children's names, contiguous and in order, covering them all;
     the output of one group is the input of the next.  With ``region`` options each
-    group runs as memoplan's own region (its input encoded with the codec, the
-    ``stateful`` modules — paths relative to ``module`` — threaded).
+    group runs as memoplan's own region with the ``stateful`` modules (paths relative
+    to ``module``) threaded; the first group's input is encoded with the region's
+    codec, later groups' inputs with ``auto`` (unless the codec is ``none``).
     """
     if type(module).forward is not nn.Sequential.forward:
         raise TypeError(
@@ -84,6 +85,10 @@ def run_segmented(
             x = _region(partial(_chain, children), children, (x,), {}, preserve_rng)
             continue
         options = replace(region, preserve_rng=preserve_rng, where=f"{where}[{group[0]}..{group[-1]}]")
+        if group is not groups[0] and region.codec != "none":
+            # Only the first region reads the module's own input; the others read
+            # intermediate activations, which get the smallest lossless codec they allow.
+            options = replace(options, codec="auto", tolerance=None)
         inside = tuple(module.get_submodule(p) for p in stateful if p.split(".")[0] in group)
         x = run_region(children, partial(_chain, children), (x,), {}, options, inside)
     return x

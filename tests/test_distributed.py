@@ -1,0 +1,154 @@
+"""Two-process CPU DistributedDataParallel (gloo) with and without a plan.
+
+The model (tests/_ddp_worker.py) has BatchNorm, Dropout and memoplan `LIF` neurons with
+`state = functional` over a time axis.  The plan is applied before DDP wraps the model:
+
+    stem      checkpoint + compress input = auto   (rank 0 feeds binary events, rank 1 counts)
+    spiking   checkpoint + compress input = bit    (spikes in)
+    recur     checkpoint, or temporal_chunk 4 dim 0 + compress input = bit
+    head      checkpoint                            (torch's checkpoint path, BatchNorm inside)
+
+Every rank trains two SGD steps on its own inputs.  The averaged gradients, losses, final
+parameters, BatchNorm buffers, LIF potentials and RNG state must equal those of the same
+DDP setup without the plan: bit for bit without chunking; with chunking, the chunked
+module's weight gradients within max|diff| <= 1e-5 * max|g| (summed chunk by chunk).
+A DDP "marked ready twice" or unused-parameter error would make a worker exit non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+WORLD = 2
+TIMEOUT_S = 120  # whole run; each collective inside is bounded at 60 s by the worker
+WORKER = Path(__file__).with_name("_ddp_worker.py")
+ROOT = WORKER.parent.parent
+CHUNK_RTOL = 1e-5  # max |difference| <= CHUNK_RTOL * max |gradient|, per tensor
+
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is needed"
+)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict]:
+    """Run both ranks once (about 10 s) and load what each saved."""
+    folder = tmp_path_factory.mktemp("ddp")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("MEMOPLAN_CACHE_DIR", str(folder / "cache"))
+    env["OMP_NUM_THREADS"] = "1"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), str(WORLD), str(folder), str(folder)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(WORLD)
+    ]
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail(f"DDP workers did not finish in {TIMEOUT_S} s")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for rank, (proc, log) in enumerate(zip(procs, logs)):
+        assert proc.returncode == 0, f"rank {rank} failed (exit {proc.returncode}):\n{log}"
+    return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+def _differences(a: dict, b: dict) -> list[str]:
+    return [name for name in a if not _equal(a[name], b[name])]
+
+
+def test_the_ranks_saw_different_data_and_ddp_averaged_their_gradients(results):
+    r0, r1 = results[0]["unplanned"], results[1]["unplanned"]
+    assert not torch.equal(r0["loss"][0], r1["loss"][0])  # rank-specific inputs
+    for step in range(2):
+        assert _equal(r0["grads"][step], r1["grads"][step])  # all-reduced
+        assert all(g is not None for g in r0["grads"][step].values())
+    assert _equal(r0["params"], r1["params"])
+
+
+@pytest.mark.parametrize("scenario", ["planned", "planned_find_unused"])
+def test_planned_ddp_step_is_bit_identical_to_unplanned(results, scenario):
+    for rank in range(WORLD):
+        ref, got = results[rank]["unplanned"], results[rank][scenario]
+        for step in range(2):
+            assert _differences(ref["grads"][step], got["grads"][step]) == [], f"rank {rank} step {step}"
+            assert _equal(ref["loss"][step], got["loss"][step])
+            assert _equal(ref["out"][step], got["out"][step])
+            assert _equal(ref["v"][step], got["v"][step])  # LIF state advanced once, not twice
+        assert _differences(ref["params"], got["params"]) == []
+        assert _differences(ref["buffers"], got["buffers"]) == []  # BatchNorm committed once
+        assert torch.equal(ref["rng"], got["rng"])  # dropout replayed in recompute, not redrawn
+
+
+def test_find_unused_parameters_changes_nothing_unplanned(results):
+    for rank in range(WORLD):
+        ref, got = results[rank]["unplanned"], results[rank]["unplanned_find_unused"]
+        assert _equal(ref["grads"], got["grads"])
+
+
+def test_temporal_chunks_under_ddp_equal_the_unplanned_step(results):
+    for rank in range(WORLD):
+        ref, got = results[rank]["unplanned"], results[rank]["chunked"]
+        for step in range(2):
+            # Outputs and the LIF state are computed step by step by the same arithmetic.
+            assert _equal(ref["out"][step], got["out"][step]), f"rank {rank} step {step}"
+            assert _equal(ref["v"][step], got["v"][step])
+            for name, g in ref["grads"][step].items():
+                h = got["grads"][step][name]
+                if name.startswith("recur."):
+                    assert (g - h).abs().max() <= CHUNK_RTOL * g.abs().max(), name
+                else:
+                    assert torch.equal(g, h), f"rank {rank} step {step}: {name}"
+        assert _differences(ref["buffers"], got["buffers"]) == []
+        assert torch.equal(ref["rng"], got["rng"])
+        # The chunked module's gradients reach the optimizer: its weights move alike.
+        for name, p in ref["params"].items():
+            assert torch.allclose(p, got["params"][name], rtol=0, atol=1e-5), name
+
+
+def test_chunked_regions_encode_every_chunk(results):
+    for rank in range(WORLD):
+        used = results[rank]["chunked"]["codecs"][0]
+        assert [c for w, c in used if w == "recur"] == ["bit"] * 4
+        assert [c for w, c in used if w == "spiking"] == ["bit"]
+
+
+def test_auto_codec_is_the_same_on_every_rank_and_the_most_general_one(results):
+    # Without agreement rank 0 would pick `bit` (binary events) and rank 1 `uint8` (counts).
+    assert [results[r]["planned"]["choose"][0] for r in range(WORLD)] == ["bit", "uint8"]
+    for scenario in ("planned", "chunked", "planned_find_unused"):
+        for rank in range(WORLD):
+            for step in range(2):
+                stem = [c for w, c in results[rank][scenario]["codecs"][step] if w == "stem"]
+                assert stem == ["uint8"], (scenario, rank, step, stem)

@@ -1,0 +1,131 @@
+"""Resolver rules for the spiking-network path: chunking, state, split, impl."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import memoplan
+from memoplan.neurons import LIF
+
+
+class Block(nn.Module):
+    def __init__(self, norm: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+        self.norm = nn.BatchNorm2d(2) if norm else nn.Identity()
+        self.lif = LIF()
+
+    def forward(self, x):
+        steps, batch = x.shape[:2]
+        return self.lif(self.norm(self.conv(x.flatten(0, 1))).unflatten(0, (steps, batch)))
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mix = nn.MultiheadAttention(4, 1)
+
+    def forward(self, x):
+        return self.mix(x, x, x)[0]
+
+
+class WholeSequence(nn.Module):
+    memoplan_mixes_time = True
+
+    def forward(self, x):
+        return x.cumsum(0)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Module()
+    net.plain = Block()
+    net.normed = Block(norm=True)
+    net.attn = Attention()
+    net.whole = WholeSequence()
+    net.seq = nn.Sequential(nn.Conv2d(2, 2, 1), nn.Tanh(), LIF())
+    return net
+
+
+def errors(body: str) -> list[tuple[str, int]]:
+    with pytest.raises(memoplan.PlanError) as caught:
+        memoplan.resolve(memoplan.parse("memplan 1\n" + body), model())
+    return [(d.code, d.span.line if d.span else 0) for d in caught.value.errors]
+
+
+def resolved(body: str):
+    return memoplan.resolve(memoplan.parse("memplan 1\n" + body), model())
+
+
+STATE = "module class LIF { state = functional }\n"
+
+
+def test_chunking_a_block_without_batchnorm_is_accepted_and_threads_its_neuron():
+    plan = resolved(STATE + "module plain { temporal_chunk 4 dim 0 }\n")
+    module = plan.module("plain")
+    assert module.temporal_chunk.chunks == 4 and module.region_state == ("lif",)
+
+
+@pytest.mark.parametrize(
+    "path, why",
+    [("normed", "BatchNorm `normed.norm`"), ("attn", "mixes time steps"), ("whole", "whole sequence")],
+)
+def test_chunking_over_time_mixing_modules_is_refused(path, why):
+    with pytest.raises(memoplan.PlanError) as caught:
+        resolved(STATE + f"module {path} {{ temporal_chunk 2 dim 0 }}\n")
+    assert caught.value.codes == ["MP304"]
+    assert why in str(caught.value)
+
+
+def test_allow_nonequivalent_opts_in():
+    plan = resolved(STATE + "module normed { temporal_chunk 2 dim 0 allow_nonequivalent = true }\n")
+    assert plan.module("normed").temporal_chunk.allow_nonequivalent
+
+
+def test_a_stateful_module_inside_a_region_must_be_marked():
+    assert errors("module plain { checkpoint }\n") == [("MP314", 2)]
+    assert errors("module seq { temporal_chunk 2 dim 0 }\n") == [("MP314", 2)]
+    assert resolved(STATE + "module plain { checkpoint }\n").module("plain").region_state == ("lif",)
+
+
+def test_state_on_a_module_without_the_protocol_is_refused():
+    assert errors("module plain.conv { state = functional }\n") == [("MP315", 2)]
+
+
+def test_chunks_with_segments_or_split_are_refused():
+    assert ("MP316", 3) in errors(STATE + "module seq { checkpoint segments = 2; temporal_chunk 2 dim 0 }\n")
+
+
+def test_impl_torch_cannot_carry_state_or_compress():
+    assert errors(STATE + "module plain { checkpoint impl = torch }\n") == [("MP317", 3)]
+    assert errors("module seq.0 { checkpoint impl = torch; compress input = bit }\n") == [("MP317", 2)]
+
+
+def test_keep_and_temporal_chunk_from_different_rules_contradict():
+    body = "module plain { keep }\nmodule * : Block not normed { temporal_chunk 2 dim 0 }\n"
+    assert errors(STATE + body) == [("MP207", 4)]
+
+
+def test_split_starts_a_region_at_each_named_child():
+    plan = resolved(STATE + "module seq { checkpoint split = [2] }\n")
+    assert plan.module("seq").checkpoint.groups == (("0", "1"), ("2",))
+    assert plan.module("seq").region_state == ("2",)
+
+
+@pytest.mark.parametrize(
+    "split, code",
+    [("[lfi]", "MP319"), ("[0]", "MP319"), ("[2, 1]", "MP319")],
+)
+def test_split_names_must_be_children_in_order(split, code):
+    assert errors(STATE + f"module seq {{ checkpoint split = {split} }}\n") == [(code, 3)]
+
+
+def test_split_needs_a_sequential():
+    assert errors(STATE + "module plain { checkpoint split = [lif] }\n") == [("MP306", 3)]
+
+
+def test_compress_with_temporal_chunk_alone_is_accepted():
+    plan = resolved(STATE + "module plain { temporal_chunk 2 dim 0; compress input = bit }\n")
+    assert plan.module("plain").compress is not None
