@@ -19,6 +19,7 @@ _EXPORTS = {
     "Diagnostic": "memoplan.diagnostics",
     "PlanError": "memoplan.diagnostics",
     "apply": "memoplan.api",
+    "compile": "memoplan.api",
     "remove": "memoplan.api",
     "explain": "memoplan.resolver",
     "resolve": "memoplan.resolver",
@@ -44,7 +45,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memoplan.api import apply, remove
+    from memoplan.api import apply, compile, remove
     from memoplan.diagnostics import Diagnostic, PlanError
     from memoplan.resolver import explain, resolve
     from memoplan.syntax import format_plan, load, parse

@@ -1,4 +1,4 @@
-"""The public API: parse, load, format, resolve, explain, apply and remove a plan.
+"""The public API: apply and remove a plan, and compile it into a module for a repository.
 
 ``apply`` is the one back end: it emits code from the templates, writes it to the
 cache, imports it and calls its ``apply`` — the same code ``memoplan compile``
@@ -12,7 +12,7 @@ from pathlib import Path
 from torch import nn
 
 from memoplan import runtime
-from memoplan.codegen import emit, import_generated
+from memoplan.codegen import emit, import_generated, write_files
 from memoplan.ir import ResolvedPlan
 from memoplan.resolver import resolve
 from memoplan.syntax import ast, load, parse
@@ -39,6 +39,21 @@ def apply(model: nn.Module, plan: PlanLike) -> nn.Module:
     generated = import_generated(emit(resolved))
     generated.apply(model)
     return model
+
+
+def compile(plan: PlanLike, model: nn.Module, output: Path | str, *, source: str | None = None) -> Path:
+    """Write the plan module for ``model`` to ``output`` and return its path.
+
+    The file is what :func:`apply` runs — deterministic, byte-identical when compiled
+    again — and needs only torch and ``memoplan.runtime``: commit it next to the model
+    and call its ``apply(model)``.  ``source`` is the plan's name in the header (default:
+    the plan's file as given).
+    """
+    resolved = plan if isinstance(plan, ResolvedPlan) else resolve(as_plan(plan), model)
+    output = Path(output)
+    code = emit(resolved, source=source, module_name=output.stem)
+    (path,) = write_files(code, output.parent, main_name=output.name)
+    return path
 
 
 def remove(model: nn.Module) -> nn.Module:

@@ -14,7 +14,7 @@ from pathlib import Path
 from memoplan import __version__
 from memoplan.diagnostics import Diagnostic, PlanError
 
-SUBCOMMANDS = ("check", "fmt", "explain", "verify")
+SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +65,15 @@ def _parser() -> argparse.ArgumentParser:
     _model_options(verify)
     verify.add_argument("--seed", type=int, default=0, help="RNG seed for both runs (default 0)")
     verify.set_defaults(run=_verify)
+
+    compile_ = sub.add_parser("compile", help="write the plan module to commit next to the model")
+    compile_.add_argument("plan", type=Path)
+    _model_options(compile_, example=False)
+    compile_.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .py file to write")
+    compile_.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if PATH differs from what would be written"
+    )
+    compile_.set_defaults(run=_compile)
     return parser
 
 
@@ -234,6 +243,29 @@ def _verify(args) -> int:
         ) from None
     print(render_report(report))
     return 0 if report.equivalent else 1
+
+
+def _compile(args) -> int:
+    import tempfile
+
+    from memoplan.api import compile as compile_plan
+
+    plan = _load(args.plan)
+    model = _model(plan, args.plan, args.model, required=True)
+    resolved = _resolve(plan, model)
+    source = args.plan.as_posix()
+    if not args.check:
+        path = compile_plan(resolved, model, args.output, source=source)
+        print(f"wrote {path} ({len(resolved.modules)} modules, plan id {resolved.digest})")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = compile_plan(resolved, model, Path(tmp) / args.output.name, source=source).read_bytes()
+    current = args.output.read_bytes() if args.output.exists() else None
+    if current == fresh:
+        print(f"{args.output} is up to date")
+        return 0
+    print(f"{args.output} {'is missing' if current is None else 'is out of date'}; run without --check")
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

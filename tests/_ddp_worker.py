@@ -133,6 +133,7 @@ SCENARIOS = {
     "chunked": ("chunked", {}),
     "unplanned_find_unused": (None, {"find_unused_parameters": True}),
     "planned_find_unused": ("planned", {"find_unused_parameters": True}),
+    "planned_static_graph": ("planned", {"static_graph": True}),
 }
 
 
@@ -171,7 +172,8 @@ def run(rank: int, base: Net, plan: str | None, ddp_kwargs: dict) -> dict:
             loss.backward()
             record["loss"].append(loss.detach())
             record["out"].append(out.detach())
-            record["grads"].append({n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()})
+            grads = {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+            record["grads"].append(grads)
             record["v"].append({n: m.v.detach().clone() for n, m in model.named_modules() if isinstance(m, LIF)})
             record["codecs"].append(list(encoded))
             encoded.clear()

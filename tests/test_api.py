@@ -20,6 +20,7 @@ def test_public_names_are_frozen():
         "PlanError",
         "__version__",
         "apply",
+        "compile",
         "explain",
         "format_plan",
         "load",

@@ -46,7 +46,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_subcommands_are_frozen() -> None:
-    assert cli.SUBCOMMANDS == ("check", "fmt", "explain", "verify")
+    assert cli.SUBCOMMANDS == ("check", "fmt", "explain", "verify", "compile")
     parser = cli._parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert tuple(sub.choices) == cli.SUBCOMMANDS
@@ -141,11 +141,12 @@ def test_check_warnings_do_not_fail(capsys, tmp_path: Path) -> None:
     path = write(
         tmp_path,
         "warn.memplan",
-        'memplan 1\nmodel "memoplan.examples.spiking:build"\nmodule blocks { checkpoint segments = 9 }\n',
+        'memplan 1\nmodel "memoplan.examples.spiking:build"\nmodule class LIF { state = functional }\n'
+        "module blocks { checkpoint segments = 9 }\n",
     )
     code, out, err = run(capsys, "check", path)
     assert code == 0
-    assert f"{path}:3:17: warning[MP307]" in err
+    assert f"{path}:4:17: warning[MP307]" in err
     assert "ok" in out
 
 

@@ -45,6 +45,8 @@ def results(tmp_path_factory) -> list[dict]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("MEMOPLAN_CACHE_DIR", str(folder / "cache"))
     env["OMP_NUM_THREADS"] = "1"
+    if sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback: no hostname lookup, no network needed
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(rank), str(WORLD), str(folder), str(folder)],
@@ -97,7 +99,7 @@ def test_the_ranks_saw_different_data_and_ddp_averaged_their_gradients(results):
     assert _equal(r0["params"], r1["params"])
 
 
-@pytest.mark.parametrize("scenario", ["planned", "planned_find_unused"])
+@pytest.mark.parametrize("scenario", ["planned", "planned_find_unused", "planned_static_graph"])
 def test_planned_ddp_step_is_bit_identical_to_unplanned(results, scenario):
     for rank in range(WORLD):
         ref, got = results[rank]["unplanned"], results[rank][scenario]
@@ -120,21 +122,28 @@ def test_find_unused_parameters_changes_nothing_unplanned(results):
 def test_temporal_chunks_under_ddp_equal_the_unplanned_step(results):
     for rank in range(WORLD):
         ref, got = results[rank]["unplanned"], results[rank]["chunked"]
-        for step in range(2):
-            # Outputs and the LIF state are computed step by step by the same arithmetic.
-            assert _equal(ref["out"][step], got["out"][step]), f"rank {rank} step {step}"
-            assert _equal(ref["v"][step], got["v"][step])
-            for name, g in ref["grads"][step].items():
-                h = got["grads"][step][name]
-                if name.startswith("recur."):
-                    assert (g - h).abs().max() <= CHUNK_RTOL * g.abs().max(), name
-                else:
-                    assert torch.equal(g, h), f"rank {rank} step {step}: {name}"
-        assert _differences(ref["buffers"], got["buffers"]) == []
-        assert torch.equal(ref["rng"], got["rng"])
-        # The chunked module's gradients reach the optimizer: its weights move alike.
+        # First step, same weights: outputs and the LIF state are computed step by step by
+        # the same arithmetic (bit-exact); only the chunked module's weight gradients are
+        # summed chunk by chunk.
+        assert _equal(ref["out"][0], got["out"][0]), f"rank {rank}"
+        assert _equal(ref["v"][0], got["v"][0])
+        for name, g in ref["grads"][0].items():
+            h = got["grads"][0][name]
+            if name.startswith("recur."):
+                assert (g - h).abs().max() <= CHUNK_RTOL * g.abs().max(), name
+            else:
+                assert torch.equal(g, h), f"rank {rank}: {name}"
+        # Second step: the weights already differ by that rounding (about 1e-7), so
+        # everything may differ by as much; DDP's second iteration must still run cleanly.
+        for name, g in ref["grads"][1].items():
+            assert torch.allclose(g, got["grads"][1][name], rtol=1e-4, atol=1e-6), name
         for name, p in ref["params"].items():
-            assert torch.allclose(p, got["params"][name], rtol=0, atol=1e-5), name
+            assert torch.allclose(p, got["params"][name], rtol=0, atol=1e-6), name
+        assert torch.allclose(ref["loss"][1], got["loss"][1], rtol=1e-5, atol=0)
+        for name, b in ref["buffers"].items():  # BatchNorm statistics, committed once per step
+            assert torch.allclose(b.float(), got["buffers"][name].float(), rtol=1e-5, atol=1e-6), name
+        assert int(got["buffers"]["stem.bn.num_batches_tracked"]) == 2
+        assert torch.equal(ref["rng"], got["rng"])
 
 
 def test_chunked_regions_encode_every_chunk(results):
@@ -147,7 +156,7 @@ def test_chunked_regions_encode_every_chunk(results):
 def test_auto_codec_is_the_same_on_every_rank_and_the_most_general_one(results):
     # Without agreement rank 0 would pick `bit` (binary events) and rank 1 `uint8` (counts).
     assert [results[r]["planned"]["choose"][0] for r in range(WORLD)] == ["bit", "uint8"]
-    for scenario in ("planned", "chunked", "planned_find_unused"):
+    for scenario in ("planned", "chunked", "planned_find_unused", "planned_static_graph"):
         for rank in range(WORLD):
             for step in range(2):
                 stem = [c for w, c in results[rank][scenario]["codecs"][step] if w == "stem"]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from memoplan.examples import cnn, mlp, spiking, transformer
+from memoplan.neurons import LIF, reset
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ALL = ["cnn", "transformer", "spiking", "mlp"]
 
@@ -110,9 +114,11 @@ def test_transformer_is_causal() -> None:
 
 def test_spiking_input_is_binary_and_shaped() -> None:
     (x,) = spiking.example()
-    assert x.shape == (spiking.T, spiking.BATCH, 2, 32, 32) == (8, 4, 2, 32, 32)
+    assert x.shape == (spiking.T, spiking.BATCH, 2, 32, 32) == (8, 8, 2, 32, 32)
     assert x.dtype == torch.float32
     assert set(x.unique().tolist()) == {0.0, 1.0}
+    (small,) = spiking.example(steps=2, batch=3, size=8)
+    assert small.shape == (2, 3, 2, 8, 8)
 
 
 def test_spiking_layout_and_spikes() -> None:
@@ -122,21 +128,27 @@ def test_spiking_layout_and_spikes() -> None:
     assert isinstance(model.blocks, nn.Sequential) and len(model.blocks) == 4
     names = dict(model.named_modules())
     for i in range(4):
-        assert isinstance(names[f"blocks.{i}"], spiking.SpikingBlock)
+        block = names[f"blocks.{i}"]
+        assert isinstance(block, spiking.SpikingBlock) and isinstance(block, nn.Sequential)
+        assert list(block._modules) == ["conv", "bn", "lif"]  # what `checkpoint split = [lif]` names
         assert isinstance(names[f"blocks.{i}.conv"], nn.Conv2d)
         assert isinstance(names[f"blocks.{i}.bn"], nn.BatchNorm2d)
-        assert isinstance(names[f"blocks.{i}.lif"], spiking.LIFNeuron)
+        assert isinstance(names[f"blocks.{i}.lif"], LIF)  # memoplan's stateful neuron
     assert isinstance(model.dropout, nn.Dropout)
 
+    inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
     for block in model.blocks:
+        block.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
         block.lif.register_forward_hook(lambda _m, _i, out: outputs.append(out))
-    assert model(x).shape == (4, spiking.NUM_CLASSES)
-    assert len(outputs) == 4
+    assert model(x).shape == (8, spiking.NUM_CLASSES)
+    assert len(inputs) == len(outputs) == 4
+    for tensor in inputs:  # every block reads binary spikes: `compress input = bit` holds them
+        assert set(tensor.unique().tolist()) <= {0.0, 1.0}
     for out in outputs:
-        assert out.shape[:2] == (8, 4)  # (T, B, ...)
+        assert out.shape == (8, 8, 32, 32, 32)  # (T, B, C, H, W): every block the same size
         assert set(out.unique().tolist()) <= {0.0, 1.0}
-        assert 0 < out.mean() < 1
+        assert 0.01 < out.mean() < 0.5
 
 
 def test_spiking_forward_is_deterministic() -> None:
@@ -144,22 +156,92 @@ def test_spiking_forward_is_deterministic() -> None:
     for _ in range(2):
         torch.manual_seed(7)
         model = spiking.build()
-        (x,) = spiking.example()
+        (x,) = spiking.example(batch=2)
         results.append(model(x))
     assert torch.equal(results[0], results[1])
-    # The membrane potential is per call: calling again in eval mode gives the same output.
-    model.eval()
-    assert torch.equal(model(x), model(x))
+
+
+def test_spiking_neurons_keep_state_until_reset() -> None:
+    torch.manual_seed(0)
+    blocks = spiking.build().blocks  # train mode: BatchNorm normalises with the batch's statistics
+    (x,) = spiking.example(batch=2)
+    first = blocks(x)
+    assert all(isinstance(m.v, torch.Tensor) for m in blocks.modules() if isinstance(m, LIF))
+    assert not torch.equal(blocks(x), first)  # the second call starts from the first call's potentials
+    spiking.reset(blocks)
+    assert all(m.v == m.v_reset for m in blocks.modules() if isinstance(m, LIF))
+    assert torch.equal(blocks(x), first)
+    # A sequence fed in two pieces gives the spikes of one call (what temporal chunks rely on),
+    # here through a neuron alone: BatchNorm would take each piece's own statistics.
+    lif = blocks[0].lif
+    current = torch.randn(8, 2, 3, 4, 4)
+    reset(lif)
+    whole = lif(current)
+    reset(lif)
+    assert torch.equal(whole, torch.cat([lif(current[:3]), lif(current[3:])]))
 
 
 def test_lif_neuron_dynamics() -> None:
-    lif = spiking.LIFNeuron(tau=2.0, v_threshold=1.0)
+    lif = spiking.LIFNeuron(tau=2.0, threshold=1.0)
     current = torch.full((4, 1), 1.5)
     # v: 0.75 (no spike), 0.75 + 0.375 = 1.125 (spike, reset to 0), 0.75, 1.125 (spike)
     assert lif(current).flatten().tolist() == [0.0, 1.0, 0.0, 1.0]
+    lif.reset()
     x = torch.randn(6, 3, requires_grad=True)
     lif(x).sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0  # the surrogate gradient flows
+
+
+SPIKING_PLANS = sorted((ROOT / "plans").glob("spiking*.memplan"))
+
+
+@pytest.mark.parametrize("path", SPIKING_PLANS, ids=lambda p: p.name)
+def test_spiking_plans_train_identically_with_less_memory(path) -> None:
+    from memoplan.measure import LiveStorageMeter
+    from memoplan.specs import Example
+    from memoplan.verify import verify
+
+    with LiveStorageMeter():  # the first metered step of a process would read high (lazy imports)
+        torch.zeros(1).add_(1)
+    torch.manual_seed(0)
+    model = spiking.build()
+    (x,) = spiking.example(batch=2, size=16)
+    report = verify(model, path, Example((x,)))
+    assert report.equivalent, [c.differences for c in report.checks]
+    assert report.planned.peak_bytes < report.unplanned.peak_bytes
+
+
+def test_spiking_plan_uses_bit_compression_state_and_temporal_chunks() -> None:
+    from memoplan import load, resolve
+
+    plan = resolve(load(ROOT / "plans" / "spiking.memplan"), spiking.build())
+    for i in range(4):
+        block = plan.module(f"blocks.{i}")
+        assert block.checkpoint is not None and block.checkpoint.groups is None
+        assert block.compress.codec.value == "bit"
+        assert block.region_state == ("lif",)
+        lif = plan.module(f"blocks.{i}.lif")
+        assert lif.state is not None
+        assert (lif.temporal_chunk.chunks, lif.temporal_chunk.dim) == (4, 0)
+    split = resolve(load(ROOT / "plans" / "spiking_split.memplan"), spiking.build())
+    assert split.module("blocks.0").checkpoint.groups == (("conv", "bn"), ("lif",))
+
+
+def test_spiking_benchmark_runs_small(tmp_path) -> None:
+    pytest.importorskip("spikingjelly.activation_based.memopt")
+    import json
+    import runpy
+
+    bench = runpy.run_path(str(ROOT / "benchmarks" / "spiking_memory.py"))
+    out = tmp_path / "results.json"
+    assert bench["main"](["--batch", "1", "--steps", "1", "--warmup", "0", "--top", "3", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["plans"]["plans/spiking.memplan"]["equivalent"]
+    assert results["spikingjelly"]["compressors"] == ["BitSpikeCompressor"] * 4
+    assert results["spikingjelly"]["twin_equals_model"]
+    assert not results["spikingjelly"]["gradient_differences"]
+    assert results["bit"]["block_inputs"][1]["bit_bytes"] * 32 == results["bit"]["block_inputs"][1]["float32_bytes"]
+    assert len(results["targets"]) == 5 and all(isinstance(t["met"], bool) for t in results["targets"])
 
 
 @pytest.mark.parametrize("activation", ["gelu", "relu"])

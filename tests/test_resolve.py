@@ -290,7 +290,12 @@ def test_bundled_plans_resolve_to_expected_decisions() -> None:
     assert [m.path for m in c.modules if m.checkpoint] == [f"features.{i}" for i in range(1, 5)]
 
     s = resolve(load(ROOT / "plans" / "spiking.memplan"), spiking.build())
-    assert s.module("blocks").checkpoint.groups == (("0", "1"), ("2", "3"))
+    blocks = [f"blocks.{i}" for i in range(4)]
+    assert [m.path for m in s.modules if m.checkpoint] == blocks
+    for path in blocks:
+        assert s.module(path).compress.codec.value == "bit"
+        assert s.module(path).region_state == ("lif",)  # the neuron's state is threaded
+        assert s.module(f"{path}.lif").temporal_chunk.chunks == 4
 
     t = resolve(load(ROOT / "plans" / "transformer.memplan"), transformer.build())
     assert [m.path for m in t.modules if m.checkpoint] == ["blocks.0", "blocks.1", "blocks.2"]

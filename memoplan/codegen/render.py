@@ -1,8 +1,9 @@
 """Codegen stage: the Jinja environment — strict, and with the only two ways user text enters code.
 
 User text reaches generated code solely through ``pyrepr`` (a Python literal via
-``repr``) and ``comment`` (a single comment line with every line break and control
-character escaped).  Templates never paste raw strings.
+``repr``), ``docstring`` (a triple-quoted string only when the text is printable and
+has no quote or backslash, else ``repr``) and ``comment`` (a single comment line with
+every line break and control character escaped).  Templates never paste raw strings.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def pyrepr(value) -> str:
     raise TypeError(f"cannot write {type(value).__name__} into generated code")
 
 
+def docstring(text: str) -> str:
+    """A triple-quoted docstring when ``text`` is plain printable text, else a ``repr`` literal."""
+    plain = all(ch.isprintable() for ch in text) and "\\" not in text and '"' not in text
+    return f'"""{text}"""' if plain else repr(text)
+
+
 @cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -48,6 +55,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["pyrepr"] = pyrepr
     env.filters["comment"] = comment_safe
+    env.filters["docstring"] = docstring
     return env
 
 

@@ -86,7 +86,12 @@ therefore exactly ``ceil(numel / 8)`` bytes: 32x below float32, 16x below
 float16/bfloat16, 8x below bool whenever ``numel % 8 == 0``.
 
 This module imports only ``torch``, the standard library and
-:mod:`memoplan.diagnostics`, because generated plan code imports it.
+:mod:`memoplan.diagnostics`, because generated plan code imports it.  CUDA
+tensors of the dtypes in :data:`memoplan.runtime.kernels.DTYPES` go to the
+generated Triton kernels of :mod:`memoplan.runtime.kernels` (imported on first
+use, only when triton is installed) for ``bit`` and ``uint8``; they write the
+same bytes and raise on the same inputs.  CPU tensors always take the torch
+code below.
 """
 
 from __future__ import annotations
@@ -236,9 +241,13 @@ def encode(
         if mode != "off":
             _check_int8(flat, data, mode, where, tolerance)
     else:
-        if mode != "off":
-            _check_values(flat, name, mode, where)
-        data = _ENCODERS[name](flat)
+        fused = _fused_bit_check(flat, name, mode, where) if mode != "off" else None
+        if fused is not None:
+            data = fused
+        else:
+            if mode != "off":
+                _check_values(flat, name, mode, where)
+            data = _ENCODERS[name](flat)
     return Payload(name, data, x.shape, x.dtype, x.device, _dense_stride(src))
 
 
@@ -362,27 +371,73 @@ def _check_values(flat: torch.Tensor, codec: str, mode: str, where: str) -> None
     if codec == "uint8" and flat.dtype == torch.uint8:
         return
     invalid = _not_uint8 if codec == "uint8" else _not_binary
-    key = (where, codec)
-    full = mode == "always" or key not in _validated or flat.numel() <= SAMPLE_LIMIT
+    full = _full_check(flat, codec, mode, where)
     step = 1 if full else _sample_step(flat.numel())
     checked = flat if step == 1 else flat[::step]
     bad = invalid(checked)
     if bool(bad.any()):
         j = int(bad.nonzero()[0, 0])
-        index = j * step
-        value = _py(flat[index])
-        what = "exactly 0 or 1" if codec in ("bit", "bool") else "integers in 0..255"
-        raise _value_error(
-            where,
-            codec,
-            index,
-            value,
-            f"`{where}`: codec `{codec}` holds only {what}, "
-            f"but the input has {_show(flat[index])} at flat index {index}",
-        )
+        raise _not_held(flat, codec, where, j * step)
     if full and mode == "sample":
-        with _validated_lock:
-            _validated.add(key)
+        _mark_validated(where, codec)
+
+
+def _full_check(flat: torch.Tensor, codec: str, mode: str, where: str) -> bool:
+    """Whether this call checks every element (else only :func:`sample_indices`)."""
+    return mode == "always" or (where, codec) not in _validated or flat.numel() <= SAMPLE_LIMIT
+
+
+def _mark_validated(where: str, codec: str) -> None:
+    with _validated_lock:
+        _validated.add((where, codec))
+
+
+def _not_held(flat: torch.Tensor, codec: str, where: str, index: int) -> CodecError:
+    """The MP405 error for ``flat[index]``, a value ``codec`` (bit, bool or uint8) cannot hold."""
+    what = "exactly 0 or 1" if codec in ("bit", "bool") else "integers in 0..255"
+    return _value_error(
+        where,
+        codec,
+        index,
+        _py(flat[index]),
+        f"`{where}`: codec `{codec}` holds only {what}, "
+        f"but the input has {_show(flat[index])} at flat index {index}",
+    )
+
+
+def _kernels_take(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` tensors on ``device`` go to the generated Triton kernels.
+
+    Only CUDA tensors, and only when triton is installed; CPU tensors never import
+    :mod:`memoplan.runtime.kernels`.
+    """
+    if device.type != "cuda":
+        return False
+    from memoplan.runtime.kernels import supports
+
+    return supports(device, dtype)
+
+
+def _fused_bit_check(
+    flat: torch.Tensor, codec: str, mode: str, where: str
+) -> tuple[torch.Tensor, ...] | None:
+    """``bit`` on the kernels with a full check due: pack and check in one pass; else None.
+
+    A sampled check (``sample`` after the first call) stays on the torch path, which
+    reads only the sample, so the kernels raise on exactly the inputs torch raises on.
+    """
+    if codec != "bit" or flat.dtype == torch.bool or flat.numel() == 0:
+        return None
+    if not _kernels_take(flat.device, flat.dtype) or not _full_check(flat, codec, mode, where):
+        return None
+    from memoplan.runtime.kernels import bit
+
+    packed, index = bit.bit_pack_checked(flat)
+    if index is not None:
+        raise _not_held(flat, codec, where, index)
+    if mode == "sample":
+        _mark_validated(where, codec)
+    return (packed,)
 
 
 def _check_int8(
@@ -493,6 +548,10 @@ def _decode_bool(p: Payload) -> torch.Tensor:
 
 
 def _encode_uint8(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if _kernels_take(flat.device, flat.dtype):
+        from memoplan.runtime.kernels import uint8
+
+        return (uint8.uint8_encode(flat),)
     if flat.dtype == torch.bool:
         return (flat.to(torch.uint8),)
     if flat.dtype.is_floating_point:
@@ -502,10 +561,18 @@ def _encode_uint8(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _decode_uint8(p: Payload) -> torch.Tensor:
+    if _kernels_take(p.data[0].device, p.dtype):
+        from memoplan.runtime.kernels import uint8
+
+        return uint8.uint8_decode(p.data[0], p.dtype)  # a new tensor, as below
     return p.data[0].to(p.dtype, copy=True)
 
 
 def _encode_bit(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if _kernels_take(flat.device, flat.dtype):
+        from memoplan.runtime.kernels import bit
+
+        return (bit.bit_pack(flat),)
     bits = (flat != 0).to(torch.uint8)
     pad = -bits.numel() % 8
     if pad:
@@ -515,6 +582,10 @@ def _encode_bit(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _decode_bit(p: Payload) -> torch.Tensor:
+    if _kernels_take(p.data[0].device, p.dtype):
+        from memoplan.runtime.kernels import bit
+
+        return bit.bit_unpack(p.data[0], p.numel, p.dtype)
     packed = p.data[0]
     bits = (packed.unsqueeze(1) >> _bit_shifts(packed.device)) & 1
     return bits.view(-1)[: p.numel].to(p.dtype)

@@ -1,0 +1,1 @@
+"""Planner stage: measured profiles in, ordinary plan ASTs out (``memoplan.planner.search``)."""

@@ -1,0 +1,996 @@
+"""Measure stage: profile one training step per module, as plain data a planner can read.
+
+:func:`profile` runs a few training steps of a model on an example and records,
+for every path of ``named_modules()`` (natural order), what a planner needs to
+decide where to checkpoint and what to compress; :class:`Profile` is a frozen,
+JSON-serialisable record of it.  Planners are pure functions of a profile, so a
+profile taken once (or on every rank and :func:`merge`-d) gives the same plan
+everywhere.
+
+Steps (each starts from the same model state and RNG state, see below):
+
+1. **peak** — one clean step under :func:`memoplan.measure.measure_step` (the
+   deterministic live-storage meter on CPU, the caching allocator on CUDA): the
+   unplanned peak, with no profiling hooks installed.
+2. **probe** — one step with forward pre/post hooks on every module and a
+   ``torch.autograd.graph.saved_tensors_hooks`` pack hook: saved-activation bytes,
+   input/output bytes, binary inputs, execution order.
+3. **time** x ``repeats`` — steps with timing hooks only: per-module forward time
+   and whole-step time, the median over the repeats (``time.perf_counter`` on
+   CPU, CUDA events on GPU).
+
+Attribution of saved activations: every tensor the pack hook sees is
+attributed to the *innermost module whose forward is running* when it is saved
+(the top of a stack kept by the pre/post hooks; code in the root's own forward
+goes to the root ``""``; the loss, outside the model, to
+:attr:`Profile.unattributed_saved_bytes`).  Bytes are those of the tensor's
+*storage* (a saved view keeps its whole storage alive), and a storage is counted
+once per step, by the first module that saves it: when a ReLU saves its output
+and the next Linear saves the same tensor as its input, the ReLU is charged and
+the Linear is not.  Storages of parameters and buffers are never counted.
+:meth:`Profile.subtree_saved_bytes` adds a module's descendants.
+
+A module called several times in one step (a shared block) adds up its calls:
+saved, input and output bytes and forward time are sums over calls, ``calls``
+says how many, and ``input_binary`` holds only if every call's inputs were
+binary.  A module that never runs (an ``nn.ModuleList``, an unused branch) has
+zeros, ``calls == 0`` and ``order is None``.
+
+Binary inputs are probed in **train mode** (train-mode dropout rescales spikes to
+``1/(1-p)``, which an eval-mode probe would miss): a model whose root is in
+training mode is profiled with its modes as they are; a model in eval mode is put
+in train mode for the profile (and back afterwards).
+
+The model is left exactly as it was: parameters (identity and ``.grad``),
+buffers (identity and values), every module's attributes (so neuron membrane
+potentials and counters rebound in ``forward`` come back), state exposed through
+:mod:`memoplan.runtime.state`, training flags, the CPU/CUDA and Python ``random``
+RNG states, the ``.grad`` of example tensors, and no hooks left behind.  A
+forward that modifies a parameter in place cannot be undone without a copy of
+every weight; it is detected (version counters) and reported with a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import math
+import random
+import statistics
+import sys
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+import memoplan
+
+from memoplan.measure import LossFn, measure_step, training_step
+from memoplan.runtime import codecs
+from memoplan.runtime.state import get_state, is_stateful, load_state
+from memoplan.specs import Example
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ChainLink",
+    "ModuleProfile",
+    "Profile",
+    "TensorMeta",
+    "chain",
+    "default_candidates",
+    "merge",
+    "profile",
+]
+
+#: The ``"version"`` field of :meth:`Profile.to_json`; :meth:`Profile.from_json` accepts only this.
+FORMAT_VERSION = 1
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and dtype of one tensor of the example, named by its place (``args[0]``, ``kwargs['mask']``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "float32", "int64", ... (torch.dtype without the "torch." prefix)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class ModuleProfile:
+    """What one training step showed about one module (one path of ``named_modules()``).
+
+    Bytes and times are per step, summed over the module's calls in that step.
+    ``saved_bytes`` is the module's *own* (its children's are theirs; see
+    :meth:`Profile.subtree_saved_bytes`).  ``packed_input_bytes`` is what the
+    tensor inputs take bit-packed (:func:`memoplan.runtime.codecs.estimate_nbytes`
+    with ``"bit"``) when ``input_binary``, else ``input_bytes``.
+    ``recompute_seconds`` estimates what recomputing the module in backward costs:
+    its forward time.
+    """
+
+    name: str
+    type: str  # qualified class name, "torch.nn.modules.linear.Linear"
+    children: int
+    is_sequential: bool
+    is_module_list: bool
+    calls: int
+    order: int | None  # position of its first call among all module calls; None if never called
+    forward_seconds: float
+    recompute_seconds: float
+    saved_bytes: int
+    input_bytes: int
+    input_numel: int
+    packed_input_bytes: int
+    output_bytes: int
+    input_binary: bool
+
+    @property
+    def is_container(self) -> bool:
+        """An ``nn.Sequential`` or ``nn.ModuleList``: a chain of children."""
+        return self.is_sequential or self.is_module_list
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A per-module training-step profile; plain data, JSON round-trippable.
+
+    ``modules`` are in ``named_modules()`` order (the root ``""`` first).
+    ``peak_bytes`` is the unplanned step's peak (``peak_method``: ``live-storage``
+    on CPU, ``cuda-allocator`` on CUDA), ``step_seconds`` the median step time,
+    ``ranks`` how many profiles were merged into this one (1 when measured).
+    """
+
+    modules: tuple[ModuleProfile, ...]
+    peak_bytes: int
+    peak_method: str
+    step_seconds: float
+    parameter_bytes: int
+    unattributed_saved_bytes: int
+    inputs: tuple[TensorMeta, ...]
+    device: str
+    torch_version: str
+    memoplan_version: str
+    repeats: int
+    ranks: int = 1
+    _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "modules", tuple(self.modules))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        index = {m.name: i for i, m in enumerate(self.modules)}
+        if len(index) != len(self.modules):
+            raise ValueError("a profile lists a module path twice")
+        object.__setattr__(self, "_index", index)
+
+    # ------------------------------------------------ queries
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.modules)
+
+    def __getitem__(self, name: str) -> ModuleProfile:
+        """The profile of the module at ``name`` (``KeyError`` with suggestions if unknown)."""
+        try:
+            return self.modules[self._index[name]]
+        except KeyError:
+            raise KeyError(_unknown(name, self.names)) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def descendants(self, name: str) -> tuple[ModuleProfile, ...]:
+        """The modules strictly below ``name`` (everything but the root, for ``""``)."""
+        self[name]
+        prefix = f"{name}." if name else ""
+        return tuple(m for m in self.modules if m.name != name and m.name.startswith(prefix))
+
+    def subtree_saved_bytes(self, name: str) -> int:
+        """Saved-activation bytes of ``name`` and all its descendants while it runs."""
+        return self[name].saved_bytes + sum(m.saved_bytes for m in self.descendants(name))
+
+    @property
+    def saved_bytes(self) -> int:
+        """Every saved activation of the step attributed to a module."""
+        return sum(m.saved_bytes for m in self.modules)
+
+    # ------------------------------------------------ JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": FORMAT_VERSION}
+        for f in fields(self):
+            if not f.init:
+                continue
+            value = getattr(self, f.name)
+            if f.name == "modules":
+                value = [_plain(m) for m in value]
+            elif f.name == "inputs":
+                value = [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in value]
+            out[f.name] = value
+        return out
+
+    def to_json(self) -> str:
+        """Plain JSON: sorted keys, no NaN or infinity, a ``"version": 1`` field, newline-terminated."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a profile is a JSON object, not {type(data).__name__}")
+        version = data.get("version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"unsupported profile version {version!r}; this memoplan reads version {FORMAT_VERSION}"
+            )
+        body = {k: v for k, v in data.items() if k != "version"}
+        _check_keys("profile", body, [f.name for f in fields(cls) if f.init])
+        body["modules"] = tuple(_module_from_dict(m) for m in body["modules"])
+        body["inputs"] = tuple(_tensor_meta_from_dict(t) for t in body["inputs"])
+        body["step_seconds"] = float(body["step_seconds"])
+        return cls(**body)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Profile:
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """One candidate of a chain, as a chain planner sees it.
+
+    ``saved_bytes`` covers the candidate's whole subtree while it runs (its own
+    and its descendants'), which is what checkpointing it frees; ``input_bytes``
+    is what a checkpoint of it keeps instead (``packed_input_bytes`` when
+    bit-packed, meaningful when ``input_binary``).
+    """
+
+    name: str
+    saved_bytes: int
+    input_bytes: int
+    forward_seconds: float
+    output_bytes: int
+    input_binary: bool
+    packed_input_bytes: int
+
+
+# ---------------------------------------------------------------- profile()
+
+
+def profile(
+    model: nn.Module,
+    example: Example | torch.Tensor | Sequence[Any],
+    *,
+    device: torch.device | str | None = None,
+    repeats: int = 3,
+    progress: bool = True,
+    loss_fn: LossFn | None = None,
+) -> Profile:
+    """Profile training steps of ``model`` on ``example``; leave the model as it was.
+
+    ``example`` is an :class:`~memoplan.specs.Example` (a tensor or a tuple of
+    positional arguments is accepted too).  ``device`` defaults to the model's
+    (its first parameter's, else the example's); naming another device profiles a
+    deep copy moved there, so the model itself is never moved.  ``repeats`` timed
+    steps give the medians.  ``progress`` draws a bar on stderr.  ``loss_fn`` maps
+    the output to the loss (default: :func:`memoplan.measure.default_loss`).
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, not {repeats!r}")
+    example = _as_example(example)
+    here = _model_device(model, example)
+    target = torch.device(device) if device is not None else here
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    if target != here:
+        model = copy.deepcopy(model).to(target)
+        example = _move(example, target)
+
+    bar = _Progress(2 + repeats, enabled=progress)
+    with _Restored(model, example, target) as restored:
+        bar.step("peak")
+        peak = measure_step(model, example.args, example.kwargs, loss_fn=loss_fn)
+        restored.reset()
+
+        bar.step("probe")
+        probe = _Probe(model, target)
+        with probe:
+            training_step(model, example.args, dict(example.kwargs), loss_fn)
+        restored.reset()
+
+        timings: list[dict[int, float]] = []
+        steps: list[float] = []
+        for i in range(repeats):
+            bar.step(f"time {i + 1}/{repeats}")
+            timer = _Timer(model, target)
+            with timer:
+                training_step(model, example.args, dict(example.kwargs), loss_fn)
+            per_module, step = timer.result()
+            timings.append(per_module)
+            steps.append(step)
+            restored.reset()
+        bar.done()
+
+    modules = []
+    for name, module in model.named_modules():
+        key = id(module)
+        seconds = float(statistics.median(t.get(key, 0.0) for t in timings))
+        record = probe.records.get(key, _Record())
+        packed = record.packed_bytes if record.binary else record.input_bytes
+        modules.append(
+            ModuleProfile(
+                name=name,
+                type=_qualname(type(module)),
+                children=len(module._modules),
+                is_sequential=isinstance(module, nn.Sequential),
+                is_module_list=isinstance(module, nn.ModuleList),
+                calls=record.calls,
+                order=record.order,
+                forward_seconds=seconds,
+                recompute_seconds=seconds,
+                saved_bytes=record.saved_bytes,
+                input_bytes=record.input_bytes,
+                input_numel=record.input_numel,
+                packed_input_bytes=packed,
+                output_bytes=record.output_bytes,
+                input_binary=record.binary,
+            )
+        )
+    return Profile(
+        modules=tuple(modules),
+        peak_bytes=int(peak.peak_bytes),
+        peak_method=peak.method,
+        step_seconds=float(statistics.median(steps)),
+        parameter_bytes=sum(_tensor_bytes(p) for p in _unique(model.parameters())),
+        unattributed_saved_bytes=probe.unattributed,
+        inputs=_input_metas(example),
+        device=str(target),
+        torch_version=torch.__version__,
+        memoplan_version=memoplan.__version__,
+        repeats=repeats,
+    )
+
+
+# ---------------------------------------------------------------- merge()
+
+
+def merge(profiles: Iterable[Profile]) -> Profile:
+    """One profile from profiles of the same model taken on several ranks.
+
+    The module paths (and their classes and structure) must be the same in every
+    profile (``ValueError`` otherwise).  Times take the maximum (the slowest rank
+    decides), bytes the maximum, ``input_binary`` holds only if it holds on every
+    rank.  Every rule is symmetric, so the result does not depend on the order of
+    the profiles: every rank that merges the same files plans the same.  Differing
+    devices and versions are listed, sorted, comma-separated; of differing example
+    inputs the largest (then the first in sorted JSON) is kept.
+    """
+    items = list(profiles)
+    if not items:
+        raise ValueError("merge() needs at least one profile")
+    first = items[0]
+    for i, other in enumerate(items[1:], 1):
+        _check_same_modules(first, other, i)
+    modules = tuple(
+        _merge_modules([p.modules[i] for p in items]) for i in range(len(first.modules))
+    )
+    # The largest inputs; among equally large ones the first in sorted JSON (order-independent).
+    candidates = sorted((p.inputs for p in items), key=_inputs_text)
+    inputs = max(candidates, key=lambda ts: sum(t.nbytes for t in ts))
+    return Profile(
+        modules=modules,
+        peak_bytes=max(p.peak_bytes for p in items),
+        peak_method=_joined(p.peak_method for p in items),
+        step_seconds=max(p.step_seconds for p in items),
+        parameter_bytes=max(p.parameter_bytes for p in items),
+        unattributed_saved_bytes=max(p.unattributed_saved_bytes for p in items),
+        inputs=inputs,
+        device=_joined(p.device for p in items),
+        torch_version=_joined(p.torch_version for p in items),
+        memoplan_version=_joined(p.memoplan_version for p in items),
+        repeats=min(p.repeats for p in items),
+        ranks=sum(p.ranks for p in items),
+    )
+
+
+def _check_same_modules(a: Profile, b: Profile, index: int) -> None:
+    if a.names != b.names:
+        missing = [n for n in a.names if n not in b]
+        extra = [n for n in b.names if n not in a]
+        detail = []
+        if missing:
+            detail.append(f"missing from profile {index}: {_some(missing)}")
+        if extra:
+            detail.append(f"only in profile {index}: {_some(extra)}")
+        if not detail:
+            detail.append("the same paths in a different order")
+        raise ValueError(
+            "cannot merge profiles of different module sets (" + "; ".join(detail) + ")"
+        )
+    for x, y in zip(a.modules, b.modules):
+        structure = ("type", "children", "is_sequential", "is_module_list")
+        differ = [k for k in structure if getattr(x, k) != getattr(y, k)]
+        if differ:
+            k = differ[0]
+            raise ValueError(
+                f"cannot merge profiles of different models: module `{x.name}` has "
+                f"{k} {getattr(x, k)!r} in profile 0 and {getattr(y, k)!r} in profile {index}"
+            )
+
+
+def _merge_modules(ms: list[ModuleProfile]) -> ModuleProfile:
+    orders = [m.order for m in ms if m.order is not None]
+    binary = all(m.input_binary for m in ms)
+    input_bytes = max(m.input_bytes for m in ms)
+    return replace(
+        ms[0],
+        calls=max(m.calls for m in ms),
+        order=min(orders) if orders else None,
+        forward_seconds=max(m.forward_seconds for m in ms),
+        recompute_seconds=max(m.recompute_seconds for m in ms),
+        saved_bytes=max(m.saved_bytes for m in ms),
+        input_bytes=input_bytes,
+        input_numel=max(m.input_numel for m in ms),
+        packed_input_bytes=max(m.packed_input_bytes for m in ms) if binary else input_bytes,
+        output_bytes=max(m.output_bytes for m in ms),
+        input_binary=binary,
+    )
+
+
+# ---------------------------------------------------------------- chain()
+
+
+def default_candidates(prof: Profile) -> tuple[str, ...]:
+    """The default chain: the children of the container holding the most saved memory.
+
+    Containers are the modules that are an ``nn.Sequential`` or an
+    ``nn.ModuleList`` with at least one child (the root included, when the model
+    is itself one).  The container with the largest
+    :meth:`Profile.subtree_saved_bytes` is chosen; ties go to the one with more
+    children, then the shallower, then the first in ``named_modules()`` order.
+    Its direct children are the candidates (``features.*``, ``blocks.*``,
+    ``layers.*``).  A model with no container uses the root's direct children.
+    Nested containers (a Sequential of Sequentials) resolve to the outer one,
+    since it holds at least as much as any one inner one.
+    """
+    containers = [m for m in prof.modules if m.is_container and m.children > 0]
+    if containers:
+        position = {m.name: i for i, m in enumerate(prof.modules)}
+        best = max(
+            containers,
+            key=lambda m: (
+                prof.subtree_saved_bytes(m.name),
+                m.children,
+                -_depth(m.name),
+                -position[m.name],
+            ),
+        )
+        parent = best.name
+    else:
+        parent = ""
+    return tuple(m.name for m in prof.modules if m.name and _parent(m.name) == parent)
+
+
+def chain(prof: Profile, candidates: Iterable[str] | None = None) -> list[ChainLink]:
+    """The candidate modules in execution order, with what a chain planner needs.
+
+    ``candidates`` defaults to :func:`default_candidates`.  Named candidates must
+    be paths of the profile and must not contain one another (``ValueError``).
+    Execution order is the order of each candidate's first call; candidates that
+    never ran are left out (they hold no memory and cost no time).
+    """
+    if candidates is None:
+        names = list(default_candidates(prof))
+    else:
+        names = list(dict.fromkeys(candidates))
+        for name in names:
+            if name not in prof:
+                raise ValueError(_unknown(name, prof.names))
+        for a in names:
+            for b in names:
+                if a != b and (a == "" or b.startswith(a + ".")):
+                    raise ValueError(
+                        f"chain candidates must not nest: `{b}` is inside `{a or '<root>'}`"
+                    )
+    position = {m.name: i for i, m in enumerate(prof.modules)}
+    ran = [prof[n] for n in names if prof[n].order is not None]
+    ran.sort(key=lambda m: (m.order, position[m.name]))
+    return [
+        ChainLink(
+            name=m.name,
+            saved_bytes=prof.subtree_saved_bytes(m.name),
+            input_bytes=m.input_bytes,
+            forward_seconds=m.forward_seconds,
+            output_bytes=m.output_bytes,
+            input_binary=m.input_binary,
+            packed_input_bytes=m.packed_input_bytes,
+        )
+        for m in ran
+    ]
+
+
+# ---------------------------------------------------------------- hooks
+
+
+@dataclass
+class _Record:
+    calls: int = 0
+    order: int | None = None
+    saved_bytes: int = 0
+    input_bytes: int = 0
+    input_numel: int = 0
+    packed_bytes: int = 0
+    output_bytes: int = 0
+    binary: bool = False  # a module that never ran has nothing to compress
+
+
+class _Hooks:
+    """Forward pre/post hooks on every module of a model, removed on exit."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules = [m for _, m in model.named_modules()]
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> _Hooks:
+        try:
+            for module in self.modules:
+                self._handles.append(
+                    module.register_forward_pre_hook(self._pre, with_kwargs=True)
+                )
+                self._handles.append(
+                    module.register_forward_hook(self._post, with_kwargs=True, always_call=True)
+                )
+        except BaseException:
+            self._remove()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        raise NotImplementedError
+
+    def _post(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        raise NotImplementedError
+
+
+class _Probe(_Hooks):
+    """Saved bytes (by innermost running module), input/output bytes, binary inputs, order."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        super().__init__(model)
+        self.records: dict[int, _Record] = {}
+        self.unattributed = 0
+        self._stack: list[int] = []
+        self._calls = 0
+        # Storages already counted this step: id -> weak reference (the id alone may be reused).
+        self._seen: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._state_ptrs = {
+            s.data_ptr()
+            for t in (*model.parameters(), *model.buffers())
+            if t.layout is torch.strided and (s := t.untyped_storage()).data_ptr()
+        }
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def __enter__(self) -> _Probe:
+        super().__enter__()
+        self._saved_hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self._saved_hooks.__exit__(*exc_info)
+        finally:
+            super().__exit__(*exc_info)
+            self._seen.clear()
+
+    def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        record = self.records.get(id(module))
+        if record is None:
+            record = self.records[id(module)] = _Record(calls=1, order=self._calls, binary=True)
+        else:
+            record.calls += 1
+        self._calls += 1
+        tensors = _tensors((args, kwargs))
+        for t in tensors:
+            record.input_bytes += _tensor_bytes(t)
+            record.input_numel += t.numel()
+            record.packed_bytes += codecs.estimate_nbytes("bit", t.numel(), t.dtype)
+        # Every call's tensor inputs must be binary; a call with none makes it not compressible.
+        binary = bool(tensors) and all(
+            t.layout is torch.strided and codecs.is_binary(t) for t in tensors
+        )
+        record.binary = record.binary and binary
+        self._stack.append(id(module))
+
+    def _post(self, module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+        if self._stack and self._stack[-1] == id(module):
+            self._stack.pop()
+        record = self.records.get(id(module))
+        if record is not None:
+            record.output_bytes += sum(_tensor_bytes(t) for t in _tensors(output))
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.layout is torch.strided:
+            storage = tensor.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr and ptr in self._state_ptrs:
+                return tensor  # a parameter or buffer (or a view of one)
+            ref = self._seen.get(id(storage))
+            if ref is not None and ref() is storage:
+                return tensor
+            self._seen[id(storage)] = weakref.ref(storage)
+            nbytes = storage.nbytes()
+        else:
+            nbytes = _tensor_bytes(tensor)
+        if self._stack:
+            self.records[self._stack[-1]].saved_bytes += nbytes
+        else:
+            self.unattributed += nbytes
+        return tensor
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+class _Timer(_Hooks):
+    """Per-module forward time (sum over calls) and whole-step time of one step."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        super().__init__(model)
+        self._cuda = device.type == "cuda"
+        self._device = device
+        self._open: dict[int, list[Any]] = {}
+        self._spans: list[tuple[int, Any, Any]] = []
+        self._start: Any = None
+        self._end: Any = None
+
+    def _now(self) -> Any:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def __enter__(self) -> _Timer:
+        super().__enter__()
+        if self._cuda:
+            torch.cuda.synchronize(self._device)
+        self._start = self._now()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self._end = self._now()
+            if self._cuda:
+                torch.cuda.synchronize(self._device)
+        finally:
+            super().__exit__(*exc_info)
+
+    def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        self._open.setdefault(id(module), []).append(self._now())
+
+    def _post(self, module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+        starts = self._open.get(id(module))
+        if starts:
+            self._spans.append((id(module), starts.pop(), self._now()))
+
+    def _elapsed(self, start: Any, end: Any) -> float:
+        if self._cuda:
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+    def result(self) -> tuple[dict[int, float], float]:
+        per_module: dict[int, float] = {}
+        for key, start, end in self._spans:
+            per_module[key] = per_module.get(key, 0.0) + self._elapsed(start, end)
+        return per_module, self._elapsed(self._start, self._end)
+
+
+# ---------------------------------------------------------------- leaving the model as it was
+
+
+class _Restored:
+    """Snapshot of everything a training step changes; ``reset()`` puts it back.
+
+    Entered around the whole profile: puts the model in train mode if its root is
+    in eval mode, resets before every step (same buffers, states and RNG, so every
+    step sees the same dropout masks), and restores on exit, exceptions included.
+    """
+
+    def __init__(self, model: nn.Module, example: Example, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        paths = {id(m): path for path, m in model.named_modules()}
+        modules = list(model.modules())
+        self.training = [(m, m.training) for m in modules]
+        self.attributes = [(m, dict(m.__dict__)) for m in modules]
+        # (module, name, parameter, its .grad, its version counter, its full path)
+        self.parameters = [
+            (m, name, p, None if p is None else p.grad, None if p is None else p._version,
+             f"{paths[id(m)]}.{name}".lstrip("."))
+            for m in modules
+            for name, p in m._parameters.items()
+        ]
+        self.buffers = [
+            (m, name, b, None if b is None else b.detach().clone())
+            for m in modules
+            for name, b in m._buffers.items()
+        ]
+        self.states = [(m, get_state(m)) for m in modules if is_stateful(m)]
+        self.example_grads = [
+            (t, t.grad) for t in _tensors((example.args, dict(example.kwargs))) if t.requires_grad
+        ]
+        self.rng_cpu = torch.get_rng_state()
+        self.rng_cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.rng_python = random.getstate()
+
+    def __enter__(self) -> _Restored:
+        self._set_modes()
+        return self
+
+    def _set_modes(self) -> None:
+        for m, mode in self.training:
+            m.training = mode
+        if not self.model.training:
+            self.model.train()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.reset()
+        for m, mode in self.training:
+            m.training = mode
+        changed = [
+            path for _, _, p, _, version, path in self.parameters
+            if p is not None and p._version != version
+        ]
+        if changed:
+            warnings.warn(
+                f"the model's forward modified parameter(s) {_some(sorted(set(changed)))} in place; "
+                "profile() restored everything else but cannot undo that",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def reset(self) -> None:
+        """Put back the state captured at construction, in the profiling modes."""
+        for m, attributes in self.attributes:
+            current = m.__dict__
+            for key in [k for k in current if k not in attributes]:
+                del current[key]
+            for key, value in attributes.items():
+                if current.get(key, _MISSING) is not value:
+                    current[key] = value
+        self._set_modes()
+        for m, name, p, grad, _, _ in self.parameters:
+            m._parameters[name] = p
+            if p is not None:
+                p.grad = grad
+        with torch.no_grad():
+            for m, name, b, saved in self.buffers:
+                m._buffers[name] = b
+                if b is not None and saved is not None:
+                    b.copy_(saved)
+        for m, state in self.states:
+            load_state(m, dict(state))
+        for t, grad in self.example_grads:
+            t.grad = grad
+        torch.set_rng_state(self.rng_cpu)
+        if self.rng_cuda is not None:
+            torch.cuda.set_rng_state(self.rng_cuda, self.device)
+        random.setstate(self.rng_python)
+
+
+_MISSING = object()
+
+
+# ---------------------------------------------------------------- progress
+
+
+class _Progress:
+    """A plain-text bar on stderr: ``profiling [#####.....] 3/6 steps (time 1/3)``."""
+
+    WIDTH = 20
+
+    def __init__(self, total: int, *, enabled: bool, stream: TextIO | None = None) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.done_steps = 0
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def _draw(self, label: str) -> None:
+        filled = self.WIDTH * self.done_steps // self.total
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        text = f"profiling [{bar}] {self.done_steps}/{self.total} steps"
+        if label:
+            text += f" ({label})"
+        if self._tty:
+            self.stream.write("\r" + text.ljust(60))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def step(self, label: str) -> None:
+        if self.enabled:
+            self._draw(label)
+        self.done_steps += 1
+
+    def done(self) -> None:
+        if self.enabled:
+            self._draw("done")
+            if self._tty:
+                self.stream.write("\n")
+                self.stream.flush()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _as_example(example: Example | torch.Tensor | Sequence[Any]) -> Example:
+    if isinstance(example, Example):
+        return example
+    if isinstance(example, torch.Tensor):
+        return Example((example,))
+    if isinstance(example, (tuple, list)):
+        return Example(tuple(example))
+    raise TypeError(
+        f"example must be a memoplan.specs.Example, a Tensor or a tuple of arguments, "
+        f"not {type(example).__name__}"
+    )
+
+
+def _move(example: Example, device: torch.device) -> Example:
+    def move(value: Any) -> Any:
+        return value.to(device) if isinstance(value, torch.Tensor) else value
+
+    args = pytree.tree_map(move, example.args)
+    kwargs = pytree.tree_map(move, dict(example.kwargs))
+    return Example(args, kwargs)
+
+
+def _model_device(model: nn.Module, example: Example) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in _tensors((example.args, dict(example.kwargs))):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    """Distinct tensors among the leaves of a nested structure, in order."""
+    seen: set[int] = set()
+    out = []
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor) and id(leaf) not in seen:
+            seen.add(id(leaf))
+            out.append(leaf)
+    return out
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _unique(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    seen: set[int] = set()
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            yield t
+
+
+def _input_metas(example: Example) -> tuple[TensorMeta, ...]:
+    metas = []
+    for root, tree in (("args", tuple(example.args)), ("kwargs", dict(example.kwargs))):
+        for path, leaf in pytree.tree_flatten_with_path(tree)[0]:
+            if isinstance(leaf, torch.Tensor):
+                name = root + pytree.keystr(path)
+                metas.append(TensorMeta(name, tuple(leaf.shape), _dtype_name(leaf.dtype)))
+    return tuple(metas)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _itemsize(dtype: str) -> int:
+    value = getattr(torch, dtype, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return torch.empty((), dtype=value).element_size()
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _parent(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def _depth(name: str) -> int:
+    return 0 if not name else name.count(".") + 1
+
+
+def _joined(values: Iterable[str]) -> str:
+    return ",".join(sorted(set(values)))
+
+
+def _inputs_text(metas: tuple[TensorMeta, ...]) -> str:
+    return json.dumps([[t.name, list(t.shape), t.dtype] for t in metas])
+
+
+def _some(names: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(f"`{n or '<root>'}`" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _unknown(name: str, names: Sequence[str]) -> str:
+    message = f"no module `{name}` in the profile"
+    close = difflib.get_close_matches(name, [n for n in names if n], n=3)
+    if close:
+        message += "; did you mean " + ", ".join(f"`{c}`" for c in close) + "?"
+    return message
+
+
+def _plain(m: ModuleProfile) -> dict[str, Any]:
+    return {f.name: getattr(m, f.name) for f in fields(m)}
+
+
+_MODULE_FLOATS = ("forward_seconds", "recompute_seconds")
+
+
+def _module_from_dict(data: Any) -> ModuleProfile:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a module profile is a JSON object, not {type(data).__name__}")
+    _check_keys("module profile", data, [f.name for f in fields(ModuleProfile)])
+    body = dict(data)
+    for key in _MODULE_FLOATS:
+        body[key] = float(body[key])
+    return ModuleProfile(**body)
+
+
+def _tensor_meta_from_dict(data: Any) -> TensorMeta:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"an input description is a JSON object, not {type(data).__name__}")
+    _check_keys("input description", data, ["name", "shape", "dtype"])
+    return TensorMeta(str(data["name"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]))
+
+
+def _check_keys(what: str, data: Mapping[str, Any], expected: Sequence[str]) -> None:
+    missing = sorted(set(expected) - set(data))
+    extra = sorted(set(data) - set(expected))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(missing))
+        if extra:
+            parts.append("unexpected " + ", ".join(extra))
+        raise ValueError(f"malformed {what}: " + "; ".join(parts))
