@@ -193,9 +193,29 @@ def measured_step(
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - start
         return StepMemory(peak_bytes=peak, device=str(device), method="cuda-allocator"), output, loss
+    _warm_up()
     with _gc_paused(), LiveStorageMeter() as meter:
         output, loss = training_step(model, args, kwargs, loss_fn)
     return StepMemory(peak_bytes=meter.peak_bytes, device=str(device), method="live-storage"), output, loss
+
+
+_warmed_up = False
+
+
+def _warm_up() -> None:
+    """Run one op under the meter once per process before the first measurement.
+
+    The first dispatch mode of a process triggers lazy imports whose caught
+    exceptions leave reference cycles holding caller frames; with the cyclic
+    collector paused, tensors those frames hold would stay alive and inflate the
+    first reading (the step measured first, the unplanned one in `verify`).
+    """
+    global _warmed_up
+    if not _warmed_up:
+        with LiveStorageMeter():
+            torch.ones(2) + 1
+        gc.collect()
+        _warmed_up = True
 
 
 @contextlib.contextmanager

@@ -50,8 +50,10 @@ class LIF(nn.Module):
         if not isinstance(v, torch.Tensor):
             v = torch.full_like(x[0], v)
         spikes = []
-        for t in range(x.shape[0]):
-            v = v + (x[t] - (v - self.v_reset)) / self.tau
+        # unbind, not x[t]: one backward for all steps instead of a full-size
+        # zero-padded gradient per step.
+        for x_t in x.unbind(0):
+            v = v + (x_t - (v - self.v_reset)) / self.tau
             s = spike(v - self.threshold, self.alpha)
             v = v * (1 - s) + self.v_reset * s
             spikes.append(s)

@@ -214,3 +214,21 @@ def test_chunked_region_splits_keyword_arguments_too():
     y.sum().backward()
     assert torch.equal(x.grad, gain.detach())
     assert torch.equal(gain.grad, x.detach())
+
+
+def test_auto_widens_when_a_later_input_does_not_fit_the_first_choice():
+    """`auto` chose `bit` on binary data; a later non-binary value must not be stored as 1."""
+    import memoplan
+
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(4, 4))
+    planned = memoplan.apply(copy.deepcopy(reference), "memplan 1\nmodule 0 { checkpoint; compress input = auto }\n")
+    x = (torch.rand(32768, 4) < 0.5).float()  # large enough that sampled checks would skip elements
+    planned(x).sum().backward()
+    planned.zero_grad()
+    x2 = x.clone()
+    x2.view(-1)[1] = 2.0
+    (planned(x2) ** 2).sum().backward()
+    (reference(x2) ** 2).sum().backward()
+    for p, q in zip(reference.parameters(), planned.parameters()):
+        assert torch.equal(p.grad, q.grad)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.utils.checkpoint import get_device_states, set_device_states
 
 from memoplan.runtime import codecs
@@ -151,7 +152,11 @@ def run_chunked(
                 RuntimeWarning,
                 stacklevel=3,
             )
-        pieces[key] = torch.tensor_split(tensor, max(1, min(chunks, size)), dim=dim)
+        # One split (not per-chunk slices): its backward concatenates the chunks'
+        # gradients once instead of adding a full-size zero-padded tensor per chunk.
+        parts = max(1, min(chunks, size))
+        sizes = [size // parts + (1 if i < size % parts else 0) for i in range(parts)]
+        pieces[key] = torch.split(tensor, sizes, dim=dim)
     outputs = []
     for k in range(len(next(iter(pieces.values())))):
         for key, parts in pieces.items():
@@ -252,14 +257,29 @@ class _Run:
         self.load_states(self.out_states, self.out_state_keys, outputs[n:])
         return pytree.tree_unflatten(leaves, self.out_spec)
 
-    def codec(self, x: torch.Tensor) -> str:
-        name = self.options.codec
-        if name != "auto":
-            return name
+    def encode(self, x: torch.Tensor) -> codecs.Payload | None:
+        """The input's payload, or None when it is kept as it is."""
+        options = self.options
+        if options.codec != "auto":
+            if options.codec == "none":
+                return None
+            return codecs.encode(
+                x, options.codec, validate=options.validate, where=options.where, tolerance=options.tolerance
+            )
+        # `auto` keeps the codec chosen on the region's first call, but checks every
+        # call in full: an input the codec cannot hold widens the choice instead of
+        # being stored wrongly.  (A rank that widens alone changes its memory use,
+        # never the results.)
         chosen = _AUTO.setdefault(self.roots[0], {})
-        if self.options.where not in chosen:
-            chosen[self.options.where] = _agree(codecs.choose(x))
-        return chosen[self.options.where]
+        codec = chosen.get(options.where)
+        if codec is None:
+            codec = chosen[options.where] = _agree(codecs.choose(x))
+        try:
+            payload = codecs.encode(x, codec, validate="always", where=options.where)
+        except codecs.CodecError:
+            codec = chosen[options.where] = max(codec, codecs.choose(x), key=AUTO_ORDER.index)
+            payload = codecs.encode(x, codec, validate="always", where=options.where)
+        return None if codec == "none" else payload
 
 
 def _tensor_keys(states: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
@@ -311,11 +331,8 @@ class _RegionFunction(torch.autograd.Function):
         ctx.primary_requires_grad = False
         if run.primary is not None:
             x = arg_tensors[run.primary]
-            codec = run.codec(x)
-            if codec != "none":
-                ctx.payload = codecs.encode(
-                    x, codec, validate=run.options.validate, where=run.options.where, tolerance=run.options.tolerance
-                )
+            ctx.payload = run.encode(x)
+            if ctx.payload is not None:
                 ctx.primary_requires_grad = x.requires_grad
                 kept[run.primary] = None
         ctx.dropped = [t is None for t in kept]
@@ -358,11 +375,18 @@ class _RegionFunction(torch.autograd.Function):
         out_tensors = [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
         out_tensors += [states[j][name] for j, name in run.out_state_keys]
         pairs = [(o, g) for o, g in zip(out_tensors, grads) if g is not None and o.requires_grad]
+        roots = [o for o, _ in pairs]
+        root_grads = [g for _, g in pairs]
+        if all(o.grad_fn is not None for o in roots):
+            # Differentiate from the outputs' graph edges, so the recomputed outputs
+            # themselves can be freed before backward runs through the region.
+            roots = [get_gradient_edge(o) for o in roots]
+            del out, out_tensors, states, pairs
         candidates = detached + state_in + run.params
         wanted = [t for t in candidates if t.requires_grad]
         found = (
-            torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
-            if pairs and wanted
+            torch.autograd.grad(roots, wanted, root_grads, allow_unused=True)
+            if roots and wanted
             else [None] * len(wanted)
         )
         by_id = {id(t): g for t, g in zip(wanted, found)}
