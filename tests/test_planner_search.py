@@ -28,7 +28,7 @@ import time
 from fractions import Fraction
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memoplan.planner import search
@@ -464,9 +464,6 @@ def test_sublinear_is_deterministic_and_independent_of_workers(process_pool, dat
     assert after <= before
     assert report.improved == (after < before)
     assert report.seconds_saved == report.threshold.seconds - report.genetic.seconds
-    if limit is not None and not choice.ok:
-        # it says so; and with thresholds over every size and no lb it finds a set where one exists
-        assert choice.status in (Status.MISSED, Status.INFEASIBLE)
 
 
 def test_sublinear_starts_its_own_pool_and_gives_the_same_answer():
@@ -577,7 +574,7 @@ def test_plan_reads_as_expected():
         "# budget: 210.0 MiB (220200960 B)\n"
         "# estimated peak before: 320.1 MiB (335675392 B)\n"
         "# estimated peak after: 208.1 MiB (218234880 B)\n"
-        "# recompute: 680.0 us over 2 modules\n"
+        "# recompute: 680.0 us over 2 modules (proven least)\n"
         "memplan 1\n"
         "\n"
         "# saves 128.0 MiB (144.0 MiB saved -> 16.0 MiB input) for 340.0 us of recompute\n"

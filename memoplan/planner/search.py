@@ -29,7 +29,9 @@ backward recomputes one region at a time, and while it does, that region's activ
 live again.  ``peak(C)`` with C empty is the *unplanned peak*.  Writing d_i = s_i - x_i (what
 checkpointing i saves), ``peak(C) = unplanned - sum_{i in C} d_i + max_{i in C} s_i``; a module
 with d_i <= 0 can never lower the estimate.  Recompute seconds are summed with ``math.fsum``
-(exactly rounded, so the figure does not depend on the order of the sum).
+(exactly rounded, so the figure does not depend on the order of the sum).  It is an estimate
+from a profile: allocator rounding, fragmentation and the timing of gradient buffers are not
+in it, which is why a ``hard`` budget is verified by measurement after planning.
 
 Budgets are typed: :class:`Bytes` (a peak in bytes), :class:`FractionOfPeak` (a share of the
 unplanned peak, from ``budget 60%`` or ``budget 0.6``) and :class:`Coverage` (a share of the
@@ -53,12 +55,17 @@ The planners
   (O(n log n) for all caps); caps are solved in order of that bound and the search stops when
   the bound exceeds the best time found.  Each cap is solved exactly by a Pareto frontier of
   (bytes, seconds) states grown from the LP break outwards (an expanding core, as in
-  Pisinger's minknap) with dominance pruning and LP-bound pruning.
+  Pisinger's minknap) with dominance pruning and LP-bound pruning; runs of identical modules
+  are one block taken k at a time.  The search is bounded by ``max_states`` (deterministic);
+  ``Choice.proven_optimal`` says whether it ran to the end (near-subset-sum chains, where
+  recompute time is almost exactly proportional to the bytes saved and every size differs, can
+  stop early: the result is then the best set found, still within the budget).
 * :func:`sublinear` -- Chen et al. / MegEngine ``SublinearMemoryConfig``: a search over
   ``thresh_nr_try`` bottleneck thresholds, refined by a seeded genetic algorithm.
 
 Floating point: times are floats, so "exact" means the optimal time is within a relative
-1e-9 of the true minimum (pruning keeps that much slack; tests compare with brute force).
+1e-9 of the true minimum (pruning keeps that much slack; tests compare with brute force and
+with a DP over bytes).  Pure Python: no numpy, no torch.
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ from memoplan.syntax import ast
 from memoplan.syntax.blocks import SublinearConfig
 
 __all__ = [
+    "DEFAULT_MAX_STATES",
     "Budget",
     "BudgetError",
     "ByteBudget",
@@ -895,7 +903,7 @@ def sublinear(
 
     own_pool = None
     workers = config.workers
-    if executor is None and workers > 1 and n:
+    if executor is None and workers > 1 and n and config.genetic_nr_iter:
         # spawn: safe whatever threads the caller (torch) started; the evaluation is plain data.
         own_pool = executor = concurrent.futures.ProcessPoolExecutor(
             max_workers=workers, mp_context=multiprocessing.get_context("spawn")
@@ -985,7 +993,9 @@ def describe(choice: Choice) -> dict[str, str]:
         entries["budget"] = choice.budget.describe(choice.unplanned_peak)
     entries["estimated peak before"] = f"{_size(choice.unplanned_peak)} ({choice.unplanned_peak} B)"
     entries["estimated peak after"] = f"{_size(choice.estimated_peak)} ({choice.estimated_peak} B)"
-    entries["recompute"] = f"{_duration(choice.recompute_seconds)} over {len(choice.checkpointed)} modules"
+    entries["recompute"] = f"{_duration(choice.recompute_seconds)} over {len(choice.checkpointed)} modules" + (
+        " (proven least)" if choice.proven_optimal and choice.ok else ""
+    )
     if choice.status is not Status.OK:
         entries["status"] = f"{choice.status.value}: smallest reachable estimate {_size(choice.minimum_peak)}"
     return entries
@@ -994,7 +1004,8 @@ def describe(choice: Choice) -> dict[str, str]:
 def _reason(item: Item) -> str:
     saving = item.saving
     verb = f"saves {_size(saving)}" if saving >= 0 else f"costs {_size(-saving)}"
-    return f"{verb} ({_size(item.saved_bytes)} saved -> {_size(item.input_bytes)} input) for {_duration(item.forward_seconds)} of recompute"
+    kept = f"{_size(item.saved_bytes)} saved -> {_size(item.input_bytes)} input"
+    return f"{verb} ({kept}) for {_duration(item.forward_seconds)} of recompute"
 
 
 def to_plan(
