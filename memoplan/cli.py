@@ -14,7 +14,7 @@ from pathlib import Path
 from memoplan import __version__
 from memoplan.diagnostics import Diagnostic, PlanError
 
-SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile")
+SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +74,31 @@ def _parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="write nothing; exit 1 if PATH differs from what would be written"
     )
     compile_.set_defaults(run=_compile)
+
+    profile = sub.add_parser("profile", help="measure a model per module (JSON) for the planners")
+    _spec_options(profile)
+    profile.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="profile.json to write")
+    profile.set_defaults(run=_profile)
+
+    plan = sub.add_parser("plan", help="write a plan that meets a memory budget")
+    _spec_options(plan)
+    plan.add_argument(
+        "--budget", required=True, metavar="B", help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`), "
+        "or a coverage preset (speed, balanced, memory)"
+    )
+    plan.add_argument("--planner", choices=["optimal", "greedy", "sublinear"], default="optimal")
+    plan.add_argument("--hint", action="store_true", help="the budget is a hint: report, do not fail, when missed")
+    plan.add_argument("--profile", type=Path, metavar="PATH", help="use this profile.json instead of measuring")
+    plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
+    plan.set_defaults(run=_plan)
     return parser
+
+
+def _spec_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="SPEC", required=True, help="pkg.module:factory or path/file.py:factory")
+    parser.add_argument(
+        "--example", metavar="SPEC", required=True, help="pkg.module:inputs, path/file.py:inputs, or 'randn(4, 3, 32, 32)'"
+    )
 
 
 def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:
@@ -243,6 +267,51 @@ def _verify(args) -> int:
         ) from None
     print(render_report(report))
     return 0 if report.equivalent else 1
+
+
+def _model_and_example(args):
+    from memoplan import specs
+    from memoplan.syntax import parse_example_spec
+
+    _progress(f"loading model {args.model}")
+    model = specs.load_model(args.model)
+    example = specs.make_example(parse_example_spec(args.example, "--example"))
+    return model, example
+
+
+def _profile(args) -> int:
+    from memoplan.planner.profile import profile
+
+    model, example = _model_and_example(args)
+    result = profile(model, example)
+    result.save(args.output)
+    print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B")
+    return 0
+
+
+def _plan(args) -> int:
+    from memoplan.planner import search
+    from memoplan.planner.plan import Planner, make_plan
+    from memoplan.planner.profile import Profile
+    from memoplan.syntax import format_plan, parse
+
+    presets = {p.name.lower(): p for p in search.Preset}
+    word = args.budget.strip().lower()
+    if word in presets:
+        budget = presets[word]
+    else:
+        stmt = parse(f"memplan 1\nbudget {args.budget}\n", "--budget").budget
+        budget = search.budget_from_ast(stmt)
+    model, example = _model_and_example(args)
+    prof = Profile.load(args.profile) if args.profile else None
+    result = make_plan(model, example, budget, planner=Planner(args.planner), hard=not args.hint, prof=prof)
+    args.output.write_text(format_plan(result.plan), encoding="utf-8")
+    verdict = "met" if result.met else "NOT met (hint)"
+    print(
+        f"wrote {args.output}: {len(result.choice.checkpointed)} checkpoints, measured peak "
+        f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}"
+    )
+    return 0
 
 
 def _compile(args) -> int:

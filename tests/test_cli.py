@@ -46,7 +46,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_subcommands_are_frozen() -> None:
-    assert cli.SUBCOMMANDS == ("check", "fmt", "explain", "verify", "compile")
+    assert cli.SUBCOMMANDS == ("check", "fmt", "explain", "verify", "compile", "profile", "plan")
     parser = cli._parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert tuple(sub.choices) == cli.SUBCOMMANDS
