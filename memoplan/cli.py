@@ -270,13 +270,8 @@ def _verify(args) -> int:
 
 
 def _model_and_example(args):
-    from memoplan import specs
-    from memoplan.syntax import parse_example_spec
-
-    _progress(f"loading model {args.model}")
-    model = specs.load_model(args.model)
-    example = specs.make_example(parse_example_spec(args.example, "--example"))
-    return model, example
+    """The model and example named by --model and --example (no plan involved)."""
+    return _model(None, None, args.model, required=True), _example(None, None, args.example, required=True)
 
 
 def _profile(args) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -139,20 +139,9 @@ def _with_state_rules(plan: ast.Plan, model: nn.Module) -> ast.Plan:
     rules = []
     for path, module in model.named_modules():
         if path and is_stateful(module):
-            selector = ast.Selector(ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in path.split(".")))))
-            rules.append(ast.ModuleRule(selector, (ast.State(ast.StateMode.FUNCTIONAL),)))
-    if not rules:
-        return plan
-    first = ast.ModuleRule(
-        rules[0].selector,
-        rules[0].policies,
-        comments=ast.Comments(leading=("# keeps state between calls: threaded through regions, advanced once",)),
-    )
-    return ast.Plan(
-        plan.version,
-        (first, *rules[1:], *plan.statements),
-        plan.header_comments,
-        plan.trailing,
-        plan.file,
-        plan.source,
-    )
+            term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in path.split("."))))
+            comments = ast.NO_COMMENTS
+            if not rules:
+                comments = ast.Comments(leading=("# keeps state between calls: threaded through regions, advanced once",))
+            rules.append(ast.ModuleRule(ast.Selector(term), (ast.State(ast.StateMode.FUNCTIONAL),), comments=comments))
+    return replace(plan, statements=(*rules, *plan.statements)) if rules else plan

@@ -79,13 +79,13 @@ def run_segmented(
             f"{list(module._modules)} in order; the model changed since the plan was compiled"
         )
     where = module.__dict__.get(PATH_ATTR, "")
-    for group in groups:
+    for index, group in enumerate(groups):
         children = tuple(module.get_submodule(name) for name in group)
         if region is None:
             x = _region(partial(_chain, children), children, (x,), {}, preserve_rng)
             continue
         options = replace(region, preserve_rng=preserve_rng, where=f"{where}[{group[0]}..{group[-1]}]")
-        if group is not groups[0] and region.codec != "none":
+        if index > 0 and region.codec != "none":
             # Only the first region reads the module's own input; the others read
             # intermediate activations, which get the smallest lossless codec they allow.
             options = replace(options, codec="auto", tolerance=None)
