@@ -64,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("plan", type=Path)
     _model_options(verify)
     verify.add_argument("--seed", type=int, default=0, help="RNG seed for both runs (default 0)")
+    verify.add_argument(
+        "--rtol",
+        type=float,
+        help="tolerance per tensor, relative to the largest unplanned magnitude of its category "
+        "(default 0: bit for bit; 5e-5 for plans with temporal chunks)",
+    )
     verify.set_defaults(run=_verify)
 
     compile_ = sub.add_parser("compile", help="write the plan module to commit next to the model")
@@ -252,7 +258,7 @@ def _verify(args) -> int:
         print(f"  {row}")
     _progress("running one training step without and one with the plan")
     try:
-        report = verify(model, resolved, example, seed=args.seed)
+        report = verify(model, resolved, example, seed=args.seed, rtol=args.rtol)
     except PlanError:
         raise
     except Exception as exc:  # the user's model or example failed: a diagnostic, not a traceback

@@ -584,7 +584,7 @@ def test_segments_plan_on_spiking_trains_identically() -> None:
     torch.manual_seed(0)
     model = spiking.build()
     reference = copy.deepcopy(model)
-    memoplan.apply(model, ROOT / "plans" / "spiking.memplan")
+    memoplan.apply(model, ROOT / "plans" / "spiking_blocks.memplan")
     (x,) = spiking.example(steps=2, batch=2)
     torch.manual_seed(3)
     a = reference(x)

@@ -6,8 +6,10 @@ where the input is known to be binary, auto elsewhere), split regions and
 temporal chunks.  Buffers and RNG progression must equal the unplanned step bit
 for bit; so must outputs, input gradients, parameter gradients and every neuron's
 final state — except under temporal chunks: a layer run on fewer rows may take a
-different BLAS path (and weight gradients are summed chunk by chunk), so those
-agree up to float reassociation, max |Δ| <= 1e-5 · max |reference| per tensor.
+different BLAS path, weight gradients and BatchNorm statistics are summed chunk by
+chunk, so those agree up to float reassociation: max |Δ| <= memoplan.verify.CHUNK_RTOL
+· the largest reference magnitude of the category (outputs, parameter gradients,
+buffers, states), and integer buffers exactly.
 Examples are derandomized so CI runs the same draws every time.
 """
 
@@ -22,9 +24,9 @@ from torch import nn
 
 import memoplan
 from memoplan.neurons import LIF, reset
+from memoplan.verify import CHUNK_RTOL
 
 FEATURES = 5
-CHUNK_RTOL = 1e-5
 
 
 class TimeBatchNorm(nn.Module):
@@ -75,7 +77,7 @@ def _binary_inputs(model: nn.Module) -> set[str]:
 
 
 def _mixes_chunks(module: nn.Module) -> bool:
-    return any(isinstance(m, (TimeBatchNorm, nn.Dropout)) for m in module.modules())
+    return any(isinstance(m, nn.Dropout) for m in module.modules())
 
 
 @st.composite
@@ -126,11 +128,22 @@ def _step(model: nn.Module, x: torch.Tensor, weight: torch.Tensor):
     return out.detach(), x.grad, torch.get_rng_state(), states
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
-    a, b = torch.as_tensor(a), torch.as_tensor(b)
-    if exact or a.numel() == 0:
-        return torch.equal(a, b)
-    return a.shape == b.shape and bool((a - b).abs().max() <= CHUNK_RTOL * a.abs().max() + 1e-12)
+def _close(a: list, b: list, exact: bool) -> bool:
+    """Tensors of one category equal, or (under chunks) within CHUNK_RTOL of the category's scale."""
+    a = [torch.as_tensor(t) for t in a]
+    b = [torch.as_tensor(t) for t in b]
+    if exact:
+        return all(torch.equal(s, t) for s, t in zip(a, b))
+    scale = max((s.abs().max().item() for s in a if s.is_floating_point() and s.numel()), default=0.0)
+    for s, t in zip(a, b):
+        if s.shape != t.shape:
+            return False
+        if not s.is_floating_point():
+            if not torch.equal(s, t):
+                return False
+        elif s.numel() and (s - t).abs().max().item() > CHUNK_RTOL * scale + 1e-12:
+            return False
+    return True
 
 
 @settings(
@@ -150,13 +163,13 @@ def test_spiking_plans_keep_training_equivalent(case, seed):
     a = _step(reference, x, weight)
     b = _step(planned, x, weight)
     exact = not chunked
-    assert _close(a[0], b[0], exact), text
-    assert _close(a[1], b[1], exact), text
+    assert _close([a[0]], [b[0]], exact), text
+    assert _close([a[1]], [b[1]], exact), text
     assert torch.equal(a[2], b[2]), text
-    assert all(_close(s, t, exact) for s, t in zip(a[3], b[3])), text
-    for (name, p), q in zip(reference.named_parameters(), planned.parameters()):
-        assert (p.grad is None) == (q.grad is None), name
-        assert p.grad is None or _close(p.grad, q.grad, exact), f"{name}\n{text}"
-    for (name, u), v in zip(reference.named_buffers(), planned.buffers()):
-        assert torch.equal(u, v), f"{name}\n{text}"
+    assert _close(a[3], b[3], exact), text
+    grads = [(name, p.grad, q.grad) for (name, p), q in zip(reference.named_parameters(), planned.parameters())]
+    for name, g, h in grads:
+        assert (g is None) == (h is None), name
+    assert _close([g for _, g, _ in grads if g is not None], [h for _, _, h in grads if h is not None], exact), text
+    assert _close(list(reference.buffers()), list(planned.buffers()), exact), text
     assert list(reference.state_dict()) == list(planned.state_dict())

@@ -291,11 +291,11 @@ def test_bundled_plans_resolve_to_expected_decisions() -> None:
 
     s = resolve(load(ROOT / "plans" / "spiking.memplan"), spiking.build())
     blocks = [f"blocks.{i}" for i in range(4)]
-    assert [m.path for m in s.modules if m.checkpoint] == blocks
+    assert [m.path for m in s.modules if m.temporal_chunk] == blocks
     for path in blocks:
+        assert s.module(path).temporal_chunk.chunks == 4
         assert s.module(path).compress.codec.value == "bit"
         assert s.module(path).region_state == ("lif",)  # the neuron's state is threaded
-        assert s.module(f"{path}.lif").temporal_chunk.chunks == 4
 
     t = resolve(load(ROOT / "plans" / "transformer.memplan"), transformer.build())
     assert [m.path for m in t.modules if m.checkpoint] == ["blocks.0", "blocks.1", "blocks.2"]
@@ -534,11 +534,12 @@ def test_mp311_shared_module_with_conflicting_decisions() -> None:
     assert [m.path for m in plan.modules] == ["first"]
 
 
-def test_mp304_temporal_chunk_over_batchnorm_needs_explicit_consent() -> None:
+def test_mp304_temporal_chunk_over_dropout_needs_explicit_consent() -> None:
     error = errors_of("module a.0 { checkpoint; temporal_chunk 2 dim 0 }\n", Tree())
     assert error.codes == ["MP304"]
     assert (error.diagnostics[0].span.line, error.diagnostics[0].span.column) == (2, 26)
-    assert "bn" in error.diagnostics[0].message
+    assert "Dropout `a.0.drop`" in error.diagnostics[0].message
+    assert "bn" not in error.diagnostics[0].message  # BatchNorm takes the whole batch's statistics
     plan = resolved("module a.0 { checkpoint; temporal_chunk 2 dim 0 allow_nonequivalent = true }\n", Tree())
     assert plan.module("a.0").temporal_chunk.allow_nonequivalent is True
     plan = resolved("module a.0.conv { checkpoint; temporal_chunk 2 dim 0 }\n", Tree())

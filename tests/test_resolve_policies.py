@@ -46,6 +46,7 @@ def model() -> nn.Module:
     net.attn = Attention()
     net.whole = WholeSequence()
     net.seq = nn.Sequential(nn.Conv2d(2, 2, 1), nn.Tanh(), LIF())
+    net.synced = nn.Sequential(nn.Conv2d(2, 2, 1), nn.SyncBatchNorm(2))
     return net
 
 
@@ -70,7 +71,7 @@ def test_chunking_a_block_without_batchnorm_is_accepted_and_threads_its_neuron()
 
 @pytest.mark.parametrize(
     "path, why",
-    [("normed", "BatchNorm `normed.norm`"), ("attn", "mixes time steps"), ("whole", "whole sequence")],
+    [("synced", "SyncBatchNorm `synced.1`"), ("attn", "mixes time steps"), ("whole", "whole sequence")],
 )
 def test_chunking_over_time_mixing_modules_is_refused(path, why):
     with pytest.raises(memoplan.PlanError) as caught:
@@ -79,9 +80,15 @@ def test_chunking_over_time_mixing_modules_is_refused(path, why):
     assert why in str(caught.value)
 
 
+def test_chunking_over_batchnorm_is_accepted():
+    """BatchNorm inside chunks normalises with the whole batch's statistics (runtime/batchnorm.py)."""
+    plan = resolved(STATE + "module normed { temporal_chunk 2 dim 0 }\n")
+    assert plan.module("normed").temporal_chunk.chunks == 2
+
+
 def test_allow_nonequivalent_opts_in():
-    plan = resolved(STATE + "module normed { temporal_chunk 2 dim 0 allow_nonequivalent = true }\n")
-    assert plan.module("normed").temporal_chunk.allow_nonequivalent
+    plan = resolved(STATE + "module attn { temporal_chunk 2 dim 0 allow_nonequivalent = true }\n")
+    assert plan.module("attn").temporal_chunk.allow_nonequivalent
 
 
 def test_a_stateful_module_inside_a_region_must_be_marked():

@@ -63,3 +63,25 @@ def test_verify_accepts_plan_text_path_and_ast(tmp_path):
     path.write_text(PER_LAYER)
     for plan in (PER_LAYER, path, memoplan.parse(PER_LAYER)):
         assert verify(model, plan, example).equivalent
+
+
+def test_plans_with_temporal_chunks_are_held_to_the_chunk_tolerance():
+    from memoplan.examples import spiking
+    from memoplan.verify import CHUNK_RTOL
+
+    torch.manual_seed(0)
+    model, example = spiking.build(), Example(spiking.example(batch=2, size=8))
+    plan = (
+        "memplan 1\nmodule class LIF { state = functional }\n"
+        "module blocks.* { temporal_chunk 4 dim 0; compress input = bit }\n"
+    )
+    report = verify(model, plan, example)
+    assert report.rtol == CHUNK_RTOL and report.equivalent, render_report(report)
+    # BatchNorm statistics summed chunk by chunk: not bit for bit, and said so.
+    assert not report.exact
+    assert "not bit for bit" in render_report(report)
+    strict = verify(model, plan, example, rtol=0.0)
+    assert not strict.equivalent
+    assert "verdict: NOT EQUIVALENT" in render_report(strict)
+    # A tolerance never excuses integer buffers: num_batches_tracked must match exactly.
+    assert all("num_batches_tracked" not in d for c in report.checks for d in c.within)

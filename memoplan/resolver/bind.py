@@ -304,8 +304,10 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
     for name, sub in module.named_modules():
         where = f"{path}.{name}" if name else path
         bases = [base.__name__ for base in type(sub).__mro__]
-        if "_BatchNorm" in bases:
-            reasons.append(f"BatchNorm `{where}` would see each chunk's statistics instead of the whole batch's")
+        if isinstance(sub, nn.SyncBatchNorm):
+            # Other BatchNorms take the whole batch's statistics over the chunks
+            # (memoplan/runtime/batchnorm.py); this one would also need them across ranks.
+            reasons.append(f"SyncBatchNorm `{where}` takes its statistics across ranks, which chunks do not")
         elif isinstance(sub, (nn.MultiheadAttention, nn.RNNBase)) or any("Attention" in b for b in bases[:1]):
             reasons.append(f"`{where}` ({type(sub).__qualname__}) mixes time steps")
         elif "_DropoutNd" in bases:

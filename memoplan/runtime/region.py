@@ -39,7 +39,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from memoplan.runtime import codecs
+from memoplan.runtime import batchnorm, codecs
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.state import get_state, load_state
@@ -128,11 +128,21 @@ def run_chunked(
 
     The stateful modules' state passes from each chunk to the next, so with
     time-local layers the result equals the unchunked forward; tensor outputs are
-    concatenated along ``dim``.
+    concatenated along ``dim``.  A training-mode BatchNorm inside normalises every
+    chunk with the whole batch's statistics (:mod:`memoplan.runtime.batchnorm`).
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    args, kwargs = list(args), dict(kwargs)
+    chunked = _split_chunks(args, kwargs, options, chunks=chunks, dim=dim, chunk_args=chunk_args)
+    if batchnorm.normalising_modules(roots):
+        outputs = _chunks_with_batch_statistics(roots, fn, chunked, options, stateful)
+    else:
+        outputs = [run_region(roots, fn, a, kw, options, stateful) for a, kw in chunked]
+    return _concat(outputs, dim, options.where)
+
+
+def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int, chunk_args):
+    """Each chunk's ``(args, kwargs)``: the chosen arguments split along ``dim``, the rest as they are."""
     pieces: dict[int | str, tuple[torch.Tensor, ...]] = {}
     length = None
     for key in chunk_args:
@@ -150,22 +160,76 @@ def run_chunked(
                 f"memoplan: {options.where}: temporal_chunk {chunks} over a time axis of {size} steps; "
                 f"using {max(1, size)} chunks",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         # One split (not per-chunk slices): its backward concatenates the chunks'
         # gradients once instead of adding a full-size zero-padded tensor per chunk.
         parts = max(1, min(chunks, size))
         sizes = [size // parts + (1 if i < size % parts else 0) for i in range(parts)]
         pieces[key] = torch.split(tensor, sizes, dim=dim)
-    outputs = []
+    result = []
     for k in range(len(next(iter(pieces.values())))):
+        chunk_args_k, chunk_kwargs_k = list(args), dict(kwargs)
         for key, parts in pieces.items():
             if isinstance(key, int):
-                args[key] = parts[k]
+                chunk_args_k[key] = parts[k]
             else:
-                kwargs[key] = parts[k]
-        outputs.append(run_region(roots, fn, args, kwargs, options, stateful))
-    return _concat(outputs, dim, options.where)
+                chunk_kwargs_k[key] = parts[k]
+        result.append((chunk_args_k, chunk_kwargs_k))
+    return result
+
+
+def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, stateful) -> list[Any]:
+    """The chunks' outputs, BatchNorm normalising with the whole batch's statistics.
+
+    One statistics pass per training-mode ``batch_norm`` call, then the main pass
+    (see :mod:`memoplan.runtime.batchnorm`); every pass starts from the step's
+    buffers, state and RNG.
+    """
+    entry_states = [get_state(m) for m in stateful]
+    snapshot = batchnorm.Snapshot(roots)
+    tensors = [t for a, kw in chunked[:1] for t in pytree.tree_leaves((a, kw)) if isinstance(t, torch.Tensor)]
+    cpu_rng = torch.get_rng_state()
+    devices, device_rng = get_device_states(*tensors)
+    stats: list[torch.Tensor] = []  # the batch's mean and variance per known call, flat
+    local: list[list[torch.Tensor]] = [[] for _ in chunked]  # each chunk's own, the same way
+    totals: list[int] = []
+    while True:
+        run = batchnorm.Pass(known=len(totals))
+        region_fn = partial(batchnorm.given_statistics, fn, run)
+        outputs, calls, counters = [], [], []
+        for k, (args, kwargs) in enumerate(chunked):
+            run.measured, run.record = False, ([] if k == 0 else None)
+            kwargs = {**kwargs, batchnorm.STATS_KEYWORD: (tuple(stats), tuple(local[k]))}
+            outputs.append(run_region(roots, region_fn, args, kwargs, options, stateful))
+            if k == 0:
+                measuring, calls, run.record = run.measured, run.record, None
+                counters = [] if measuring else snapshot.counters()
+            elif run.measured != measuring:
+                raise RuntimeError(f"memoplan: {options.where}: the time chunks made different BatchNorm calls")
+        if not measuring:
+            break
+        mean, var, total = batchnorm.combine([(m, v) for m, v, _ in outputs], [n for _, _, n in outputs])
+        if total <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got {total} (memoplan: {options.where})")
+        stats += [mean, var]
+        totals.append(total)
+        for mine, (m, v, _) in zip(local, outputs):
+            mine += [m, v]
+        # The next pass starts where this one started.
+        snapshot.restore()
+        for module, state in zip(stateful, entry_states):
+            load_state(module, state)
+        torch.set_rng_state(cpu_rng)
+        set_device_states(devices, device_rng)
+    if len(calls) != len(totals):
+        raise RuntimeError(f"memoplan: {options.where}: the time chunks made different BatchNorm calls")
+    # num_batches_tracked as after one forward; running statistics from the batch's.
+    with torch.no_grad():
+        for counter, value in counters:
+            counter.copy_(value)
+    batchnorm.update_running(calls, stats, totals)
+    return outputs
 
 
 def _concat(outputs: list[Any], dim: int, where: str) -> Any:
