@@ -30,3 +30,12 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .hypothesis
+
+# memoplan's planner against checkpointing every block and torch.compile's
+# activation_memory_budget, on a GPT-2 built from a transformers config (no
+# weights downloaded) and the bundled CNN; installs transformers into $(VENV).
+.PHONY: bench-peers
+bench-peers: $(STAMP)
+	$(PY) -m pip install --quiet transformers==5.23.0
+	mkdir -p build
+	$(PY) benchmarks/planner_vs_peers.py --json build/planner_vs_peers.json

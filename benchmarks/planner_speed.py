@@ -21,6 +21,12 @@ Chains (all deterministic, seeded):
   the knapsack is a subset-sum problem; the optimal planner stops at ``max_states`` and
   returns its best set (within budget, ``proven_optimal=False``).
 
+Nested candidates (``--nested``, the ``memoplan plan --nested`` case): ``transformer`` blocks
+``blocks.i`` *and* their four parts, so a plan checkpoints a block or some of its parts; the
+optimal planner hands them to the exact MILP (``memoplan/planner/exact.py``, 10 s limit) and
+the table shows its slowest time, how many answers it proved least, and its recompute time
+against greedy's at the middle budget.
+
 For each chain, five byte budgets spread over its feasible range (5, 25, 50, 75 and 95% of the
 way from the least reachable peak to the unplanned peak) are planned; the slowest time per
 planner is reported, with each planner's recompute time at the middle budget.  The script
@@ -117,6 +123,19 @@ def random_chain(n: int, seed: int = 0, correlated: bool = False) -> tuple[list[
     return items, 256 * MiB
 
 
+def nested_transformer(n: int, seed: int = 0) -> tuple[list[Item], int]:
+    """``n`` candidates: blocks of the transformer chain followed by their four parts."""
+    parts, base = transformer(4 * -(-n // 5), seed)
+    items: list[Item] = []
+    for b in range(len(parts) // 4):
+        four = parts[4 * b : 4 * b + 4]
+        block = Item(
+            f"blocks.{b}", sum(i.saved_bytes for i in four), four[0].input_bytes, sum(i.forward_seconds for i in four)
+        )
+        items += [block, *four]
+    return items[:n], base
+
+
 def proportional(n: int, seed: int = 0) -> tuple[list[Item], int]:
     """Adversarial: every size distinct and time exactly proportional to the saving (subset sum)."""
     rng = random.Random(seed)
@@ -158,7 +177,10 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=sorted(CHAINS), nargs="+")
     parser.add_argument("--generations", type=int, default=20, help="sublinear genetic_nr_iter (default 20)")
     parser.add_argument("--workers", type=int, default=1, help="sublinear num_worker (default 1)")
+    parser.add_argument("--nested", type=int, nargs="*", metavar="N", help="time nested candidates instead (default 200 1000)")
     args = parser.parse_args(argv)
+    if args.nested is not None:
+        return nested_main(args.nested or [200, 1000], args.repeat)
     print("$ " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
     print(f"python {sys.version.split()[0]}; targets: optimal <= 1 s at 1,000 items, <= 60 s at 5,000")
     print(f"budgets: {', '.join(f'{f:.0%}' for f in LEVELS)} of the way from the least reachable peak to the unplanned one;")
@@ -221,6 +243,30 @@ def main(argv=None) -> int:
         "search beat the best threshold candidate, and the most recompute time it took off."
     )
     return 1 if failed else 0
+
+
+def nested_main(sizes: list[int], repeat: int) -> int:
+    print("$ " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
+    print(f"nested transformer candidates (blocks and their parts); budgets: {', '.join(f'{f:.0%}' for f in LEVELS)}")
+    print(f"{'n':>5}  {'optimal (exact)':>15} {'proven':>7} {'greedy':>7}  | recompute at 50%: exact vs greedy")
+    for n in sizes:
+        items, base = nested_transformer(n)
+        floor = minimum_peak(items, base_bytes=base)[0]
+        top = base + sum(i.saved_bytes for i in items if "." not in i.name[len("blocks.") :])
+        worst = {"optimal": 0.0, "greedy": 0.0}
+        proven, ratio = 0, float("nan")
+        for level in LEVELS:
+            budget = Bytes(floor + int((top - floor) * level))
+            t_opt, opt = timed(lambda: optimal(items, budget, base_bytes=base), repeat)
+            t_gr, gr = timed(lambda: greedy_bytes(items, budget, base_bytes=base), repeat)
+            if not opt.ok or opt.estimated_peak > opt.limit:
+                raise AssertionError("the exact planner missed a feasible budget")
+            worst = {"optimal": max(worst["optimal"], t_opt), "greedy": max(worst["greedy"], t_gr)}
+            proven += opt.proven_optimal
+            if level == 0.5 and gr.ok and gr.recompute_seconds:
+                ratio = opt.recompute_seconds / gr.recompute_seconds
+        print(f"{n:>5}  {worst['optimal']:>14.3f}s {proven:>4}/{len(LEVELS)} {worst['greedy']:>6.3f}s  | {ratio:.2f}x")
+    return 0
 
 
 if __name__ == "__main__":

@@ -84,16 +84,36 @@ def _parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="measure a model per module (JSON) for the planners")
     _spec_options(profile)
     profile.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="profile.json to write")
+    profile.add_argument(
+        "--repeats", type=_positive_int, default=3, metavar="N", help="timed steps; times are their medians (default 3)"
+    )
     profile.set_defaults(run=_profile)
+
+    from memoplan.planner.presets import PRESETS, Planner  # pure Python: no torch for the parser
 
     plan = sub.add_parser("plan", help="write a plan that meets a memory budget")
     _spec_options(plan)
     plan.add_argument(
-        "--budget", required=True, metavar="B", help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`), "
-        "or a coverage preset (speed, balanced, memory)"
+        "--budget",
+        metavar="B",
+        help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`), optionally `hard` or `hint` "
+        "(`4 GiB hint`), or a coverage budget (speed, balanced, memory); default: the preset's",
     )
-    plan.add_argument("--planner", choices=["optimal", "greedy", "sublinear"], default="optimal")
+    plan.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())
+        + " (explicit --budget, --planner, --hint override its fields)",
+    )
+    plan.add_argument(
+        "--planner", choices=[p.value for p in Planner], help="search for byte budgets (default: the preset's, optimal)"
+    )
     plan.add_argument("--hint", action="store_true", help="the budget is a hint: report, do not fail, when missed")
+    plan.add_argument(
+        "--nested",
+        action="store_true",
+        help="also offer each block's children as candidates, solved exactly (optimal planner, byte budgets)",
+    )
     plan.add_argument("--profile", type=Path, metavar="PATH", help="use this profile.json instead of measuring")
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
     plan.set_defaults(run=_plan)
@@ -105,6 +125,13 @@ def _spec_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--example", metavar="SPEC", required=True, help="pkg.module:inputs, path/file.py:inputs, or 'randn(4, 3, 32, 32)'"
     )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:
@@ -284,33 +311,54 @@ def _profile(args) -> int:
     from memoplan.planner.profile import profile
 
     model, example = _model_and_example(args)
-    result = profile(model, example)
+    result = profile(model, example, repeats=args.repeats)
     result.save(args.output)
     print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B")
     return 0
 
 
 def _plan(args) -> int:
+    """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
     from memoplan.planner import search
-    from memoplan.planner.plan import Planner, make_plan
+    from memoplan.planner.plan import Planner
+    from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
     from memoplan.planner.profile import Profile
-    from memoplan.syntax import format_plan, parse
+    from memoplan.syntax import format_plan
 
-    presets = {p.name.lower(): p for p in search.Preset}
-    word = args.budget.strip().lower()
-    if word in presets:
-        budget = presets[word]
-    else:
-        stmt = parse(f"memplan 1\nbudget {args.budget}\n", "--budget").budget
-        budget = search.budget_from_ast(stmt)
+    if args.budget is None and args.preset is None:
+        print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
+        return 2
+    budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
+    if args.hint:
+        hard = False
+    preset = (PRESETS[args.preset] if args.preset else DEFAULT).with_overrides(
+        planner=Planner(args.planner) if args.planner else None, budget=budget, hard=hard
+    )
     model, example = _model_and_example(args)
     prof = Profile.load(args.profile) if args.profile else None
-    result = make_plan(model, example, budget, planner=Planner(args.planner), hard=not args.hint, prof=prof)
+    if args.preset:
+        levels = ", ".join(level.value for level in preset.levels) or "none"
+        if isinstance(preset.budget, search.Preset):
+            how = f"coverage budget {preset.budget.name.lower()}"  # takes its share; no planner search
+        elif isinstance(preset.budget, search.Coverage):
+            how = "a coverage budget"
+        else:
+            how = f"planner {preset.planner.value}"
+        _progress(f"preset {preset.name}: {how}, refinement levels: {levels}")
+    if args.nested and (
+        preset.planner is not Planner.OPTIMAL or isinstance(preset.budget, (search.Coverage, search.Preset))
+    ):
+        print("memoplan plan: error: --nested needs the optimal planner and a byte budget (e.g. 50%)", file=sys.stderr)
+        return 2
+    result = preset.run(model, example, prof=prof, named=args.preset is not None, nested=args.nested)
     args.output.write_text(format_plan(result.plan), encoding="utf-8")
     verdict = "met" if result.met else "NOT met (hint)"
+    refined = ""
+    if result.refinement is not None:
+        refined = f" ({len(result.refinement.kept)} of {len(result.refinement.trials)} refinement trials kept)"
     print(
-        f"wrote {args.output}: {len(result.choice.checkpointed)} checkpoints, measured peak "
-        f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}"
+        f"wrote {args.output}: {result.regions} checkpoints, measured peak "
+        f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}{refined}"
     )
     return 0
 

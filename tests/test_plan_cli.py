@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 import memoplan
 from memoplan import specs
-from memoplan.cli import main
+from memoplan.cli import _parser, main
+from memoplan.planner import search
+from memoplan.planner.presets import PRESETS, Planner, PlannerPreset
 from memoplan.planner.profile import Profile
 from memoplan.syntax import parse_example_spec
 from memoplan.verify import verify
@@ -66,3 +70,123 @@ def test_profile_writes_versioned_json_the_planner_can_reuse(tmp_path):
     assert prof.peak_bytes > 0 and '"version": 1' in path.read_text()
     out = tmp_path / "plan.memplan"
     assert main(["plan", *TRANSFORMER, "--budget", "80%", "--profile", str(path), "-o", str(out)]) == 0
+
+
+# ---------------------------------------------------------------- presets
+
+TINY_SPIKING = """
+import torch
+from memoplan.examples import spiking
+
+
+def build():
+    torch.manual_seed(0)
+    return spiking.SpikingCNN(channels=(4, 4))
+
+
+def example():
+    generator = torch.Generator().manual_seed(0)
+    return ((torch.rand(4, 1, 2, 4, 4, generator=generator) < 0.2).float(),)
+"""
+
+
+def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies(tmp_path, capsys):
+    (tmp_path / "tiny.py").write_text(TINY_SPIKING)
+    model, example = f"{tmp_path / 'tiny.py'}:build", f"{tmp_path / 'tiny.py'}:example"
+    out = tmp_path / "plan.memplan"
+    assert main(["plan", "--model", model, "--example", example, "--preset", "memory", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "budget met" in captured.out and "refinement trials kept" in captured.out
+    assert "memoplan: preset memory: coverage budget memory, refinement levels: split, temporal, unwrap" in captured.err
+    assert "memoplan: refine temporal [1/8]" in captured.err  # a progress line per trial
+    text = out.read_text()
+    assert memoplan.format_plan(memoplan.parse(text)) == text
+    assert "# preset: memory" in text and "# refinement: split, temporal, unwrap: " in text
+    assert "temporal_chunk" in text and "# refine: temporal_chunk" in text
+    assert main(["check", str(out), "--model", model]) == 0
+    assert main(["verify", str(out), "--model", model, "--example", example]) == 0
+    assert "verdict: EQUIVALENT" in capsys.readouterr().out
+
+
+def _fake_run(seen):
+    """Stand-in for PlannerPreset.run: records the preset the CLI built, plans nothing."""
+
+    def run(self, model, example, *, prof=None, progress=True, named=True, nested=False):
+        seen.append((self, named))
+        return SimpleNamespace(
+            plan=memoplan.parse("memplan 1\n"), met=True, refinement=None, regions=0, measured_before=1, measured_after=1
+        )
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "flags, planner, budget, hard",
+    [
+        (["--preset", "memory"], Planner.OPTIMAL, search.Preset.MEMORY, True),
+        (["--preset", "memory", "--budget", "60%"], Planner.OPTIMAL, search.FractionOfPeak.percent(60), True),
+        (["--preset", "balanced", "--planner", "greedy", "--hint"], Planner.GREEDY, search.Preset.BALANCED, False),
+        (["--preset", "safe", "--budget", "4 GiB hint"], Planner.OPTIMAL, search.Bytes(4 * 2**30), False),
+        (["--budget", "balanced"], Planner.OPTIMAL, search.Preset.BALANCED, True),  # no preset: no refinement
+    ],
+)
+def test_explicit_flags_override_the_preset_fields(tmp_path, monkeypatch, flags, planner, budget, hard):
+    seen: list[tuple[PlannerPreset, bool]] = []
+    monkeypatch.setattr(PlannerPreset, "run", _fake_run(seen))
+    args = ["--model", "memoplan.examples.mlp:build", "--example", "randn(2, 512)"]
+    assert main(["plan", *args, *flags, "-o", str(tmp_path / "p.memplan")]) == 0
+    ((preset, named),) = seen
+    assert (preset.planner, preset.budget, preset.hard) == (planner, budget, hard)
+    name = flags[flags.index("--preset") + 1] if "--preset" in flags else "safe"
+    assert preset.refine == PRESETS[name].refine
+    assert named == ("--preset" in flags)  # the header names a preset only when one was asked for
+
+
+def test_preset_choices_come_from_the_registry(tmp_path, capsys):
+    plan = _parser()._subparsers._group_actions[0].choices["plan"]
+    (action,) = [a for a in plan._actions if a.dest == "preset"]
+    assert list(action.choices) == list(PRESETS)
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", *TRANSFORMER, "--preset", "fastest", "-o", str(tmp_path / "p.memplan")])
+    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert main(["plan", *TRANSFORMER, "-o", str(tmp_path / "p.memplan")]) == 2
+    assert "give --budget B or --preset NAME" in capsys.readouterr().err
+
+
+def test_nested_candidates_reach_a_lower_measured_peak_and_stay_equivalent(tmp_path, capsys):
+    """Blocks or their parts: the exact solver picks attention/MLP regions inside blocks."""
+    prof = tmp_path / "profile.json"
+    assert main(["profile", *TRANSFORMER, "-o", str(prof)]) == 0
+    flat, nested = tmp_path / "flat.memplan", tmp_path / "nested.memplan"
+    assert main(["plan", *TRANSFORMER, "--budget", "50%", "--profile", str(prof), "-o", str(flat)]) == 0
+    assert main(["plan", *TRANSFORMER, "--budget", "50%", "--profile", str(prof), "--nested", "-o", str(nested)]) == 0
+    text = nested.read_text()
+    assert "# planner: exact" in text and "(proven least)" in text
+    assert "module blocks.0.attn" in text or "module blocks.0.mlp" in text
+    model = specs.load_model("memoplan.examples.transformer:build")
+    example = specs.make_example(parse_example_spec("randint(4, 32, high=100)"))
+    flat_report = verify(model, memoplan.parse(flat.read_text()), example)
+    nested_report = verify(model, memoplan.parse(text), example)
+    assert flat_report.equivalent and nested_report.equivalent
+    assert nested_report.planned.peak_bytes < flat_report.planned.peak_bytes
+
+
+def test_nested_needs_the_optimal_planner_and_a_byte_budget(tmp_path, capsys):
+    out = tmp_path / "plan.memplan"
+    assert main(["plan", *TRANSFORMER, "--budget", "balanced", "--nested", "-o", str(out)]) == 2
+    assert main(["plan", *TRANSFORMER, "--budget", "50%", "--planner", "greedy", "--nested", "-o", str(out)]) == 2
+    assert "--nested needs the optimal planner" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_budget_the_estimate_calls_unreachable_but_a_measurement_meets_is_planned(tmp_path, capsys):
+    """The cost model overestimates the CNN's least peak (2,591,728 B estimated, 2,378,496 B measured)."""
+    cnn = ["--model", "memoplan.examples.cnn:build", "--example", "memoplan.examples.cnn:example"]
+    out = tmp_path / "plan.memplan"
+    assert main(["plan", *cnn, "--budget", "80%", "-o", str(out)]) == 0
+    assert "budget met" in capsys.readouterr().out
+    text = out.read_text()
+    assert "# note: the estimated least peak" in text and "but measures" in text
+    limit = int(text.split("# budget limit: ")[1].split(" B")[0])
+    after = int(text.split("# measured peak after: ")[1].split(" B")[0])
+    assert after <= limit

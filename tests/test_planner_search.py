@@ -171,8 +171,13 @@ def test_items_and_chains_are_validated():
             Item(name, 1, 0, 0.0)
     with pytest.raises(ValueError, match="twice"):
         optimal([Item("a", 1, 0, 0.0), Item("a", 1, 0, 0.0)], Bytes(0))
+    nested = [Item("layers.0", 1, 0, 0.0), Item("layers.0.attn", 1, 0, 0.0)]
     with pytest.raises(ValueError, match="inside"):
-        optimal([Item("layers.0", 1, 0, 0.0), Item("layers.0.attn", 1, 0, 0.0)], Bytes(0))
+        sublinear(nested, Bytes(0))  # chain planners refuse nested candidates (optimal takes them)
+    with pytest.raises(ValueError, match="inside"):
+        greedy_coverage(nested, Preset.SPEED)
+    with pytest.raises(ValueError, match="inside it"):  # a parent's bytes cover its children's
+        optimal([Item("layers.0", 1, 0, 0.0), Item("layers.0.attn", 2, 0, 0.0)], Bytes(0))
     with pytest.raises(TypeError):
         optimal([Item("a", 1, 0, 0.0)], Preset.SPEED.coverage)  # optimal needs a byte budget
 

@@ -1,14 +1,14 @@
 """Planner stage: a model, an example and a budget in; a reviewed, measured plan out.
 
 profile (measure) -> chain of candidates -> search (pure) -> plan AST -> apply to a copy and
-measure again.  A ``hard`` budget is verified by that measurement: when the measured peak is
-over the limit the result says so, with the smallest peak the cost model can reach.
+measure again -> optional measured refinement (:mod:`memoplan.planner.refine`) -> measure
+the final plan.  A ``hard`` budget is verified by that last measurement: when the measured
+peak is over the limit the result says so, with the smallest peak the cost model can reach.
+Named presets of these choices are in :mod:`memoplan.planner.presets`.
 """
 
 from __future__ import annotations
 
-import copy
-import enum
 from dataclasses import dataclass, replace
 
 import torch
@@ -16,18 +16,14 @@ from torch import nn
 
 import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.measure import measure_step
 from memoplan.planner import search
-from memoplan.planner.profile import Profile, chain, profile
+from memoplan.planner.presets import Planner, RefineOptions
+from memoplan.planner.profile import Profile, chain, nested_candidates, profile
+from memoplan.planner.refine import Refinement, measure_plan
+from memoplan.planner.refine import refine as refine_plan
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
 from memoplan.syntax import ast
-
-
-class Planner(enum.Enum):
-    OPTIMAL = "optimal"
-    GREEDY = "greedy"
-    SUBLINEAR = "sublinear"
 
 
 @dataclass(frozen=True)
@@ -38,10 +34,21 @@ class PlanResult:
     measured_after: int  # bytes, one step with the plan
     limit: int | None  # the byte limit the budget resolved to (None: coverage)
     hard: bool
+    refinement: Refinement | None = None  # the measured refinement, when levels ran
 
     @property
     def met(self) -> bool:
         return self.limit is None or self.measured_after <= self.limit
+
+    @property
+    def regions(self) -> int:
+        """Rules of the plan that make checkpoint regions (``checkpoint`` or ``temporal_chunk``)."""
+        return sum(
+            1
+            for stmt in self.plan.statements
+            if isinstance(stmt, ast.ModuleRule)
+            and any(isinstance(p, (ast.Checkpoint, ast.TemporalChunk)) for p in stmt.policies)
+        )
 
 
 def make_plan(
@@ -53,21 +60,32 @@ def make_plan(
     hard: bool = True,
     prof: Profile | None = None,
     progress: bool = True,
+    refine: RefineOptions | None = None,
+    preset: str | None = None,
+    nested: bool = False,
 ) -> PlanResult:
     """Plan ``model`` for ``budget``; raise :class:`PlanError` (MP601) when a hard budget is missed.
 
     A hard budget is checked by measuring one step with the plan; when the measurement
     is over the limit, the search is repeated with the estimate's limit lowered by the
-    overshoot (up to ``MAX_REFINEMENTS`` times) before giving up.
+    overshoot (up to ``MAX_REFINEMENTS`` times) before giving up.  ``refine`` runs measured
+    refinement levels on the result (every kept edit lowers the measured peak or leaves it
+    and saves recompute); the refined plan is measured once more and that measurement is
+    what the budget is checked against.  ``preset`` names the preset in the plan's header.
+    ``nested`` also offers each block's children as candidates (:func:`nested_candidates`):
+    the optimal planner then solves the nested choice exactly (a MILP, with a time limit).
+    Every measurement runs on a copy: ``model``, its buffers, states and the RNG are unchanged.
     """
+    if nested and (planner is not Planner.OPTIMAL or isinstance(budget, (search.Coverage, search.Preset))):
+        raise ValueError("nested candidates need the optimal planner and a byte budget (bytes or a share of the peak)")
     prof = prof or profile(model, example, progress=progress)
-    links = chain(prof)
+    links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
     items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in links]
     base = max(0, prof.peak_bytes - sum(i.saved_bytes for i in items))
     choice = _search(items, budget, planner, base)
-    if not choice.ok and hard:
-        raise _missed(choice.limit, choice.estimated_peak, choice.minimum_peak, "estimated")
     limit = choice.limit
+    if not choice.ok and hard:
+        choice = _least_peak_if_it_fits(model, example, items, choice, planner, base)
     after = _measure(model, example, _draft(choice, items, model, {}))
     # The cost model is an estimate: while a hard budget is missed by measurement,
     # tighten the estimate's limit by the overshoot and search again.
@@ -80,19 +98,37 @@ def make_plan(
             break
         choice = retry
         after = _measure(model, example, _draft(choice, items, model, {}))
+    refined = None
+    draft = _draft(choice, items, model, {})
+    if refine is not None and refine.levels:
+        weights = {name: prof.subtree_saved_bytes(name) for name in prof.names}
+        refined = refine_plan(model, example, draft, refine, baseline=after, weights=weights, progress=progress)
+        draft = refined.plan
+        # Verify by measurement: the budget is checked against the plan as written.
+        after = _measure(model, example, draft)
     header = {
         "generated by": f"memoplan {memoplan.__version__} `memoplan plan`",
         "torch": torch.__version__,
         "device": prof.device,
         "inputs": ", ".join(f"{m.name} {tuple(m.shape)} {m.dtype}" for m in prof.inputs),
+        **({"preset": preset} if preset else {}),
         "budget mode": "hard (verified by measurement)" if hard else "hint",
         **search.describe(choice),
+        **({"refinement": refined.summary()} if refined is not None else {}),
         "measured peak before": f"{prof.peak_bytes} B",
         "measured peak after": f"{after} B",
     }
     if limit is not None:
         header["budget limit"] = f"{limit} B"
-    result = PlanResult(_draft(choice, items, model, header), choice, prof.peak_bytes, after, limit, hard)
+    plan = _draft(choice, items, model, header)
+    # The (refined) rules, under the provenance header and the notes refinement added to it.
+    notes = draft.header_comments.leading
+    plan = replace(
+        plan,
+        statements=draft.statements,
+        header_comments=replace(plan.header_comments, leading=(*plan.header_comments.leading, *notes)),
+    )
+    result = PlanResult(plan, choice, prof.peak_bytes, after, limit, hard, refined)
     if hard and not result.met:
         raise _missed(limit, after, choice.minimum_peak, "measured")
     return result
@@ -101,12 +137,36 @@ def make_plan(
 MAX_REFINEMENTS = 4
 
 
+def _least_peak_if_it_fits(model, example, items, choice: search.Choice, planner: Planner, base: int) -> search.Choice:
+    """The estimate says no set fits: measure the least-peak set before refusing (MP601).
+
+    The cost model's estimates can run high (allocator rounding, gradients freed early).
+    When the least-peak set measures within the limit, search again with the limit widened
+    by that overshoot, and take the least-peak set itself if the wider search still fails;
+    the caller's measurement then checks the budget as usual.
+    """
+    limit = choice.limit
+    least = _search(items, search.Bytes(choice.minimum_peak), Planner.OPTIMAL, base)
+    measured = _measure(model, example, _draft(least, items, model, {}))
+    if measured > limit:
+        raise _missed(limit, measured, choice.minimum_peak, "measured")
+    overshoot = least.estimated_peak - measured
+    retry = _search(items, search.Bytes(limit + max(0, overshoot)), planner, base)
+    found = retry if retry.ok else least
+    note = (
+        f"the estimated least peak {least.estimated_peak} B is over the limit {limit} B, "
+        f"but measures {measured} B; searched with the limit widened by {max(0, overshoot)} B"
+    )
+    return replace(found, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note)
+
+
 def _draft(choice: search.Choice, items, model: nn.Module, header: dict[str, str]) -> ast.Plan:
     return _with_state_rules(search.to_plan(choice, items, header=header, allow_over_budget=True), model)
 
 
 def _measure(model: nn.Module, example: Example, plan: ast.Plan) -> int:
-    return measure_step(memoplan.apply(copy.deepcopy(model), plan), example.args, example.kwargs).peak_bytes
+    """Measured peak of one step with ``plan``, on a copy; the model and the RNG are left as they were."""
+    return measure_plan(model, example, plan)
 
 
 def _search(items, budget, planner: Planner, base: int) -> search.Choice:

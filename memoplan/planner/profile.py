@@ -491,13 +491,29 @@ def default_candidates(prof: Profile) -> tuple[str, ...]:
     return tuple(m.name for m in prof.modules if m.name and _parent(m.name) == parent)
 
 
-def chain(prof: Profile, candidates: Iterable[str] | None = None) -> list[ChainLink]:
-    """The candidate modules in execution order, with what a chain planner needs.
+def nested_candidates(prof: Profile) -> tuple[str, ...]:
+    """:func:`default_candidates` and, under each, its direct children that hold saved memory.
+
+    Checkpointing a block or some of its parts: the exact solver
+    (:func:`memoplan.planner.exact.exact`) chooses among them.
+    """
+    outer = default_candidates(prof)
+    inner = [
+        m.name
+        for m in prof.modules
+        if m.name and _parent(m.name) in outer and m.order is not None and prof.subtree_saved_bytes(m.name) > 0
+    ]
+    return (*outer, *inner)
+
+
+def chain(prof: Profile, candidates: Iterable[str] | None = None, *, nested: bool = False) -> list[ChainLink]:
+    """The candidate modules in execution order, with what a planner needs.
 
     ``candidates`` defaults to :func:`default_candidates`.  Named candidates must
-    be paths of the profile and must not contain one another (``ValueError``).
-    Execution order is the order of each candidate's first call; candidates that
-    never ran are left out (they hold no memory and cost no time).
+    be paths of the profile and, unless ``nested``, must not contain one another
+    (``ValueError``).  Execution order is the order of each candidate's first
+    call; candidates that never ran are left out (they hold no memory and cost no
+    time).
     """
     if candidates is None:
         names = list(default_candidates(prof))
@@ -508,7 +524,7 @@ def chain(prof: Profile, candidates: Iterable[str] | None = None) -> list[ChainL
                 raise ValueError(_unknown(name, prof.names))
         for a in names:
             for b in names:
-                if a != b and (a == "" or b.startswith(a + ".")):
+                if not nested and a != b and (a == "" or b.startswith(a + ".")):
                     raise ValueError(
                         f"chain candidates must not nest: `{b}` is inside `{a or '<root>'}`"
                     )

@@ -17,9 +17,10 @@ A chain is a sequence of candidate modules in execution order, each an :class:`I
   keeps only its input);
 * ``forward_seconds`` (t) -- what recomputing it costs.
 
-Candidates are disjoint modules (none contains another), so every chosen module is its own
-checkpoint region; ``base_bytes`` (B0) is memory that no decision changes (parameters, their
-gradients, outputs).  For a set C of checkpointed modules::
+In a chain the candidates are disjoint modules (none contains another; nested candidates are
+below), so every chosen module is its own checkpoint region; ``base_bytes`` (B0) is memory that
+no decision changes (parameters, their gradients, outputs).  For a set C of checkpointed
+modules::
 
     peak(C)    = B0 + sum_{i not in C} s_i + sum_{i in C} x_i + max_{i in C} s_i   (last term 0 if C is empty)
     seconds(C) = sum_{i in C} t_i
@@ -32,6 +33,19 @@ with d_i <= 0 can never lower the estimate.  Recompute seconds are summed with `
 (exactly rounded, so the figure does not depend on the order of the sum).  It is an estimate
 from a profile: allocator rounding, fragmentation and the timing of gradient buffers are not
 in it, which is why a ``hard`` budget is verified by measurement after planning.
+
+Nested candidates.  Candidates may also contain one another (``layers.3`` and
+``layers.3.mlp``): they then form a forest by module path, and ``saved_bytes`` of a candidate
+covers its whole subtree (as :func:`memoplan.planner.profile.chain` measures it), so a parent's
+``saved_bytes`` is at least the sum of its candidate children's.  A set C is legal when it
+holds at most one candidate on any root-to-leaf path (a checkpoint inside a checkpointed
+region would only recompute twice); checkpointing a parent replaces its whole subtree's bytes,
+its children's included, by its input.  So ``peak(C) = unplanned - sum_{i in C} d_i + max_{i in C}
+s_i`` holds unchanged, with the unplanned peak ``B0 + sum of s_r over the roots r`` (a parent's
+bytes already count its children's).
+:func:`estimate`, :func:`minimum_peak`, :func:`greedy_bytes` and :func:`optimal` accept nested
+candidates (:func:`optimal` hands them to :func:`memoplan.planner.exact.exact`, a mixed-integer
+program); :func:`greedy_coverage` and :func:`sublinear` take disjoint ones only.
 
 Budgets are typed: :class:`Bytes` (a peak in bytes), :class:`FractionOfPeak` (a share of the
 unplanned peak, from ``budget 60%`` or ``budget 0.6``) and :class:`Coverage` (a share of the
@@ -60,6 +74,8 @@ The planners
   ``Choice.proven_optimal`` says whether it ran to the end (near-subset-sum chains, where
   recompute time is almost exactly proportional to the bytes saved and every size differs, can
   stop early: the result is then the best set found, still within the budget).
+* :func:`memoplan.planner.exact.exact` -- exact for nested candidates too: a mixed-integer
+  linear program (``scipy.optimize.milp``) with a time limit and a greedy fallback.
 * :func:`sublinear` -- Chen et al. / MegEngine ``SublinearMemoryConfig``: a search over
   ``thresh_nr_try`` bottleneck thresholds, refined by a seeded genetic algorithm.
 
@@ -149,27 +165,44 @@ class Item:
 
 
 class _Chain:
-    """A validated chain with its columns, as the planners read it."""
+    """A validated chain (or forest of nested candidates) with its columns, as the planners read it.
 
-    def __init__(self, items: Sequence[Item], base_bytes: int) -> None:
+    ``parent[i]`` is the index of the innermost other candidate that contains candidate i (by
+    module path), or -1; ``nested`` says whether any candidate has one.  Disjoint candidates
+    are the chain case, and every planner reads them; nested ones are refused unless
+    ``nested_ok`` (see "Nested candidates" in the module docstring).
+    """
+
+    def __init__(self, items: Sequence[Item], base_bytes: int, *, nested_ok: bool = False) -> None:
         items = tuple(items)
         if isinstance(base_bytes, bool) or not isinstance(base_bytes, int) or base_bytes < 0:
             raise ValueError(f"base_bytes must be an integer >= 0, got {base_bytes!r}")
-        names: set[str] = set()
+        index: dict[str, int] = {}
         for item in items:
             if not isinstance(item, Item):
                 raise TypeError(f"expected Item, got {type(item).__name__}")
-            if item.name in names:
+            if item.name in index:
                 raise ValueError(f"module `{item.name}` appears twice in the chain")
-            names.add(item.name)
-        for item in items:
-            parts = item.name.split(".")
-            for cut in range(1, len(parts)):
-                outer = ".".join(parts[:cut])
-                if outer in names:
-                    # Both would be checkpoint regions, one inside the other (MP305): the model
-                    # below assumes disjoint regions.
-                    raise ValueError(f"candidates must be disjoint: `{item.name}` is inside `{outer}`")
+            index[item.name] = len(index)
+        self.parent = [_innermost_outer(item.name, index) for item in items]
+        self.nested = any(p >= 0 for p in self.parent)
+        if self.nested and not nested_ok:
+            i = next(i for i, p in enumerate(self.parent) if p >= 0)
+            # Both would be checkpoint regions, one inside the other (MP305).
+            raise ValueError(
+                f"candidates must be disjoint for this planner: `{items[i].name}` is inside "
+                f"`{items[self.parent[i]].name}` (optimal and greedy_bytes accept nested candidates)"
+            )
+        inner = [0] * len(items)  # bytes of each candidate's candidate children together
+        for i, p in enumerate(self.parent):
+            if p >= 0:
+                inner[p] += items[i].saved_bytes
+        for i, item in enumerate(items):
+            if inner[i] > item.saved_bytes:
+                raise ValueError(
+                    f"`{item.name}` saves {item.saved_bytes} B, less than the {inner[i]} B of the candidates "
+                    "inside it: a candidate's saved_bytes must cover its whole subtree"
+                )
         self.items = items
         self.n = len(items)
         self.base = base_bytes
@@ -177,7 +210,24 @@ class _Chain:
         self.x = [i.input_bytes for i in items]
         self.d = [i.saved_bytes - i.input_bytes for i in items]
         self.t = [float(i.forward_seconds) for i in items]
-        self.unplanned = base_bytes + sum(self.s)
+        # A parent's bytes already hold its children's: only the roots add up.
+        self.unplanned = base_bytes + sum(s for s, p in zip(self.s, self.parent) if p < 0)
+
+    def ancestors(self, i: int):
+        """The candidates that contain candidate i, innermost first."""
+        p = self.parent[i]
+        while p >= 0:
+            yield p
+            p = self.parent[p]
+
+    def clash(self, chosen: Sequence[int]) -> tuple[int, int] | None:
+        """A (candidate, ancestor) pair both in ``chosen``, or None if the set is legal."""
+        members = set(chosen)
+        for i in members:
+            for a in self.ancestors(i):
+                if a in members:
+                    return i, a
+        return None
 
     def peak(self, chosen: Sequence[int]) -> int:
         if not chosen:
@@ -186,6 +236,16 @@ class _Chain:
 
     def seconds(self, chosen: Sequence[int]) -> float:
         return math.fsum(self.t[i] for i in chosen)
+
+
+def _innermost_outer(name: str, index: Mapping[str, int]) -> int:
+    """The index of the longest proper path prefix of ``name`` in ``index``, or -1."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        found = index.get(".".join(parts[:cut]))
+        if found is not None:
+            return found
+    return -1
 
 
 @dataclass(frozen=True)
@@ -197,11 +257,18 @@ class Estimate:
 
 
 def estimate(items: Sequence[Item], checkpointed: Sequence[int], *, base_bytes: int = 0) -> Estimate:
-    """The cost model for one set of checkpointed items (indices into ``items``)."""
-    chain = _Chain(items, base_bytes)
+    """The cost model for one set of checkpointed items (indices into ``items``).
+
+    Items may nest; a set holding a candidate and one that contains it is refused (``ValueError``).
+    """
+    chain = _Chain(items, base_bytes, nested_ok=True)
     chosen = sorted(set(checkpointed))
     if chosen and not (0 <= chosen[0] and chosen[-1] < chain.n):
         raise IndexError("checkpointed index out of range")
+    pair = chain.clash(chosen)
+    if pair is not None:
+        inner, outer = (chain.items[k].name for k in pair)
+        raise ValueError(f"`{inner}` and `{outer}` are both checkpointed, but one is inside the other")
     return Estimate(chain.peak(chosen), chain.seconds(chosen))
 
 
@@ -367,6 +434,9 @@ class Choice:
     # True where the answer is exact for the cost model: the least recompute time within the
     # limit or, if none is, the least reachable peak (the optimal planner, search complete).
     proven_optimal: bool = False
+    # Why the planner could not prove its answer least where it was asked to, e.g. the exact
+    # planner's greedy fallback ("" when there is nothing to say).
+    reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -390,7 +460,14 @@ class BudgetError(ValueError):
 
 
 def _choice(
-    chain: _Chain, planner: str, budget, chosen, limit: int | None, floor: int | None = None, proven: bool = False
+    chain: _Chain,
+    planner: str,
+    budget,
+    chosen,
+    limit: int | None,
+    floor: int | None = None,
+    proven: bool = False,
+    reason: str = "",
 ) -> Choice:
     chosen = tuple(sorted(chosen))
     peak = chain.peak(chosen)
@@ -412,6 +489,7 @@ def _choice(
         status=status,
         minimum_peak=floor,
         proven_optimal=proven,
+        reason=reason,
     )
 
 
@@ -420,6 +498,8 @@ def _choice(
 
 def _minimum(chain: _Chain) -> tuple[int, tuple[int, ...]]:
     """The least estimated peak over all sets, and the set that reaches it (cap enumeration)."""
+    if chain.nested:
+        return _minimum_nested(chain)
     useful = sorted((i for i in range(chain.n) if chain.d[i] > 0), key=lambda i: (chain.s[i], i))
     best_peak, best_cut = chain.unplanned, 0
     saved = 0
@@ -433,13 +513,80 @@ def _minimum(chain: _Chain) -> tuple[int, tuple[int, ...]]:
     return best_peak, tuple(sorted(useful[:best_cut]))
 
 
+def _minimum_nested(chain: _Chain) -> tuple[int, tuple[int, ...]]:
+    """:func:`_minimum` for nested candidates: for each cap m, the legal set of most savings.
+
+    For a cap m, the candidates with s <= m that save bytes are *eligible*, and the most a
+    legal set of them saves is a tree recurrence: ``best(i) = max(d_i if eligible, sum of
+    best(c) over i's children)``.  Caps are taken in rising order; when a candidate becomes
+    eligible only its ancestors' values change, so each cap costs the depth of the tree.  The
+    set of the best cap is rebuilt top-down at the end.
+    """
+    s, d, parent = chain.s, chain.d, chain.parent
+    useful = sorted((i for i in range(chain.n) if d[i] > 0), key=lambda i: (s[i], i))
+    own = [0] * chain.n  # d_i once eligible
+    below = [0] * chain.n  # sum of best(c) over the children c
+    best = [0] * chain.n
+    saved = 0  # sum of best(r) over the roots r
+    best_peak, best_cap = chain.unplanned, None
+    for k, i in enumerate(useful):
+        own[i] = d[i]
+        node = i
+        while True:  # push the change up to the roots
+            value = max(own[node], below[node])
+            delta = value - best[node]
+            if delta == 0:
+                break
+            best[node] = value
+            node = parent[node]
+            if node < 0:
+                saved += delta
+                break
+            below[node] += delta
+        if k + 1 == len(useful) or s[useful[k + 1]] != s[i]:
+            peak = chain.unplanned - saved + s[i]
+            if peak < best_peak:
+                best_peak, best_cap = peak, s[i]
+    if best_cap is None:
+        return chain.unplanned, ()
+    chosen = _most_savings(chain, [d[i] > 0 and s[i] <= best_cap for i in range(chain.n)])
+    return chain.peak(chosen), chosen
+
+
+def _most_savings(chain: _Chain, eligible: Sequence[bool]) -> tuple[int, ...]:
+    """A legal set of eligible candidates with the largest sum of savings (children win ties)."""
+    children: list[list[int]] = [[] for _ in range(chain.n)]
+    for i, p in enumerate(chain.parent):
+        if p >= 0:
+            children[p].append(i)
+    best = [0] * chain.n
+    for i in sorted(range(chain.n), key=lambda i: -_depth(chain, i)):  # children before parents
+        below = sum(best[c] for c in children[i])
+        best[i] = max(chain.d[i], below) if eligible[i] else below
+    chosen = []
+    todo = [i for i in range(chain.n) if chain.parent[i] < 0]
+    while todo:
+        i = todo.pop()
+        if eligible[i] and chain.d[i] > sum(best[c] for c in children[i]):
+            chosen.append(i)
+        else:
+            todo.extend(children[i])
+    return tuple(sorted(chosen))
+
+
+def _depth(chain: _Chain, i: int) -> int:
+    return sum(1 for _ in chain.ancestors(i))
+
+
 def minimum_peak(items: Sequence[Item], *, base_bytes: int = 0) -> tuple[int, tuple[int, ...]]:
     """The smallest estimated peak any set of checkpoints reaches, and one set that reaches it.
 
     For a transient cap m the best set holds every module with s <= m that saves bytes
     (d > 0); the least of those estimates over the distinct m, and the empty set, is exact.
+    For nested candidates the best set for a cap is the legal one of most savings (a tree
+    recurrence, see :func:`_minimum_nested`).
     """
-    return _minimum(_Chain(items, base_bytes))
+    return _minimum(_Chain(items, base_bytes, nested_ok=True))
 
 
 # ---------------------------------------------------------------- greedy
@@ -463,16 +610,32 @@ def greedy_coverage(items: Sequence[Item], coverage: Coverage | Preset, *, base_
 def greedy_bytes(items: Sequence[Item], budget: ByteBudget, *, base_bytes: int = 0) -> Choice:
     """Add candidates by largest saving ``saved - input`` (ties: chain order) until the estimate fits.
 
-    The result is the first prefix of that order within the limit, so a larger budget gives a
+    Nested candidates: a candidate inside, or containing, one already taken is skipped.  The
+    result is the first prefix of that order within the limit, so a larger budget gives a
     prefix of the smaller budget's set: never more recompute time.  The transient term can make
     every prefix miss a limit that another set meets; then the status is ``MISSED`` (and the set
     is the prefix with the lowest estimate), never a silent overshoot.
     """
-    chain = _Chain(items, base_bytes)
+    chain = _Chain(items, base_bytes, nested_ok=True)
     limit = _byte_limit(budget, chain.unplanned)
-    order = sorted((i for i in range(chain.n) if chain.d[i] > 0), key=lambda i: (-chain.d[i], i))
+    return _choice(chain, "greedy", budget, _greedy(chain, limit), limit)
+
+
+def _greedy(chain: _Chain, limit: int) -> list[int]:
+    """:func:`greedy_bytes`'s set: the first prefix within ``limit``, else the prefix of lowest estimate."""
     if chain.unplanned <= limit:
-        return _choice(chain, "greedy", budget, (), limit)
+        return []
+    order = []
+    taken = [False] * chain.n
+    taken_inside = [False] * chain.n  # some candidate inside this one is taken
+    for i in sorted((i for i in range(chain.n) if chain.d[i] > 0), key=lambda i: (-chain.d[i], i)):
+        outer = list(chain.ancestors(i))
+        if taken_inside[i] or any(taken[a] for a in outer):
+            continue
+        order.append(i)
+        taken[i] = True
+        for a in outer:
+            taken_inside[a] = True
     saved, transient = 0, 0
     best_peak, best_cut = chain.unplanned, 0
     for k, i in enumerate(order):
@@ -480,10 +643,10 @@ def greedy_bytes(items: Sequence[Item], budget: ByteBudget, *, base_bytes: int =
         transient = max(transient, chain.s[i])
         peak = chain.unplanned - saved + transient
         if peak <= limit:
-            return _choice(chain, "greedy", budget, order[: k + 1], limit)
+            return order[: k + 1]
         if peak < best_peak:
             best_peak, best_cut = peak, k + 1
-    return _choice(chain, "greedy", budget, order[:best_cut], limit)
+    return order[:best_cut]
 
 
 # ---------------------------------------------------------------- optimal
@@ -691,8 +854,16 @@ def optimal(
     can need far more.  When the bound is reached the best set found so far is returned -- still
     within the budget -- with ``proven_optimal=False``.  The bound counts states, not seconds,
     so the result does not depend on the machine.
+
+    Nested candidates (one inside another) are not a chain: they go to
+    :func:`memoplan.planner.exact.exact` (a mixed-integer program, default time limit, greedy
+    fallback), and ``max_states`` does not apply.
     """
-    chain = _Chain(items, base_bytes)
+    chain = _Chain(items, base_bytes, nested_ok=True)
+    if chain.nested:
+        from memoplan.planner.exact import exact  # exact imports this module
+
+        return exact(items, budget, base_bytes=base_bytes)
     limit = _byte_limit(budget, chain.unplanned)
     if chain.unplanned <= limit:
         return _choice(chain, "optimal", budget, (), limit, proven=True)
@@ -998,6 +1169,8 @@ def describe(choice: Choice) -> dict[str, str]:
     )
     if choice.status is not Status.OK:
         entries["status"] = f"{choice.status.value}: smallest reachable estimate {_size(choice.minimum_peak)}"
+    if choice.reason:
+        entries["note"] = choice.reason
     return entries
 
 

@@ -1,0 +1,886 @@
+"""memoplan's planner against its peers: checkpointing every block and torch.compile's memory budget.
+
+    .venv/bin/python benchmarks/planner_vs_peers.py [--models gpt2 cnn] [--json results.json]
+    make bench-peers                        # installs transformers into .venv first
+
+On two models, side by side in one run:
+
+* a GPT-2-style transformer built from a ``transformers.GPT2Config`` (random
+  weights, nothing downloaded; ``--gpt2-*`` and ``--seq`` choose its size) whose
+  ``forward(input_ids, labels)`` returns the language-model loss;
+* the bundled CNN (``memoplan.examples.cnn``) on its example input, with the sum of
+  the logits as the loss (memoplan's default loss).
+
+For each model it measures one training step (forward, loss, backward, gradients
+included) of these configurations:
+
+* **unplanned**: the model as it is;
+* **checkpoint every block**: the memoplan plan ``module transformer.h.* { checkpoint }``
+  (GPT-2) or ``module features.* { checkpoint }`` (CNN); for GPT-2 also transformers'
+  own ``gradient_checkpointing_enable()`` (``torch.utils.checkpoint``, non-reentrant);
+* **memoplan**: ``make_plan`` with the optimal planner and a *hard* budget, at each
+  ``--budgets`` fraction of the unplanned peak; a budget that cannot be met is
+  reported with the smallest reachable peak (estimated by the planner, and measured
+  for the least-peak plan) instead of stopping the run;
+* **torch.compile** of model + loss with
+  ``torch._functorch.config.activation_memory_budget`` at the same fractions (and
+  at 1.0, compile's default), ``fullgraph=True``, one compiled function per budget.
+
+Every configuration gets: its peak, the ratio to the unplanned peak, the median
+step time over ``--steps`` steps after ``--warmup`` (configurations interleaved
+round by round, the order rotated every round), whether a memoplan hard budget was
+met (measured peak <= limit), and whether its loss and gradients match the
+unplanned step (memoplan: ``memoplan.verify``, bit for bit on CPU; peers: every
+gradient within ``--rtol`` of its largest unplanned magnitude).  Then, per budget,
+the verdict: memoplan's step time against the fastest *correct* peer whose peak is
+at most memoplan's peak.
+
+Measuring on CPU (``--device cpu``).  Peaks come from memoplan's deterministic
+live-storage meter (``memoplan.measure``).  A ``TorchDispatchMode`` that is active
+when a compiled function is called makes Dynamo skip the frame and run it eagerly,
+so metering a compiled step the usual way measures *eager* memory and no budget
+can show.  This script therefore compiles with the backend
+``aot_eager_decomp_partition`` (Inductor's decompositions and the min-cut
+rematerialisation partitioner that honours ``activation_memory_budget``, the
+partitioned graphs run op by op) with only its no-op graph compiler wrapped, so
+that the meter is switched on *inside* the forward and backward graphs while a
+step is measured.  It counts every storage those graphs allocate; the autograd
+seed of the loss (one scalar) is the only allocation of the step it cannot see.
+Compiled step times on CPU are therefore aot_eager times, not Inductor times.
+
+On CUDA (``--device cuda``) every configuration is measured with the caching
+allocator (``max_memory_allocated`` after ``reset_peak_memory_stats``, minus what
+was allocated at the start of the step), compiled with ``backend="inductor"`` and
+timed with CUDA events.
+
+``torch._inductor.config.fallback_random`` is set so that compiled random ops
+(the CNN's dropout) draw the same numbers as eager ones, which is what makes the
+comparison with the unplanned step meaningful; the GPT-2 defaults to dropout 0
+(``--gpt2-dropout``), as in most current language-model pretraining.  Every figure
+is measured by this run; nothing is hard-coded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import functools
+import gc
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import memoplan  # noqa: E402
+from memoplan.diagnostics import PlanError  # noqa: E402
+from memoplan.examples import cnn  # noqa: E402
+from memoplan.measure import LiveStorageMeter, default_loss, measured_step  # noqa: E402
+from memoplan.planner import search  # noqa: E402
+from memoplan.planner.plan import Planner, make_plan  # noqa: E402
+from memoplan.planner.profile import chain, profile  # noqa: E402
+from memoplan.specs import Example  # noqa: E402
+from memoplan.verify import verify  # noqa: E402
+
+MIB = 2**20
+MODELS = ("gpt2", "cnn")
+DEFAULT_BUDGETS = (0.75, 0.5, 0.3)
+GOAL = "at equal (or lower) peak, memoplan step time no worse than the best peer; every hard budget met"
+
+_T0 = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- models
+
+
+@functools.cache
+def _gpt2_class() -> type:
+    import transformers
+
+    class GPT2WithLoss(transformers.GPT2LMHeadModel):
+        """GPT2LMHeadModel whose forward returns the causal-LM loss (labels shifted inside, as in transformers)."""
+
+        def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return super().forward(input_ids=input_ids, labels=labels, use_cache=False).loss
+
+    return GPT2WithLoss
+
+
+def build_gpt2(args: argparse.Namespace) -> dict[str, Any]:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(
+        vocab_size=args.gpt2_vocab,
+        n_positions=args.seq,
+        n_embd=args.gpt2_embd,
+        n_layer=args.gpt2_layers,
+        n_head=args.gpt2_heads,
+        resid_pdrop=args.gpt2_dropout,
+        embd_pdrop=args.gpt2_dropout,
+        attn_pdrop=args.gpt2_dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(args.seed)
+    model = _gpt2_class()(config)
+    # Named explicitly: transformers derives it from the class name and, not finding one, logs
+    # a warning from inside forward (a graph break under torch.compile).
+    model.loss_type = "ForCausalLM"
+    model.train()
+    batch = args.batch or 4
+    gen = torch.Generator().manual_seed(args.seed)
+    input_ids = torch.randint(0, args.gpt2_vocab, (batch, args.seq), generator=gen)
+    example = Example((input_ids, input_ids.clone()))
+    return {
+        "model": model,
+        "example": example,
+        "blocks": "transformer.h.*",
+        "description": {
+            "name": "GPT-2 (transformers.GPT2LMHeadModel from a GPT2Config, random weights)",
+            "transformers": _version("transformers"),
+            "n_layer": args.gpt2_layers,
+            "n_embd": args.gpt2_embd,
+            "n_head": args.gpt2_heads,
+            "vocab_size": args.gpt2_vocab,
+            "seq": args.seq,
+            "batch": batch,
+            "dropout": args.gpt2_dropout,
+            "attention": model.config._attn_implementation,
+            "loss": "causal-LM cross entropy (labels = input_ids, shifted inside the model)",
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    }
+
+
+def build_cnn(args: argparse.Namespace) -> dict[str, Any]:
+    torch.manual_seed(args.seed)
+    model = cnn.build()
+    batch = args.batch or 32
+    gen = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(batch, 3, 32, 32, generator=gen)
+    return {
+        "model": model,
+        "example": Example((x,)),
+        "blocks": "features.*",
+        "description": {
+            "name": "memoplan.examples.cnn (5 ConvBlocks: conv, BatchNorm, ReLU/GELU; dropout 0.1)",
+            "input_shape": list(x.shape),
+            "batch": batch,
+            "loss": "sum of the logits (memoplan's default loss)",
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    }
+
+
+BUILDERS = {"gpt2": build_gpt2, "cnn": build_cnn}
+
+
+# ---------------------------------------------------------------- torch.compile peers
+
+
+class _GraphMeter(LiveStorageMeter):
+    """The live-storage meter, switched on only while compiled graphs run (CPU).
+
+    Dynamo skips frames while a dispatch mode is active, so the mode is pushed by the
+    graph wrappers below, not around the call; the storages' finalizers stay attached
+    between graphs, so bytes freed outside them (saved activations released after
+    backward, ...) are still subtracted.
+    """
+
+    def resume(self) -> None:
+        TorchDispatchMode.__enter__(self)
+
+    def pause(self) -> None:
+        TorchDispatchMode.__exit__(self, None, None, None)
+
+    def close(self) -> None:
+        for _, finalizer in self._live.values():
+            finalizer.detach()
+        self._live.clear()
+
+
+_ACTIVE_METER: list[_GraphMeter] = []
+
+
+def _metered(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a compiled graph so that it runs under the active graph meter, if there is one."""
+    if getattr(compiled, "_boxed_call", False):
+
+        def run(args: list[Any]) -> Any:
+            if not _ACTIVE_METER:
+                return compiled(args)
+            _ACTIVE_METER[-1].resume()
+            try:
+                return compiled(args)
+            finally:
+                _ACTIVE_METER[-1].pause()
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    def run_unboxed(*args: Any) -> Any:
+        if not _ACTIVE_METER:
+            return compiled(*args)
+        _ACTIVE_METER[-1].resume()
+        try:
+            return compiled(*args)
+        finally:
+            _ACTIVE_METER[-1].pause()
+
+    return run_unboxed
+
+
+def aot_eager_decomp_partition_metered(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+    """torch's own ``aot_eager_decomp_partition`` backend, its no-op graph compiler wrapped by :func:`_metered`."""
+    from unittest import mock
+
+    from torch._dynamo.backends import debugging
+
+    nop = debugging.get_nop_func
+
+    def metered_nop() -> Callable[..., Any]:
+        inner = nop()
+        return lambda fx_g, inputs: _metered(inner(fx_g, inputs))
+
+    with mock.patch.object(debugging, "get_nop_func", metered_nop):
+        return debugging.aot_eager_decomp_partition(gm, example_inputs, **kwargs)
+
+
+def compile_step(model: nn.Module, device: str, tag: str) -> Callable[..., torch.Tensor]:
+    """torch.compile of ``loss(model(*args))``, with a code object of its own.
+
+    Dynamo caches compiled code per code object and, inlining ``nn.Module``s, does not
+    guard on which instance it traced: two compiled copies of one model class would
+    share the graph partitioned for the first budget.  A function compiled from its own
+    source text has its own code object, hence its own cache.
+    """
+    namespace: dict[str, Any] = {}
+    source = "def step(*args, **kwargs):\n    return loss(model(*args, **kwargs))\n"
+    exec(compile(source, f"<compiled step: {tag}>", "exec"), {"model": model, "loss": default_loss}, namespace)
+    backend = "inductor" if device == "cuda" else aot_eager_decomp_partition_metered
+    return torch.compile(namespace["step"], backend=backend, fullgraph=True)
+
+
+# ---------------------------------------------------------------- steps
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def eager_step(model: nn.Module, example: Example) -> Callable[[], torch.Tensor]:
+    def step() -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        loss = default_loss(model(*example.args, **example.kwargs))
+        loss.backward()
+        return loss
+
+    return step
+
+
+def compiled_step(model: nn.Module, fn: Callable[..., torch.Tensor], example: Example, budget: float) -> Callable[[], torch.Tensor]:
+    def step() -> torch.Tensor:
+        # The budget is read when a graph is partitioned; patched around every call so that a
+        # recompilation, should one happen, partitions for this configuration's budget too.
+        with torch._functorch.config.patch(activation_memory_budget=budget):
+            model.zero_grad(set_to_none=True)
+            loss = fn(*example.args, **example.kwargs)
+            loss.backward()
+        return loss
+
+    return step
+
+
+def compiled_peak(step: Callable[[], torch.Tensor], model: nn.Module, device: str, seed: int) -> tuple[int, torch.Tensor]:
+    """Peak bytes of one compiled step above what was live at its start; and its loss."""
+    model.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(seed)
+        loss = step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start, loss.detach()
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    meter = _GraphMeter()
+    _ACTIVE_METER.append(meter)
+    try:
+        torch.manual_seed(seed)
+        loss = step()
+    finally:
+        _ACTIVE_METER.pop()
+        meter.close()
+        if was_enabled:
+            gc.enable()
+    return meter.peak_bytes, loss.detach()
+
+
+def compare(
+    ref_loss: torch.Tensor, ref_grads: dict[str, torch.Tensor | None], loss: torch.Tensor, model: nn.Module, rtol: float
+) -> dict[str, Any]:
+    """Loss and every gradient against the unplanned step: max |diff| / max |unplanned| per tensor."""
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    worst, differ, exact = 0.0, [], True
+    pairs = [("loss", ref_loss, loss)] + [(n, ref_grads.get(n), grads.get(n)) for n in sorted(set(ref_grads) | set(grads))]
+    for name, a, b in pairs:
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                differ.append(name)
+                worst = math.inf
+            continue
+        if torch.equal(a, b):
+            continue
+        exact = False
+        scale = a.detach().double().abs().max().item()
+        diff = (a.detach().double() - b.detach().double()).abs().max().item()
+        rel = diff / scale if scale else math.inf
+        worst = max(worst, rel)
+        if rel > rtol:
+            differ.append(name)
+    return {
+        "matches": not differ,
+        "exact": exact,
+        "max_rel_diff": worst if math.isfinite(worst) else None,
+        "compared": len(pairs),
+        "differing": differ,
+    }
+
+
+def timed_rounds(steps: dict[str, Callable[[], Any]], n: int, warmup: int, device: str, seed: int) -> dict[str, list[float]]:
+    """Every configuration once per round, the order rotated every round; seconds per step."""
+    names = list(steps)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(warmup + n):
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for name in order:
+            torch.manual_seed(seed)
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                steps[name]()
+                end.record()
+                end.synchronize()
+                elapsed = start.elapsed_time(end) / 1000.0
+            else:
+                t0 = time.perf_counter()
+                steps[name]()
+                elapsed = time.perf_counter() - t0
+            if round_ >= warmup:
+                times[name].append(elapsed)
+        label = "warm-up round" if round_ < warmup else f"timed round {round_ - warmup + 1}/{n}"
+        progress(f"  {label}: " + ", ".join(f"{k} {times[k][-1] * 1000:.0f} ms" for k in names if round_ >= warmup))
+    return times
+
+
+# ---------------------------------------------------------------- one model
+
+
+def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    device = args.device
+    built = BUILDERS[name](args)
+    model: nn.Module = built["model"].to(device)
+    example: Example = built["example"].to(device)
+    seed = args.seed
+    progress(f"[{name}] {built['description']['name']}, {built['description']['parameters']:,} parameters")
+    configs: list[dict[str, Any]] = []
+    steps: dict[str, Callable[[], Any]] = {}
+
+    # Unplanned: the reference step (peak, loss, gradients).
+    reference = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    memory, _, ref_loss = measured_step(reference, example.args, example.kwargs)
+    ref_loss = ref_loss.detach()
+    ref_grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in reference.named_parameters()}
+    unplanned = memory.peak_bytes
+    meter = f"{memory.method} ({memory.device})"
+    progress(f"[{name}] unplanned peak {unplanned / MIB:.2f} MiB")
+    configs.append({"name": "unplanned", "kind": "unplanned", "peak_bytes": unplanned, "matches": True, "check": "-"})
+    steps["unplanned"] = eager_step(copy.deepcopy(model), example)
+
+    verify_rtol = args.rtol if device == "cuda" else None  # CPU: bit for bit (memoplan's default)
+
+    # Peer: memoplan's checkpoint of every block.
+    plan_text = f"memplan 1\nmodule {built['blocks']} {{ checkpoint }}\n"
+    report = verify(model, plan_text, example, seed=seed, rtol=verify_rtol)
+    every = f"checkpoint every block ({built['blocks']}, memoplan plan)"
+    configs.append(
+        {
+            "name": every,
+            "kind": "peer",
+            "plan": plan_text.splitlines()[1],
+            "peak_bytes": report.planned.peak_bytes,
+            "matches": report.equivalent,
+            "exact": report.exact,
+            "check": "memoplan.verify: " + ("EQUIVALENT" if report.equivalent else "DIFFERENT"),
+            "differences": {c.name: list(c.differences) for c in report.checks if c.differences},
+        }
+    )
+    steps[every] = eager_step(memoplan.apply(copy.deepcopy(model), plan_text), example)
+    progress(f"[{name}] {every}: {report.planned.peak_bytes / MIB:.2f} MiB, verify {'EQUIVALENT' if report.equivalent else 'DIFFERENT'}")
+
+    # Peers (GPT-2): transformers' own activation checkpointing of every block, or of every n-th.
+    if name == "gpt2":
+        for every_n in args.hf_every:
+            hf = copy.deepcopy(model)
+            label = "transformers activation checkpointing, " + ("every block" if every_n == 1 else f"every {_ordinal(every_n)} block")
+            try:
+                _hf_checkpointing(hf, every_n)
+            except TypeError as error:  # an older transformers without every_n_layers
+                progress(f"[{name}] {label}: skipped ({error})")
+                continue
+            torch.manual_seed(seed)
+            hf_memory, _, hf_loss = measured_step(hf, example.args, example.kwargs)
+            check = compare(ref_loss, ref_grads, hf_loss.detach(), hf, args.rtol)
+            configs.append(
+                {"name": label, "kind": "peer", "peak_bytes": hf_memory.peak_bytes, **check, "check": _check_text(check, args.rtol)}
+            )
+            steps[label] = eager_step(hf, example)
+            progress(f"[{name}] {label}: {hf_memory.peak_bytes / MIB:.2f} MiB, {_check_text(check, args.rtol)}")
+
+    # memoplan's planner at each hard budget.
+    progress(f"[{name}] profiling for the planner")
+    prof = profile(model, example, repeats=args.profile_repeats, progress=False)
+    links = chain(prof)
+    items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in links]
+    base = max(0, prof.peak_bytes - sum(i.saved_bytes for i in items))
+    minimum_estimate = search.minimum_peak(items, base_bytes=base)[0]
+    for fraction in args.budgets:
+        budget = search.FractionOfPeak(Fraction(str(fraction)))
+        limit = budget.limit(prof.peak_bytes)
+        label = f"memoplan optimal, hard budget {fraction:g}"
+        entry: dict[str, Any] = {
+            "name": label,
+            "kind": "memoplan",
+            "budget_fraction": fraction,
+            "limit_bytes": limit,
+            "profile_peak_bytes": prof.peak_bytes,
+        }
+        progress(f"[{name}] planning for {fraction:g} of the unplanned peak ({limit / MIB:.2f} MiB)")
+        t0 = time.perf_counter()
+        try:
+            result = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=True, prof=prof, progress=False)
+        except PlanError as error:
+            entry.update(
+                status="unreachable",
+                error=str(error),
+                planning_seconds=time.perf_counter() - t0,
+                minimum_estimated_peak_bytes=minimum_estimate,
+            )
+            # The least-peak plan the planner can write (as a hint), measured.
+            try:
+                hint = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False)
+                entry["least_peak_plan"] = {
+                    "checkpointed": list(hint.choice.names),
+                    "estimated_peak_bytes": hint.choice.estimated_peak,
+                    "measured_peak_bytes": hint.measured_after,
+                    "within_limit": hint.measured_after <= limit,
+                }
+            except PlanError as again:  # pragma: no cover - a hint does not raise
+                entry["least_peak_plan"] = {"error": str(again)}
+            progress(f"[{name}]   unreachable: {str(error).splitlines()[0]}")
+            configs.append(entry)
+            continue
+        planning = time.perf_counter() - t0
+        report = verify(model, result.plan, example, seed=seed, rtol=verify_rtol)
+        peak = report.planned.peak_bytes
+        entry.update(
+            status="met" if peak <= limit else "MISSED",
+            hard_budget_met=peak <= limit,
+            planning_seconds=planning,
+            checkpointed=list(result.choice.names),
+            estimated_peak_bytes=result.choice.estimated_peak,
+            planner_measured_peak_bytes=result.measured_after,
+            proven_optimal=result.choice.proven_optimal,
+            peak_bytes=peak,
+            matches=report.equivalent,
+            exact=report.exact,
+            check="memoplan.verify: " + ("EQUIVALENT" if report.equivalent else "DIFFERENT"),
+            differences={c.name: list(c.differences) for c in report.checks if c.differences},
+        )
+        configs.append(entry)
+        steps[label] = eager_step(memoplan.apply(copy.deepcopy(model), result.plan), example)
+        progress(f"[{name}]   {len(result.choice.names)} checkpoints, {peak / MIB:.2f} MiB, budget {entry['status']}")
+
+    # torch.compile with activation_memory_budget.
+    compile_budgets = args.compile_budgets if args.compile_budgets is not None else [1.0, *args.budgets]
+    for budget in dict.fromkeys(compile_budgets):
+        label = f"torch.compile, activation_memory_budget {budget:g}"
+        progress(f"[{name}] {label}: compiling")
+        copy_ = copy.deepcopy(model)
+        fn = compile_step(copy_, device, f"{name} budget {budget:g}")
+        step = compiled_step(copy_, fn, example, budget)
+        entry = {"name": label, "kind": "compile", "activation_memory_budget": budget}
+        try:
+            t0 = time.perf_counter()
+            torch.manual_seed(seed)
+            step()
+            _sync(device)
+            entry["compile_seconds"] = time.perf_counter() - t0
+            peak, loss = compiled_peak(step, copy_, device, seed)
+        except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
+            entry.update(status="failed", error=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+            configs.append(entry)
+            progress(f"[{name}]   failed: {entry['error']}")
+            continue
+        check = compare(ref_loss, ref_grads, loss, copy_, args.rtol)
+        entry.update(peak_bytes=peak, **check, check=_check_text(check, args.rtol))
+        configs.append(entry)
+        steps[label] = step
+        progress(f"[{name}]   {peak / MIB:.2f} MiB, compiled in {entry['compile_seconds']:.1f} s, {entry['check']}")
+
+    # Step times, interleaved.
+    progress(f"[{name}] timing {len(steps)} configurations: {args.warmup} warm-up + {args.steps} timed rounds")
+    load_before = _loadavg()
+    times = timed_rounds(steps, args.steps, args.warmup, device, seed)
+    load_after = _loadavg()
+    for entry in configs:
+        ts = times.get(entry["name"])
+        if entry.get("peak_bytes") is not None:
+            entry["ratio"] = entry["peak_bytes"] / unplanned
+        if ts:
+            entry["step_time_s"] = {"median": statistics.median(ts), "min": min(ts), "max": max(ts), "all": ts}
+
+    return {
+        "model": built["description"],
+        "meter": meter,
+        "unplanned_peak_bytes": unplanned,
+        "planner_minimum_estimated_peak_bytes": minimum_estimate,
+        "candidates": [l.name for l in links],
+        "configurations": configs,
+        "verdicts": verdicts(configs, times),
+        "load_average_1min": {"before_timing": load_before, "after_timing": load_after},
+        "dynamo_stats_so_far": _dynamo_stats(),
+    }
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _hf_checkpointing(model: nn.Module, every_n: int) -> None:
+    """transformers' checkpointing (``torch.utils.checkpoint``, non-reentrant) of every ``every_n``-th block."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every_n)
+    elif every_n == 1:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise TypeError("this transformers has no every_n_layers")
+
+
+def _check_text(check: dict[str, Any], rtol: float) -> str:
+    if check["exact"]:
+        return "loss and gradients bit-equal"
+    if check["matches"]:
+        return f"loss and gradients within {rtol:g} (max {check['max_rel_diff']:.1e})"
+    worst = "a tensor missing" if check["max_rel_diff"] is None else f"max rel. {check['max_rel_diff']:.2g}"
+    return f"DIFFERENT: {len(check['differing'])} of {check['compared']} tensors ({worst})"
+
+
+def verdicts(configs: list[dict[str, Any]], times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Per memoplan budget: memoplan's step time against the fastest correct peer at or below its peak."""
+    peers = [c for c in configs if c["kind"] in ("peer", "compile") and c.get("peak_bytes") is not None and c["name"] in times]
+    out = []
+    for mp in (c for c in configs if c["kind"] == "memoplan"):
+        v: dict[str, Any] = {"budget_fraction": mp["budget_fraction"], "limit_bytes": mp["limit_bytes"]}
+        if mp["status"] == "unreachable":
+            least = mp.get("least_peak_plan", {})
+            below = [p for p in peers if p["matches"] and p["peak_bytes"] <= mp["limit_bytes"]]
+            v.update(
+                hard_budget="unreachable",
+                verdict="unreachable",
+                minimum_estimated_peak_bytes=mp["minimum_estimated_peak_bytes"],
+                least_peak_plan_measured_bytes=least.get("measured_peak_bytes"),
+                least_peak_plan_within_limit=least.get("within_limit"),
+                correct_peers_within_limit=[p["name"] for p in below],
+            )
+            out.append(v)
+            continue
+        t_mp = times[mp["name"]]
+        eligible = [p for p in peers if p["peak_bytes"] <= mp["peak_bytes"]]
+        correct = [p for p in eligible if p["matches"]]
+        v.update(
+            hard_budget="met" if mp["hard_budget_met"] else "MISSED",
+            memoplan_peak_bytes=mp["peak_bytes"],
+            memoplan_step_s=statistics.median(t_mp),
+            excluded_wrong_gradients=[p["name"] for p in eligible if not p["matches"]],
+        )
+        if not correct:
+            v.update(verdict="no correct peer at or below memoplan's peak", best_peer=None)
+        else:
+            best = min(correct, key=lambda p: statistics.median(times[p["name"]]))
+            t_best = times[best["name"]]
+            ratio = statistics.median(t_mp) / statistics.median(t_best)
+            paired = statistics.median(a / b for a, b in zip(t_mp, t_best))
+            fastest = min(t_mp) / min(t_best)
+            v.update(
+                best_peer=best["name"],
+                best_peer_peak_bytes=best["peak_bytes"],
+                best_peer_step_s=statistics.median(t_best),
+                time_ratio=ratio,
+                time_ratio_paired_median=paired,
+                time_ratio_fastest_steps=fastest,
+                verdict="no worse" if ratio <= 1.0 else "slower",
+            )
+        out.append(v)
+    return out
+
+
+# ---------------------------------------------------------------- report
+
+
+def render(results: dict[str, Any]) -> str:
+    def mib(n: int | None) -> str:
+        return "-" if n is None else f"{n / MIB:.2f} MiB"
+
+    def ms(entry: dict[str, Any]) -> str:
+        t = entry.get("step_time_s")
+        return "-" if not t else f"{t['median'] * 1000:.0f} ms"
+
+    lines = [
+        f"$ {results['command']}",
+        f"torch {results['machine']['torch']}, device {results['device']}, {results['machine']['threads']} threads; "
+        f"compile backend: {results['compile_backend']}",
+        *[f"note: {n}" for n in results["notes"]],
+        f"goal: {GOAL}",
+    ]
+    for name, r in results["models"].items():
+        d = r["model"]
+        desc = ", ".join(f"{k} {v}" for k, v in d.items() if k not in ("name",))
+        lines += [
+            "",
+            f"## {name}: {d['name']}",
+            desc,
+            f"meter: {r['meter']}; planner candidates: {', '.join(r['candidates'])}",
+            "",
+            "| configuration | peak | x unplanned | step time (median) | hard budget | same as unplanned |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        u = r["unplanned_peak_bytes"]
+        for c in r["configurations"]:
+            if c["kind"] == "memoplan":
+                limit = f"{c['budget_fraction']:g} x = {mib(c['limit_bytes'])}"
+                if c["status"] == "unreachable":
+                    least = c.get("least_peak_plan", {})
+                    budget = (
+                        f"{limit}: **unreachable** (planner's least estimate {mib(c['minimum_estimated_peak_bytes'])}; "
+                        f"its least-peak plan measures {mib(least.get('measured_peak_bytes'))}"
+                        + (", within the limit" if least.get("within_limit") else "")
+                        + ")"
+                    )
+                    lines.append(f"| {c['name']} | - | - | - | {budget} | - |")
+                    continue
+                budget = f"{limit}: {'met' if c['hard_budget_met'] else '**MISSED**'} ({len(c['checkpointed'])} of {len(r['candidates'])} blocks)"
+            elif c["kind"] == "compile":
+                if c.get("status") == "failed":
+                    lines.append(f"| {c['name']} | - | - | - | - | failed: {c['error']} |")
+                    continue
+                frac = c["activation_memory_budget"]
+                budget = f"(fraction of saved activations; peak <= {frac:g} x unplanned: {'yes' if c['peak_bytes'] <= math.floor(u * Fraction(str(frac))) else 'no'})"
+            else:
+                budget = "-"
+            lines.append(
+                f"| {c['name']} | {mib(c['peak_bytes'])} | {c['peak_bytes'] / u:.3f} | {ms(c)} | {budget} | {c['check']} |"
+            )
+        lines += ["", "verdicts (" + GOAL.split(";")[0] + "):"]
+        for v in r["verdicts"]:
+            head = f"  budget {v['budget_fraction']:g} ({mib(v['limit_bytes'])}):"
+            if v["verdict"] == "unreachable":
+                peers = ", ".join(v["correct_peers_within_limit"]) or "none"
+                lines.append(
+                    f"{head} hard budget unreachable for memoplan (least estimate {mib(v['minimum_estimated_peak_bytes'])}, "
+                    f"least-peak plan measured {mib(v['least_peak_plan_measured_bytes'])}"
+                    + (" -- within the limit: refused on the estimate" if v["least_peak_plan_within_limit"] else "")
+                    + f"); correct peers within the limit: {peers}"
+                )
+                continue
+            text = f"{head} hard budget {v['hard_budget']}; memoplan {mib(v['memoplan_peak_bytes'])} at {v['memoplan_step_s'] * 1000:.0f} ms"
+            if v["best_peer"] is None:
+                text += f"; {v['verdict']}"
+            else:
+                text += (
+                    f" vs best peer with peak <= memoplan's: {v['best_peer']} {mib(v['best_peer_peak_bytes'])} at "
+                    f"{v['best_peer_step_s'] * 1000:.0f} ms -> time ratio {v['time_ratio']:.3f} "
+                    f"(paired per-round median {v['time_ratio_paired_median']:.3f}, fastest steps {v['time_ratio_fastest_steps']:.3f}): "
+                    f"**{v['verdict']}**"
+                )
+            if v["excluded_wrong_gradients"]:
+                text += f" [excluded, gradients differ: {', '.join(v['excluded_wrong_gradients'])}]"
+            lines.append(text)
+        load = r["load_average_1min"]
+        lines.append(f"  1-minute load average while timing: {load['before_timing']} -> {load['after_timing']}")
+        comp = [c for c in r["configurations"] if c["kind"] == "compile" and "compile_seconds" in c]
+        if comp:
+            lines.append("  compile times: " + ", ".join(f"{c['activation_memory_budget']:g}: {c['compile_seconds']:.1f} s" for c in comp))
+        lines.append(
+            "  step times (ms, every timed step): "
+            + "; ".join(
+                f"{c['name']}: {' '.join(f'{t * 1000:.0f}' for t in c['step_time_s']['all'])}"
+                for c in r["configurations"]
+                if c.get("step_time_s")
+            )
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def _dynamo_stats() -> dict[str, int]:
+    """Dynamo's counters (frames compiled, unique graphs) for the whole process so far."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["stats"])
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--budgets", nargs="+", type=float, default=list(DEFAULT_BUDGETS), help="fractions of the unplanned peak")
+    parser.add_argument(
+        "--compile-budgets",
+        nargs="*",
+        type=float,
+        default=None,
+        help="activation_memory_budget values for torch.compile (default: 1.0 and the --budgets; none: no compile peers)",
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=None, help="batch size of every model (default: GPT-2 4, CNN 32)")
+    parser.add_argument("--seq", type=int, default=256, help="GPT-2 sequence length (and n_positions)")
+    parser.add_argument("--gpt2-layers", type=int, default=6)
+    parser.add_argument("--gpt2-embd", type=int, default=256)
+    parser.add_argument("--gpt2-heads", type=int, default=4)
+    parser.add_argument("--gpt2-vocab", type=int, default=2048)
+    parser.add_argument("--gpt2-dropout", type=float, default=0.0)
+    parser.add_argument(
+        "--hf-every", nargs="*", type=int, default=[1, 2], help="GPT-2 peers: transformers' checkpointing of every n-th block"
+    )
+    parser.add_argument("--rtol", type=float, default=1e-3, help="peers' gradients: max |diff| <= rtol * max |unplanned|")
+    parser.add_argument("--profile-repeats", type=int, default=3, help="timed steps of memoplan's profile")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("planner_vs_peers: --device cuda but CUDA is not available", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for b in args.budgets:
+        if not 0 < b <= 1:
+            raise SystemExit(f"--budgets: {b} is not in (0, 1]")
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    # Compiled random ops draw what eager ones draw, so compiled steps can be compared with eager ones;
+    # every budget compiles and partitions afresh (no graph from a cache).  Restored on return.
+    with inductor_config.patch(fallback_random=True, fx_graph_cache=False), functorch_config.patch(
+        enable_autograd_cache=False
+    ):
+        return _main(args, argv)
+
+
+def _main(args: argparse.Namespace, argv: list[str]) -> int:
+    python = sys.executable
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(python)
+        python = relative if not relative.startswith("..") else python
+    script = os.path.relpath(__file__) if not os.path.relpath(__file__).startswith("..") else __file__
+    command = shlex.join([python, script, *argv])
+    print(f"$ {command}", flush=True)
+    progress(f"start: {command}")
+    with LiveStorageMeter():  # the first dispatch mode of a process imports lazily; do it before measuring
+        torch.zeros(8).add_(1).sum()
+    gc.collect()
+    results: dict[str, Any] = {
+        "command": command,
+        "device": args.device + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""),
+        "machine": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpu": platform.processor() or platform.machine(),
+        },
+        "compile_backend": "inductor"
+        if args.device == "cuda"
+        else "aot_eager_decomp_partition (no-op graph compiler wrapped to switch the CPU meter on inside the graphs)",
+        "notes": _notes(args),
+        "goal": GOAL,
+        "models": {},
+    }
+    for name in args.models:
+        results["models"][name] = run_model(name, args)
+        gc.collect()
+    progress("done")
+    print(render(results).split("\n", 1)[1])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        print(f"\nresults written to {args.json}")
+    return 0
+
+
+def _notes(args: argparse.Namespace) -> list[str]:
+    notes = [
+        "memoplan budgets are fractions of the unplanned step's peak; activation_memory_budget is a fraction of the "
+        "activation bytes compile's default partition saves (0 = recompute the whole compiled region), so equal numbers "
+        "are not equal memory: compare peaks",
+        "peers count in a verdict only if their loss and gradients match the unplanned step",
+    ]
+    if args.device == "cpu":
+        notes.insert(
+            0,
+            "CPU: compiled step times are aot_eager times (partitioned graphs run op by op), not Inductor times; "
+            "compiled peaks are metered inside the compiled forward and backward graphs",
+        )
+    return notes
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

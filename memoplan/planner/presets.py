@@ -1,0 +1,221 @@
+"""Planner stage: the planner's typed configs and the named presets of ``memoplan plan --preset NAME``.
+
+A :class:`PlannerPreset` fixes everything ``memoplan plan`` decides besides the model:
+which :class:`Planner` searches, the budget used when none is given, whether it is hard, and
+which measured refinement levels (:class:`RefineOptions`, run by
+:mod:`memoplan.planner.refine`) run with how many trials.  :data:`PRESETS` is the registry
+(the CLI's ``--preset`` choices come from it); explicit options override fields with
+:meth:`PlannerPreset.with_overrides`.  This module is pure Python (no torch), so the command
+line can build its parser without importing torch.
+
+The presets and the coverage budgets
+====================================
+
+``search.Preset`` (``--budget speed|balanced|memory``) is a *budget*: the share of the
+candidate modules checkpointed, 50/75/100%, largest activations first.  A planner preset is a
+*strategy*; its default budget is one of those coverage budgets, named alike where they agree:
+
+=============== ===================== ========= ========================== ==============
+preset          default budget        planner   refinement levels          trials / level
+=============== ===================== ========= ========================== ==============
+``safe``        ``speed`` (50%)       optimal   none: plain checkpoints    --
+``balanced``    ``balanced`` (75%)    optimal   unwrap                     8
+``memory``      ``memory`` (100%)     optimal   split, temporal, unwrap    8
+``exhaustive``  ``memory`` (100%)     optimal   split, temporal, unwrap    no limit
+=============== ===================== ========= ========================== ==============
+
+The planner searches byte budgets only (``--budget 4 GiB``, ``--budget 50%``); a coverage
+budget takes its share directly.  ``safe`` and ``balanced`` write plans that are bit-exact
+(checkpoints only); ``memory`` and ``exhaustive`` may write ``temporal_chunk``, which is
+equivalent up to float reassociation (``memoplan verify`` checks it to 5e-5).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from memoplan.planner import search
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memoplan.planner.plan import PlanResult
+
+__all__ = [
+    "ALL_LEVELS",
+    "DEFAULT",
+    "PRESETS",
+    "Level",
+    "Planner",
+    "PlannerPreset",
+    "RefineOptions",
+    "parse_budget",
+]
+
+
+class Planner(enum.Enum):
+    """Which search chooses the checkpoints for a byte budget (:mod:`memoplan.planner.search`)."""
+
+    OPTIMAL = "optimal"
+    GREEDY = "greedy"
+    SUBLINEAR = "sublinear"
+
+
+class Level(enum.Enum):
+    """A measured refinement level (:mod:`memoplan.planner.refine`)."""
+
+    SPLIT = "split"  # checkpointed nn.Sequential regions -> `checkpoint segments = N`
+    TEMPORAL = "temporal"  # checkpointed regions with stateful modules -> `temporal_chunk N dim 0`
+    UNWRAP = "unwrap"  # drop region rules whose removal does not raise the peak
+
+
+ALL_LEVELS: tuple[Level, ...] = (Level.SPLIT, Level.TEMPORAL, Level.UNWRAP)
+
+
+@dataclass(frozen=True)
+class RefineOptions:
+    """Which refinement levels run, in order, and how many trials each may take.
+
+    ``max_trials`` bounds the measured trials of each level (``None``: no bound; an edit the
+    resolver refuses costs no measurement and does not count);
+    ``segments`` are the region counts the ``split`` level tries, ``chunks`` the chunk counts
+    of ``temporal``.
+    """
+
+    levels: tuple[Level, ...] = ALL_LEVELS
+    max_trials: int | None = 8
+    segments: tuple[int, ...] = (2,)
+    chunks: tuple[int, ...] = (2, 4)
+
+    def __post_init__(self) -> None:
+        levels = tuple(self.levels)
+        if not all(isinstance(level, Level) for level in levels) or len(set(levels)) != len(levels):
+            raise ValueError(f"levels must be distinct Level values, got {self.levels!r}")
+        object.__setattr__(self, "levels", levels)
+        trials = self.max_trials
+        if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):
+            raise ValueError(f"max_trials must be a positive integer or None, got {trials!r}")
+        for name in ("segments", "chunks"):
+            values = tuple(getattr(self, name))
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 2 for v in values):
+                raise ValueError(f"{name} must be integers >= 2, got {values!r}")
+            object.__setattr__(self, name, values)
+
+
+BudgetLike = search.Budget | search.Preset
+
+
+@dataclass(frozen=True)
+class PlannerPreset:
+    """What ``memoplan plan`` does: planner, default budget and mode, and refinement."""
+
+    name: str
+    summary: str  # one line, for --help and the docs
+    planner: Planner = Planner.OPTIMAL
+    budget: BudgetLike = search.Preset.BALANCED  # used when no --budget is given
+    hard: bool = True  # a hard budget is verified by measurement; False: a hint
+    refine: RefineOptions = RefineOptions(levels=())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.planner, Planner):
+            raise TypeError(f"planner must be a Planner, got {self.planner!r}")
+        if not isinstance(self.budget, (search.Bytes, search.FractionOfPeak, search.Coverage, search.Preset)):
+            raise TypeError(
+                f"budget must be search.Bytes, FractionOfPeak, Coverage or Preset, got {self.budget!r}"
+            )
+        if not isinstance(self.hard, bool):
+            raise TypeError(f"hard must be a bool, got {self.hard!r}")
+        if not isinstance(self.refine, RefineOptions):
+            raise TypeError(f"refine must be RefineOptions, got {self.refine!r}")
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        return self.refine.levels
+
+    def with_overrides(
+        self,
+        *,
+        planner: Planner | None = None,
+        budget: BudgetLike | None = None,
+        hard: bool | None = None,
+    ) -> PlannerPreset:
+        """This preset with the fields given explicitly (not None) replaced."""
+        changes: dict[str, Any] = {}
+        if planner is not None:
+            changes["planner"] = planner
+        if budget is not None:
+            changes["budget"] = budget
+        if hard is not None:
+            changes["hard"] = hard
+        return replace(self, **changes) if changes else self
+
+    def run(
+        self, model, example, *, prof=None, progress: bool = True, named: bool = True, nested: bool = False
+    ) -> PlanResult:
+        """Plan ``model`` on ``example`` with this preset (:func:`memoplan.planner.plan.make_plan`).
+
+        ``named``: write ``# preset: NAME`` in the plan's header (not when the preset is only
+        the defaults under explicit options).  ``nested``: offer each block's children too.
+        """
+        from memoplan.planner.plan import make_plan
+
+        return make_plan(
+            model,
+            example,
+            self.budget,
+            planner=self.planner,
+            hard=self.hard,
+            prof=prof,
+            progress=progress,
+            refine=self.refine,
+            preset=self.name if named else None,
+            nested=nested,
+        )
+
+
+SAFE = PlannerPreset(
+    "safe",
+    "plain checkpoints of the largest half of the candidates, no refinement (bit-exact)",
+    budget=search.Preset.SPEED,
+)
+BALANCED = PlannerPreset(
+    "balanced",
+    "checkpoints, then drop each one that does not lower the measured peak (bit-exact)",
+    budget=search.Preset.BALANCED,
+    refine=RefineOptions(levels=(Level.UNWRAP,), max_trials=8),
+)
+MEMORY = PlannerPreset(
+    "memory",
+    "the smallest measured peak: split regions, chunk time, drop useless checkpoints",
+    budget=search.Preset.MEMORY,
+    refine=RefineOptions(levels=ALL_LEVELS, max_trials=8, segments=(2,), chunks=(2, 4)),
+)
+EXHAUSTIVE = PlannerPreset(
+    "exhaustive",
+    "as memory, with more segment and chunk counts and no limit on trials (slow)",
+    budget=search.Preset.MEMORY,
+    refine=RefineOptions(levels=ALL_LEVELS, max_trials=None, segments=(2, 3, 4), chunks=(2, 4, 8)),
+)
+
+#: The registry: name -> preset, from least to most work.
+PRESETS: dict[str, PlannerPreset] = {p.name: p for p in (SAFE, BALANCED, MEMORY, EXHAUSTIVE)}
+
+#: What ``memoplan plan`` starts from without ``--preset``: the given budget, no refinement.
+DEFAULT = SAFE
+
+
+def parse_budget(text: str) -> tuple[BudgetLike, bool | None]:
+    """A ``--budget`` value as (typed budget, hard): ``4 GiB``, ``50% hint``, ``0.5``, ``speed|balanced|memory``.
+
+    ``hard`` is True or False where the text says ``hard`` or ``hint``, None where it says
+    neither.  Raises :class:`memoplan.PlanError` for text that is not a budget.
+    """
+    from memoplan.syntax import ast, parse
+
+    word = text.strip().lower()
+    for coverage in search.Preset:
+        if coverage.name.lower() == word:
+            return coverage, None
+    stmt = parse(f"memplan 1\nbudget {text}\n", "--budget").budget
+    hard = None if stmt.mode is None else stmt.mode is ast.BudgetMode.HARD
+    return search.budget_from_ast(stmt), hard
