@@ -66,7 +66,7 @@ from memoplan.verify import verify  # noqa: E402
 
 MIB = 2**20
 DEFAULT_PLAN = "plans/spiking.memplan"
-OTHER_PLANS = ("plans/spiking_blocks.memplan", "plans/spiking_split.memplan")
+OTHER_PLANS = ("plans/spiking_lif_chunks.memplan", "plans/spiking_blocks.memplan", "plans/spiking_split.memplan")
 TARGETS = {
     "memoplan / unplanned": 1 / 8,
     "memoplan / SpikingJelly (peak)": 0.6,

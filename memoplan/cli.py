@@ -114,7 +114,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also offer each block's children as candidates, solved exactly (optimal planner, byte budgets)",
     )
-    plan.add_argument("--profile", type=Path, metavar="PATH", help="use this profile.json instead of measuring")
+    plan.add_argument(
+        "--profile",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="use this profile.json instead of measuring; several (one per rank) are merged, so every rank plans the same",
+    )
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
     plan.set_defaults(run=_plan)
     return parser
@@ -322,7 +328,7 @@ def _plan(args) -> int:
     from memoplan.planner import search
     from memoplan.planner.plan import Planner
     from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
-    from memoplan.planner.profile import Profile
+    from memoplan.planner.profile import Profile, merge
     from memoplan.syntax import format_plan
 
     if args.budget is None and args.preset is None:
@@ -335,7 +341,11 @@ def _plan(args) -> int:
         planner=Planner(args.planner) if args.planner else None, budget=budget, hard=hard
     )
     model, example = _model_and_example(args)
-    prof = Profile.load(args.profile) if args.profile else None
+    try:
+        prof = merge([Profile.load(path) for path in args.profile]) if args.profile else None
+    except ValueError as exc:  # profiles of different models
+        print(f"memoplan plan: error: {exc}", file=sys.stderr)
+        return 1
     if args.preset:
         levels = ", ".join(level.value for level in preset.levels) or "none"
         if isinstance(preset.budget, search.Preset):

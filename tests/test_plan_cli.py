@@ -190,3 +190,18 @@ def test_a_budget_the_estimate_calls_unreachable_but_a_measurement_meets_is_plan
     limit = int(text.split("# budget limit: ")[1].split(" B")[0])
     after = int(text.split("# measured peak after: ")[1].split(" B")[0])
     assert after <= limit
+
+
+def test_profiles_from_several_ranks_are_merged_before_planning(tmp_path, capsys):
+    a, b = tmp_path / "rank0.json", tmp_path / "rank1.json"
+    assert main(["profile", *TRANSFORMER, "-o", str(a)]) == 0
+    assert main(["profile", *TRANSFORMER, "-o", str(b)]) == 0
+    out = tmp_path / "plan.memplan"
+    assert main(["plan", *TRANSFORMER, "--budget", "70%", "--profile", str(a), str(b), "-o", str(out)]) == 0
+    assert "budget met" in capsys.readouterr().out
+    cnn = tmp_path / "cnn.json"
+    assert main(["profile", "--model", "memoplan.examples.cnn:build", "--example", "memoplan.examples.cnn:example", "-o", str(cnn)]) == 0
+    out.unlink()
+    assert main(["plan", *TRANSFORMER, "--budget", "70%", "--profile", str(a), str(cnn), "-o", str(out)]) == 1
+    assert "cannot merge profiles" in capsys.readouterr().err
+    assert not out.exists()
