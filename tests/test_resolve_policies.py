@@ -136,3 +136,11 @@ def test_split_needs_a_sequential():
 def test_compress_with_temporal_chunk_alone_is_accepted():
     plan = resolved(STATE + "module plain { temporal_chunk 2 dim 0; compress input = bit }\n")
     assert plan.module("plain").compress is not None
+
+
+def test_explain_says_batchnorm_in_chunks_takes_whole_batch_statistics():
+    rows = {r.path: r for r in memoplan.explain(memoplan.parse("memplan 1\n" + STATE + "module normed { temporal_chunk 2 dim 0 }\n"), model())}
+    (what, why), = rows["normed.norm"].decisions
+    assert what == "whole-batch statistics" and "time chunks of `normed` (line 3)" in why
+    assert rows["normed.conv"].decisions == ()  # other layers simply run chunk by chunk
+    assert rows["plain.conv"].decisions == ()
