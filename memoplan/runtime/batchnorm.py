@@ -65,8 +65,7 @@ class Call:
 
     running_mean: torch.Tensor | None
     running_var: torch.Tensor | None
-    momentum: float | None
-    count: int  # elements per channel in that chunk
+    momentum: float | None  # the factor the module passed (1 / num_batches_tracked when momentum is None)
 
 
 @dataclass
@@ -104,7 +103,7 @@ class _GivenStatistics(TorchFunctionMode):
         x = a["input"]
         index, self.calls = self.calls, self.calls + 1
         if self.run.record is not None:
-            self.run.record.append(Call(a["running_mean"], a["running_var"], a["momentum"], _count(x)))
+            self.run.record.append(Call(a["running_mean"], a["running_var"], a["momentum"]))
         if index == self.run.known:
             var, mean = torch.var_mean(x.to(_compute_dtype(x)), dim=[0, *range(2, x.dim())], correction=0)
             raise _Measured((mean, var, _count(x)))
