@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast as pyast
 import math
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 
 from memoplan.diagnostics import PlanError
 from memoplan.runtime import codecs
+from _imports import imported_modules  # tests/_imports.py
 from memoplan.runtime.codecs import (
     SAMPLE_LIMIT,
     CodecError,
@@ -488,20 +488,12 @@ def test_choose_is_the_smallest_lossless_payload(n, kind, dtype, seed):
 def test_codecs_import_only_torch_stdlib_and_diagnostics():
     import sys
 
-    tree = pyast.parse(Path(codecs.__file__).read_text(encoding="utf-8"))
-    for node in pyast.walk(tree):
-        if isinstance(node, pyast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, pyast.ImportFrom):
-            names = [node.module or ""]
-        else:
-            continue
-        for name in names:
-            top = name.split(".")[0]
-            assert top in sys.stdlib_module_names or top == "torch" or name in (
-                "memoplan.diagnostics",
-                "memoplan.runtime.kernels",  # imported lazily, for CUDA tensors only
-            ), name
+    for name in imported_modules(Path(codecs.__file__)):
+        top = name.split(".")[0]
+        assert top in sys.stdlib_module_names or top == "torch" or name in (
+            "memoplan.diagnostics",
+            "memoplan.runtime.kernels",  # imported lazily, for CUDA tensors only
+        ), name
 
 
 def test_payload_is_frozen():

@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:  # when run as a script
 
 from memoplan import __version__  # noqa: E402
 from memoplan.codegen import kernels as kernelgen  # noqa: E402
+from _imports import imported_modules  # noqa: E402  (tests/_imports.py)
 
 KERNEL_DIR = ROOT / "memoplan" / "runtime" / "kernels"
 SIZES = (0, 1, 7, 9, 63, 65, 1000)
@@ -73,17 +74,9 @@ def test_generated_file_parses_and_has_header(name):
 
 @pytest.mark.parametrize("name", sorted(kernelgen.KERNEL_FILES))
 def test_generated_file_imports_only_torch_triton_and_stdlib(name):
-    tree = ast.parse((KERNEL_DIR / name).read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module or ""]
-        else:
-            continue
-        for module in names:
-            top = module.split(".")[0]
-            assert top in ("torch", "triton") or top in sys.stdlib_module_names, f"{name} imports {module}"
+    for module in imported_modules(KERNEL_DIR / name):
+        top = module.split(".")[0]
+        assert top in ("torch", "triton") or top in sys.stdlib_module_names, f"{name} imports {module}"
 
 
 def test_check_mode_reports_missing_changed_and_stale_files(tmp_path, capsys):

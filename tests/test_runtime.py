@@ -7,7 +7,6 @@ buffers and RNG progression with ``torch.equal``.
 
 from __future__ import annotations
 
-import ast
 import copy
 import sys
 import warnings
@@ -21,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memoplan import runtime as rt
+from _imports import imported_modules  # tests/_imports.py
 
 # --- what generated code looks like -------------------------------------------------
 
@@ -555,20 +555,13 @@ def test_segmented_rejects_groups_that_do_not_cover_children() -> None:
 def test_runtime_imports_only_torch_stdlib_and_diagnostics() -> None:
     allowed_memoplan = {"memoplan.diagnostics", "memoplan.runtime"}
     for path in Path(rt.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
+        for name in imported_modules(path):
+            top = name.split(".")[0]
+            if top == "memoplan":
+                assert any(name == m or name.startswith(m + ".") for m in allowed_memoplan), (
+                    f"{path.name} imports {name}"
+                )
             else:
-                continue
-            for name in names:
-                top = name.split(".")[0]
-                if top == "memoplan":
-                    assert any(name == m or name.startswith(m + ".") for m in allowed_memoplan), (
-                        f"{path.name} imports {name}"
-                    )
-                else:
-                    assert (
-                        top == "torch" or top in sys.stdlib_module_names or top == "__future__"
-                    ), f"{path.name} imports {name}"
+                assert (
+                    top == "torch" or top in sys.stdlib_module_names or top == "__future__"
+                ), f"{path.name} imports {name}"
