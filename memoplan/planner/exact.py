@@ -56,7 +56,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from memoplan.planner.search import ByteBudget, Choice, Item, _byte_limit, _Chain, _choice, _greedy, _minimum
+from memoplan.planner.search import ByteBudget, Choice, Item, _byte_limit, _Chain, _choice, _greedy, _settled
 
 __all__ = ["DEFAULT_TIME_LIMIT", "exact"]
 
@@ -99,11 +99,9 @@ def exact(
         raise ValueError(f"time_limit is a number of seconds > 0, got {time_limit!r}")
     chain = _Chain(items, base_bytes, nested_ok=True)
     limit = _byte_limit(budget, chain.unplanned)
-    if chain.unplanned <= limit:
-        return _choice(chain, "exact", budget, (), limit, proven=True)
-    floor, floor_set = _minimum(chain)
-    if floor > limit:
-        return _choice(chain, "exact", budget, floor_set, limit, floor, proven=True)
+    settled, floor, floor_set = _settled(chain, "exact", budget, limit)
+    if settled is not None:
+        return settled
 
     solved = _solve(chain, limit, float(time_limit))
     if solved.proven:

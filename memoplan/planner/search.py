@@ -493,6 +493,20 @@ def _choice(
     )
 
 
+def _settled(chain: _Chain, planner: str, budget, limit: int) -> tuple[Choice | None, int, tuple[int, ...]]:
+    """What an exact planner answers without searching, and the least reachable peak with its set.
+
+    The choice is the empty set when nothing need be checkpointed, the least-peak set when no
+    set meets ``limit`` (both proven), else None: the planner must search.
+    """
+    floor, floor_set = _minimum(chain)
+    if chain.unplanned <= limit:
+        return _choice(chain, planner, budget, (), limit, floor, proven=True), floor, floor_set
+    if floor > limit:
+        return _choice(chain, planner, budget, floor_set, limit, floor, proven=True), floor, floor_set
+    return None, floor, floor_set
+
+
 # ---------------------------------------------------------------- exact minimum peak
 
 
@@ -865,11 +879,9 @@ def optimal(
 
         return exact(items, budget, base_bytes=base_bytes)
     limit = _byte_limit(budget, chain.unplanned)
-    if chain.unplanned <= limit:
-        return _choice(chain, "optimal", budget, (), limit, proven=True)
-    floor, floor_set = _minimum(chain)
-    if floor > limit:
-        return _choice(chain, "optimal", budget, floor_set, limit, floor, proven=True)
+    settled, floor, _ = _settled(chain, "optimal", budget, limit)
+    if settled is not None:
+        return settled
     d, s, t = chain.d, chain.s, chain.t
     order = sorted((i for i in range(chain.n) if d[i] > 0), key=lambda i: (t[i] / d[i], -d[i], i))
     rank = {i: r for r, i in enumerate(order)}
