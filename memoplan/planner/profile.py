@@ -83,6 +83,7 @@ __all__ = [
     "ChainLink",
     "ModuleProfile",
     "Profile",
+    "Snapshot",
     "TensorMeta",
     "chain",
     "default_candidates",
@@ -733,25 +734,25 @@ class _Timer(_Hooks):
 # ---------------------------------------------------------------- leaving the model as it was
 
 
-class _Restored:
-    """Snapshot of everything a training step changes; ``reset()`` puts it back.
+class Snapshot:
+    """Everything a training step can change in ``model`` and around it; ``restore()`` puts it back.
 
-    Entered around the whole profile: puts the model in train mode if its root is
-    in eval mode, resets before every step (same buffers, states and RNG, so every
-    step sees the same dropout masks), and restores on exit, exceptions included.
+    Modules' attributes and train/eval modes, parameters (the objects, their ``.grad`` and
+    ``requires_grad``), buffers (the tensors and their values), stateful modules' state
+    (:mod:`memoplan.runtime.state`), the gradients of the example's tensors, and the torch,
+    CUDA and Python RNG states.  As a context manager it restores on exit, exceptions
+    included.  Used around profiling steps and around the planner's measured trials.
     """
 
-    def __init__(self, model: nn.Module, example: Example, device: torch.device) -> None:
-        self.model = model
-        self.device = device
+    def __init__(self, model: nn.Module, example: Example, device: torch.device | None = None) -> None:
         paths = {id(m): path for path, m in model.named_modules()}
         modules = list(model.modules())
         self.training = [(m, m.training) for m in modules]
         self.attributes = [(m, dict(m.__dict__)) for m in modules]
-        # (module, name, parameter, its .grad, its version counter, its full path)
+        # (module, name, parameter, its .grad, its requires_grad, its version counter, its full path)
         self.parameters = [
-            (m, name, p, None if p is None else p.grad, None if p is None else p._version,
-             f"{paths[id(m)]}.{name}".lstrip("."))
+            (m, name, p, None if p is None else p.grad, None if p is None else p.requires_grad,
+             None if p is None else p._version, f"{paths[id(m)]}.{name}".lstrip("."))
             for m in modules
             for name, p in m._parameters.items()
         ]
@@ -765,37 +766,24 @@ class _Restored:
             (t, t.grad) for t in _tensors((example.args, dict(example.kwargs))) if t.requires_grad
         ]
         self.rng_cpu = torch.get_rng_state()
-        self.rng_cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        cuda = (device is not None and device.type == "cuda") or torch.cuda.is_initialized()
+        self.rng_cuda = torch.cuda.get_rng_state_all() if cuda else None
         self.rng_python = random.getstate()
 
-    def __enter__(self) -> _Restored:
-        self._set_modes()
+    def __enter__(self) -> Snapshot:
         return self
 
-    def _set_modes(self) -> None:
-        for m, mode in self.training:
-            m.training = mode
-        if not self.model.training:
-            self.model.train()
-
     def __exit__(self, *exc_info: object) -> None:
-        self.reset()
-        for m, mode in self.training:
-            m.training = mode
-        changed = [
-            path for _, _, p, _, version, path in self.parameters
-            if p is not None and p._version != version
-        ]
-        if changed:
-            warnings.warn(
-                f"the model's forward modified parameter(s) {_some(sorted(set(changed)))} in place; "
-                "profile() restored everything else but cannot undo that",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        self.restore()
 
-    def reset(self) -> None:
-        """Put back the state captured at construction, in the profiling modes."""
+    def modified_parameters(self) -> list[str]:
+        """Paths of parameters changed in place since the snapshot (which cannot be undone)."""
+        return sorted(
+            {path for _, _, p, _, _, version, path in self.parameters if p is not None and p._version != version}
+        )
+
+    def restore(self) -> None:
+        """Put back the state captured at construction."""
         for m, attributes in self.attributes:
             current = m.__dict__
             for key in [k for k in current if k not in attributes]:
@@ -803,11 +791,13 @@ class _Restored:
             for key, value in attributes.items():
                 if current.get(key, _MISSING) is not value:
                     current[key] = value
-        self._set_modes()
-        for m, name, p, grad, _, _ in self.parameters:
+        for m, mode in self.training:
+            m.training = mode
+        for m, name, p, grad, requires_grad, _, _ in self.parameters:
             m._parameters[name] = p
             if p is not None:
                 p.grad = grad
+                p.requires_grad_(requires_grad)
         with torch.no_grad():
             for m, name, b, saved in self.buffers:
                 m._buffers[name] = b
@@ -819,8 +809,45 @@ class _Restored:
             t.grad = grad
         torch.set_rng_state(self.rng_cpu)
         if self.rng_cuda is not None:
-            torch.cuda.set_rng_state(self.rng_cuda, self.device)
+            torch.cuda.set_rng_state_all(self.rng_cuda)
         random.setstate(self.rng_python)
+
+
+class _Restored(Snapshot):
+    """The snapshot around a whole profile, which runs in train mode.
+
+    Entered: puts the model in train mode if its root is in eval mode; ``reset()`` before
+    every step (same buffers, states and RNG, so every step sees the same dropout masks);
+    on exit restores everything, modes included, and warns about parameters changed in place.
+    """
+
+    def __init__(self, model: nn.Module, example: Example, device: torch.device) -> None:
+        super().__init__(model, example, device)
+        self.model = model
+
+    def __enter__(self) -> _Restored:
+        self._train()
+        return self
+
+    def _train(self) -> None:
+        if not self.model.training:
+            self.model.train()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.restore()
+        changed = self.modified_parameters()
+        if changed:
+            warnings.warn(
+                f"the model's forward modified parameter(s) {_some(changed)} in place; "
+                "profile() restored everything else but cannot undo that",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def reset(self) -> None:
+        """Put back the state captured at construction, in the profiling modes."""
+        self.restore()
+        self._train()
 
 
 _MISSING = object()

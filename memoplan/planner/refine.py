@@ -33,13 +33,12 @@ The user's model is never changed: every measurement runs on a deep copy, and ar
 trial the model's parameters' gradients, buffers (BatchNorm running statistics), stateful
 modules' state (:mod:`memoplan.runtime.state`), train/eval modes and the RNG states (torch,
 CUDA, Python's ``random``) are snapshotted and restored, so every trial also starts from
-the same random state as the first.
+the same random state as the first (:class:`memoplan.planner.profile.Snapshot`).
 """
 
 from __future__ import annotations
 
 import copy
-import random
 import sys
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -53,6 +52,7 @@ import memoplan
 from memoplan.diagnostics import PlanError
 from memoplan.measure import measure_step
 from memoplan.planner.presets import ALL_LEVELS, Level, RefineOptions
+from memoplan.planner.profile import Snapshot
 from memoplan.runtime.state import get_state, is_stateful, load_state
 from memoplan.specs import Example
 from memoplan.syntax import ast
@@ -101,69 +101,6 @@ class Refinement:
 # ---------------------------------------------------------------- measuring without side effects
 
 
-class _Preserved:
-    """Snapshot of what a training step could change in ``model``; restored on exit.
-
-    Parameters' gradients and ``requires_grad``, buffers (values, and the tensors
-    themselves), stateful modules' state, train/eval modes, gradients of the example's
-    tensors, and the torch, CUDA and Python RNG states.
-    """
-
-    def __init__(self, model: nn.Module, example: Example) -> None:
-        modules = list(model.modules())
-        self.training = [(m, m.training) for m in modules]
-        self.parameters = [
-            (m, name, p, p.grad, p.requires_grad)
-            for m in modules
-            for name, p in m._parameters.items()
-            if p is not None
-        ]
-        self.buffers = [
-            (m, name, b, b.detach().clone()) for m in modules for name, b in m._buffers.items() if b is not None
-        ]
-        self.states = [(m, get_state(m)) for m in modules if is_stateful(m)]
-        self.inputs = [(t, t.grad) for t in _tensors(example) if t.requires_grad]
-        self.rng_cpu = torch.get_rng_state()
-        self.rng_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.rng_python = random.getstate()
-
-    def __enter__(self) -> _Preserved:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.restore()
-
-    def restore(self) -> None:
-        for m, mode in self.training:
-            m.training = mode
-        for m, name, p, grad, requires_grad in self.parameters:
-            m._parameters[name] = p
-            p.grad = grad
-            p.requires_grad_(requires_grad)
-        with torch.no_grad():
-            for m, name, b, saved in self.buffers:
-                m._buffers[name] = b
-                b.copy_(saved)
-        for m, state in self.states:
-            load_state(m, dict(state))
-        for t, grad in self.inputs:
-            t.grad = grad
-        torch.set_rng_state(self.rng_cpu)
-        if self.rng_cuda is not None:
-            torch.cuda.set_rng_state_all(self.rng_cuda)
-        random.setstate(self.rng_python)
-
-
-def _tensors(example: Example) -> list[torch.Tensor]:
-    found = []
-    for value in (*example.args, *example.kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (tuple, list)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
-    return found
-
-
 def _copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` without any plan; states with autograd history are copied detached.
 
@@ -187,7 +124,7 @@ def measure_plan(model: nn.Module, example: Example, plan: ast.Plan) -> int:
     Raises :class:`PlanError` when the plan does not resolve against the model.
     """
     example = _as_example(example)
-    with _Preserved(model, example):
+    with Snapshot(model, example):
         clone = memoplan.apply(_copy(model), plan)
         return measure_step(clone, example.args, example.kwargs).peak_bytes
 
@@ -544,6 +481,6 @@ def _weights(model: nn.Module, example: Example) -> dict[str, int]:
     """Activation bytes each module's subtree holds, from a one-step profile (model left as it was)."""
     from memoplan.planner.profile import profile
 
-    with _Preserved(model, example):
+    with Snapshot(model, example):
         prof = profile(model, example, repeats=1, progress=False)
     return {name: prof.subtree_saved_bytes(name) for name in prof.names}
