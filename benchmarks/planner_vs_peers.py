@@ -19,9 +19,12 @@ included) of these configurations:
   (GPT-2) or ``module features.* { checkpoint }`` (CNN); for GPT-2 also transformers'
   own ``gradient_checkpointing_enable()`` (``torch.utils.checkpoint``, non-reentrant);
 * **memoplan**: ``make_plan`` with the optimal planner and a *hard* budget, at each
-  ``--budgets`` fraction of the unplanned peak; a budget that cannot be met is
-  reported with the smallest reachable peak (estimated by the planner, and measured
-  for the least-peak plan) instead of stopping the run;
+  ``--budgets`` fraction of the unplanned peak, once with the blocks as candidates and
+  once with the blocks and every part of them that saves memory (``memoplan plan
+  --nested``: the exact MILP chooses, say, only the MLPs' activation functions);
+  ``--memoplan`` picks either.  A budget that cannot be met is reported with the
+  smallest reachable peak (estimated by the planner, and measured for the least-peak
+  plan) instead of stopping the run;
 * **torch.compile** of model + loss with
   ``torch._functorch.config.activation_memory_budget`` at the same fractions (and
   at 1.0, compile's default), ``fullgraph=True``, one compiled function per budget.
@@ -31,9 +34,9 @@ step time over ``--steps`` steps after ``--warmup`` (configurations interleaved
 round by round, the order rotated every round), whether a memoplan hard budget was
 met (measured peak <= limit), and whether its loss and gradients match the
 unplanned step (memoplan: ``memoplan.verify``, bit for bit on CPU; peers: every
-gradient within ``--rtol`` of its largest unplanned magnitude).  Then, per budget,
-the verdict: memoplan's step time against the fastest *correct* peer whose peak is
-at most memoplan's peak.
+gradient within ``--rtol`` of its largest unplanned magnitude).  Then, per memoplan
+plan, the verdict: its step time against the fastest *correct* peer whose peak is
+at most its peak.
 
 Measuring on CPU (``--device cpu``).  Peaks come from memoplan's deterministic
 live-storage meter (``memoplan.measure``).  A ``TorchDispatchMode`` that is active
@@ -93,7 +96,7 @@ from memoplan.examples import cnn  # noqa: E402
 from memoplan.measure import LiveStorageMeter, default_loss, measured_step  # noqa: E402
 from memoplan.planner import search  # noqa: E402
 from memoplan.planner.plan import Planner, make_plan  # noqa: E402
-from memoplan.planner.profile import chain, profile  # noqa: E402
+from memoplan.planner.profile import chain, nested_candidates, profile  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 from memoplan.verify import verify  # noqa: E402
 
@@ -463,69 +466,23 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             steps[label] = eager_step(hf, example)
             progress(f"[{name}] {label}: {hf_memory.peak_bytes / MIB:.2f} MiB, {_check_text(check, args.rtol)}")
 
-    # memoplan's planner at each hard budget.
+    # memoplan's planner at each hard budget: blocks only, and blocks or their parts (--nested).
     progress(f"[{name}] profiling for the planner")
     prof = profile(model, example, repeats=args.profile_repeats, progress=False)
-    links = chain(prof)
-    items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in links]
-    base = max(0, prof.peak_bytes - sum(i.saved_bytes for i in items))
-    minimum_estimate = search.minimum_peak(items, base_bytes=base)[0]
-    for fraction in args.budgets:
-        budget = search.FractionOfPeak(Fraction(str(fraction)))
-        limit = budget.limit(prof.peak_bytes)
-        label = f"memoplan optimal, hard budget {fraction:g}"
-        entry: dict[str, Any] = {
-            "name": label,
-            "kind": "memoplan",
-            "budget_fraction": fraction,
-            "limit_bytes": limit,
-            "profile_peak_bytes": prof.peak_bytes,
-        }
-        progress(f"[{name}] planning for {fraction:g} of the unplanned peak ({limit / MIB:.2f} MiB)")
-        t0 = time.perf_counter()
-        try:
-            result = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=True, prof=prof, progress=False)
-        except PlanError as error:
-            entry.update(
-                status="unreachable",
-                error=str(error),
-                planning_seconds=time.perf_counter() - t0,
-                minimum_estimated_peak_bytes=minimum_estimate,
+    candidates: dict[str, list[str]] = {}
+    minimum_estimates: dict[str, int] = {}
+    for mode in args.memoplan:
+        nested = mode == "nested"
+        links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
+        items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in links]
+        base = search.unplanned_base(prof.peak_bytes, items)
+        minimum_estimate = search.minimum_peak(items, base_bytes=base)[0]
+        candidates[mode] = [l.name for l in links]
+        minimum_estimates[mode] = minimum_estimate
+        for fraction in args.budgets:
+            configs.append(
+                _memoplan_config(name, model, example, prof, fraction, nested, minimum_estimate, seed, verify_rtol, steps)
             )
-            # The least-peak plan the planner can write (as a hint), measured.
-            try:
-                hint = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False)
-                entry["least_peak_plan"] = {
-                    "checkpointed": list(hint.choice.names),
-                    "estimated_peak_bytes": hint.choice.estimated_peak,
-                    "measured_peak_bytes": hint.measured_after,
-                    "within_limit": hint.measured_after <= limit,
-                }
-            except PlanError as again:  # pragma: no cover - a hint does not raise
-                entry["least_peak_plan"] = {"error": str(again)}
-            progress(f"[{name}]   unreachable: {str(error).splitlines()[0]}")
-            configs.append(entry)
-            continue
-        planning = time.perf_counter() - t0
-        report = verify(model, result.plan, example, seed=seed, rtol=verify_rtol)
-        peak = report.planned.peak_bytes
-        entry.update(
-            status="met" if peak <= limit else "MISSED",
-            hard_budget_met=peak <= limit,
-            planning_seconds=planning,
-            checkpointed=list(result.choice.names),
-            estimated_peak_bytes=result.choice.estimated_peak,
-            planner_measured_peak_bytes=result.measured_after,
-            proven_optimal=result.choice.proven_optimal,
-            peak_bytes=peak,
-            matches=report.equivalent,
-            exact=report.exact,
-            check="memoplan.verify: " + ("EQUIVALENT" if report.equivalent else "DIFFERENT"),
-            differences={c.name: list(c.differences) for c in report.checks if c.differences},
-        )
-        configs.append(entry)
-        steps[label] = eager_step(memoplan.apply(copy.deepcopy(model), result.plan), example)
-        progress(f"[{name}]   {len(result.choice.names)} checkpoints, {peak / MIB:.2f} MiB, budget {entry['status']}")
 
     # torch.compile with activation_memory_budget.
     compile_budgets = args.compile_budgets if args.compile_budgets is not None else [1.0, *args.budgets]
@@ -570,13 +527,89 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "model": built["description"],
         "meter": meter,
         "unplanned_peak_bytes": unplanned,
-        "planner_minimum_estimated_peak_bytes": minimum_estimate,
-        "candidates": [l.name for l in links],
+        "planner_minimum_estimated_peak_bytes": minimum_estimates,
+        "candidates": candidates,
         "configurations": configs,
         "verdicts": verdicts(configs, times),
         "load_average_1min": {"before_timing": load_before, "after_timing": load_after},
         "dynamo_stats_so_far": _dynamo_stats(),
     }
+
+
+def _memoplan_config(
+    name: str,
+    model: nn.Module,
+    example: Example,
+    prof: Any,
+    fraction: float,
+    nested: bool,
+    minimum_estimate: int,
+    seed: int,
+    verify_rtol: float | None,
+    steps: dict[str, Callable[[], Any]],
+) -> dict[str, Any]:
+    """Plan for one hard budget, verify the plan and register its step; the configuration's entry."""
+    budget = search.FractionOfPeak(Fraction(str(fraction)))
+    limit = budget.limit(prof.peak_bytes)
+    label = f"memoplan optimal{' --nested' if nested else ''}, hard budget {fraction:g}"
+    entry: dict[str, Any] = {
+        "name": label,
+        "kind": "memoplan",
+        "mode": "nested" if nested else "blocks",
+        "budget_fraction": fraction,
+        "limit_bytes": limit,
+        "profile_peak_bytes": prof.peak_bytes,
+    }
+    progress(f"[{name}] {label}: planning for {limit / MIB:.2f} MiB")
+    t0 = time.perf_counter()
+    try:
+        result = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=True, prof=prof, progress=False, nested=nested)
+    except PlanError as error:
+        entry.update(
+            status="unreachable",
+            error=str(error),
+            planning_seconds=time.perf_counter() - t0,
+            minimum_estimated_peak_bytes=minimum_estimate,
+        )
+        # The least-peak plan the planner can write (as a hint), measured.
+        try:
+            hint = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False, nested=nested)
+            entry["least_peak_plan"] = {
+                "checkpointed": list(hint.choice.names),
+                "estimated_peak_bytes": hint.choice.estimated_peak,
+                "measured_peak_bytes": hint.measured_after,
+                "within_limit": hint.measured_after <= limit,
+            }
+        except PlanError as again:  # pragma: no cover - a hint does not raise
+            entry["least_peak_plan"] = {"error": str(again)}
+        progress(f"[{name}]   unreachable: {str(error).splitlines()[0]}")
+        return entry
+    planning = time.perf_counter() - t0
+    report = verify(model, result.plan, example, seed=seed, rtol=verify_rtol)
+    peak = report.planned.peak_bytes
+    entry.update(
+        status="met" if peak <= limit else "MISSED",
+        hard_budget_met=peak <= limit,
+        planning_seconds=planning,
+        checkpointed=list(result.choice.names),
+        estimated_peak_bytes=result.choice.estimated_peak,
+        planner_measured_peak_bytes=result.measured_after,
+        proven_optimal=result.choice.proven_optimal,
+        peak_bytes=peak,
+        matches=report.equivalent,
+        exact=report.exact,
+        check="memoplan.verify: " + ("EQUIVALENT" if report.equivalent else "DIFFERENT"),
+        differences={c.name: list(c.differences) for c in report.checks if c.differences},
+    )
+    steps[label] = eager_step(memoplan.apply(copy.deepcopy(model), result.plan), example)
+    progress(f"[{name}]   {len(result.choice.names)} regions ({', '.join(result.choice.names)}), {peak / MIB:.2f} MiB, budget {entry['status']}")
+    return entry
+
+
+def _names(names: list[str], shown: int = 8) -> str:
+    """Module paths for a report line: the first ``shown``, then how many more."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _ordinal(n: int) -> str:
@@ -609,7 +642,12 @@ def verdicts(configs: list[dict[str, Any]], times: dict[str, list[float]]) -> li
     peers = [c for c in configs if c["kind"] in ("peer", "compile") and c.get("peak_bytes") is not None and c["name"] in times]
     out = []
     for mp in (c for c in configs if c["kind"] == "memoplan"):
-        v: dict[str, Any] = {"budget_fraction": mp["budget_fraction"], "limit_bytes": mp["limit_bytes"]}
+        v: dict[str, Any] = {
+            "memoplan": mp["name"],
+            "mode": mp["mode"],
+            "budget_fraction": mp["budget_fraction"],
+            "limit_bytes": mp["limit_bytes"],
+        }
         if mp["status"] == "unreachable":
             least = mp.get("least_peak_plan", {})
             below = [p for p in peers if p["matches"] and p["peak_bytes"] <= mp["limit_bytes"]]
@@ -678,7 +716,8 @@ def render(results: dict[str, Any]) -> str:
             "",
             f"## {name}: {d['name']}",
             desc,
-            f"meter: {r['meter']}; planner candidates: {', '.join(r['candidates'])}",
+            f"meter: {r['meter']}",
+            *[f"planner candidates ({mode}): {len(names)}: {_names(names)}" for mode, names in r["candidates"].items()],
             "",
             "| configuration | peak | x unplanned | step time (median) | hard budget | same as unplanned |",
             "| --- | --- | --- | --- | --- | --- |",
@@ -697,7 +736,7 @@ def render(results: dict[str, Any]) -> str:
                     )
                     lines.append(f"| {c['name']} | - | - | - | {budget} | - |")
                     continue
-                budget = f"{limit}: {'met' if c['hard_budget_met'] else '**MISSED**'} ({len(c['checkpointed'])} of {len(r['candidates'])} blocks)"
+                budget = f"{limit}: {'met' if c['hard_budget_met'] else '**MISSED**'} ({len(c['checkpointed'])} regions: {_names(c['checkpointed'])})"
             elif c["kind"] == "compile":
                 if c.get("status") == "failed":
                     lines.append(f"| {c['name']} | - | - | - | - | failed: {c['error']} |")
@@ -711,7 +750,7 @@ def render(results: dict[str, Any]) -> str:
             )
         lines += ["", "verdicts (" + GOAL.split(";")[0] + "):"]
         for v in r["verdicts"]:
-            head = f"  budget {v['budget_fraction']:g} ({mib(v['limit_bytes'])}):"
+            head = f"  {v['memoplan']} ({mib(v['limit_bytes'])}):"
             if v["verdict"] == "unreachable":
                 peers = ", ".join(v["correct_peers_within_limit"]) or "none"
                 lines.append(
@@ -783,6 +822,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="activation_memory_budget values for torch.compile (default: 1.0 and the --budgets; none: no compile peers)",
+    )
+    parser.add_argument(
+        "--memoplan",
+        nargs="+",
+        choices=["blocks", "nested"],
+        default=["blocks", "nested"],
+        help="memoplan's candidates: the blocks only, and/or blocks or any part of them (memoplan plan --nested)",
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration")

@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--nested",
         action="store_true",
-        help="also offer each block's children as candidates, solved exactly (optimal planner, byte budgets)",
+        help="also offer every part of each block that saves memory, solved exactly (optimal planner, byte budgets)",
     )
     plan.add_argument(
         "--profile",

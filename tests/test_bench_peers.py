@@ -33,7 +33,7 @@ def _check_model(results: dict, name: str, budgets: list[float], compile_budgets
 
     # Every memoplan hard budget is either met (measured, and the step is equivalent) or reported unreachable.
     planned = [c for c in r["configurations"] if c["kind"] == "memoplan"]
-    assert [c["budget_fraction"] for c in planned] == budgets
+    assert [(c["mode"], c["budget_fraction"]) for c in planned] == [(m, b) for m in ("blocks", "nested") for b in budgets]
     for c in planned:
         assert c["status"] in ("met", "unreachable"), c
         if c["status"] == "met":
@@ -50,8 +50,8 @@ def _check_model(results: dict, name: str, budgets: list[float], compile_budgets
         assert c["peak_bytes"] > 0 and isinstance(c["matches"], bool) and c["compile_seconds"] >= 0
         assert c["step_time_s"]["median"] > 0
 
-    # One verdict per memoplan budget.
-    assert [v["budget_fraction"] for v in r["verdicts"]] == budgets
+    # One verdict per memoplan plan.
+    assert [v["memoplan"] for v in r["verdicts"]] == [c["name"] for c in planned]
     for v in r["verdicts"]:
         assert v["verdict"] in ("no worse", "slower", "unreachable", "no correct peer at or below memoplan's peak")
         assert v["hard_budget"] in ("met", "unreachable")
@@ -76,7 +76,10 @@ def test_gpt2_small(tmp_path: Path) -> None:
     argv += ["--gpt2-vocab", "128", "--batch", "2", "--budgets", "0.6", "--compile-budgets", "1.0", "--hf-every", "1"]
     results = _run(tmp_path, *argv)
     configs = _check_model(results, "gpt2", [0.6], [1.0])
-    assert results["models"]["gpt2"]["candidates"] == ["transformer.h.0", "transformer.h.1"]
+    candidates = results["models"]["gpt2"]["candidates"]
+    assert candidates["blocks"] == ["transformer.h.0", "transformer.h.1"]
+    # Nested: the blocks and the parts inside them that save memory (the MLP's activation among them).
+    assert set(candidates["blocks"]) < set(candidates["nested"]) and "transformer.h.0.mlp.act" in candidates["nested"]
     hf = configs["transformers activation checkpointing, every block"]
     assert hf["matches"] and hf["kind"] == "peer"
     # One graph (fullgraph=True) that reproduces the unplanned step: no graph break in transformers' loss.

@@ -613,3 +613,15 @@ def test_a_planned_chain_resolves_on_its_model():
     plan = parse(format_plan(to_plan(choice, items, header=describe(choice))))
     resolved = memoplan.resolve(plan, model)
     assert resolved is not None
+
+
+def test_unplanned_base_counts_only_the_outermost_candidates():
+    """A nested candidate's bytes are inside its parent's: B0 is not lowered by them a second time."""
+    block = Item("blocks.0", saved_bytes=700, input_bytes=10, forward_seconds=1.0)
+    part = Item("blocks.0.mlp", saved_bytes=300, input_bytes=10, forward_seconds=0.4)
+    other = Item("blocks.1", saved_bytes=200, input_bytes=10, forward_seconds=0.5)
+    assert search.unplanned_base(1000, [block, other]) == 100
+    assert search.unplanned_base(1000, [block, part, other]) == 100
+    # The unplanned estimate is then the measured peak, nested or not.
+    assert search.estimate([block, part, other], [], base_bytes=100).peak == 1000
+    assert search.unplanned_base(800, [block, other]) == 0  # candidates above the measured peak

@@ -19,6 +19,7 @@ from memoplan.planner.profile import (
     chain,
     default_candidates,
     merge,
+    nested_candidates,
     profile,
 )
 from memoplan.runtime.codecs import estimate_nbytes
@@ -353,6 +354,23 @@ def test_chain_on_transformer() -> None:
     assert [link.name for link in links] == list(default_candidates(p))
     assert all(link.saved_bytes > 0 for link in links)
     assert all(link.input_bytes == 2 * 8 * transformer.D_MODEL * F32 for link in links)
+
+
+def test_nested_candidates_reach_every_depth_inside_the_blocks() -> None:
+    torch.manual_seed(0)
+    p = _profile(transformer.build(), transformer.example(batch=2, seq=8))
+    names = nested_candidates(p)
+    blocks = default_candidates(p)
+    assert names[: len(blocks)] == blocks
+    inner = names[len(blocks) :]
+    # Children and grandchildren (the MLP's activation), each inside a block and holding saved memory.
+    assert {"blocks.0.attn", "blocks.0.mlp", "blocks.0.mlp.act", "blocks.3.mlp.act"} <= set(inner)
+    assert all(any(n.startswith(b + ".") for b in blocks) for n in inner)
+    assert all(p.subtree_saved_bytes(n) > 0 for n in names)
+    # Modules outside the blocks (embedding, head) and those that save nothing are not offered.
+    assert all(n.startswith("blocks.") for n in names)
+    saving_nothing = [m.name for m in p.modules if m.name.startswith("blocks.") and p.subtree_saved_bytes(m.name) == 0]
+    assert not set(saving_nothing) & set(names)
 
 
 def test_chain_defaults_on_mlp_and_spiking(gelu_profile: Profile, spiking_profile: Profile) -> None:

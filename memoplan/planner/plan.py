@@ -72,7 +72,7 @@ def make_plan(
     refinement levels on the result (every kept edit lowers the measured peak or leaves it
     and saves recompute); the refined plan is measured once more and that measurement is
     what the budget is checked against.  ``preset`` names the preset in the plan's header.
-    ``nested`` also offers each block's children as candidates (:func:`nested_candidates`):
+    ``nested`` also offers every part of each block that saves memory (:func:`nested_candidates`):
     the optimal planner then solves the nested choice exactly (a MILP, with a time limit).
     Every measurement runs on a copy: ``model``, its buffers, states and the RNG are unchanged.
     """
@@ -81,7 +81,7 @@ def make_plan(
     prof = prof or profile(model, example, progress=progress)
     links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
     items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in links]
-    base = max(0, prof.peak_bytes - sum(i.saved_bytes for i in items))
+    base = search.unplanned_base(prof.peak_bytes, items)
     choice = _search(items, budget, planner, base)
     limit = choice.limit
     if not choice.ok and hard:

@@ -493,16 +493,19 @@ def default_candidates(prof: Profile) -> tuple[str, ...]:
 
 
 def nested_candidates(prof: Profile) -> tuple[str, ...]:
-    """:func:`default_candidates` and, under each, its direct children that hold saved memory.
+    """:func:`default_candidates` and every module inside them that ran and holds saved memory.
 
-    Checkpointing a block or some of its parts: the exact solver
-    (:func:`memoplan.planner.exact.exact`) chooses among them.
+    Checkpointing a block or some of its parts, at any depth (a block's MLP, or only the
+    activation function inside it): the exact solver (:func:`memoplan.planner.exact.exact`)
+    chooses among them.  Parts that would save nothing by the cost model (a Linear keeps its
+    input either way) cost the solver nothing: it drops them before it searches.
     """
     outer = default_candidates(prof)
+    prefixes = tuple(name + "." for name in outer)
     inner = [
         m.name
         for m in prof.modules
-        if m.name and _parent(m.name) in outer and m.order is not None and prof.subtree_saved_bytes(m.name) > 0
+        if m.name.startswith(prefixes) and m.order is not None and prof.subtree_saved_bytes(m.name) > 0
     ]
     return (*outer, *inner)
 

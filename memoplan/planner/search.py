@@ -125,6 +125,7 @@ __all__ = [
     "optimal",
     "sublinear",
     "to_plan",
+    "unplanned_base",
 ]
 
 # The optimal planner's default search bound, in frontier states (see ``optimal``).
@@ -590,6 +591,17 @@ def _most_savings(chain: _Chain, eligible: Sequence[bool]) -> tuple[int, ...]:
 
 def _depth(chain: _Chain, i: int) -> int:
     return sum(1 for _ in chain.ancestors(i))
+
+
+def unplanned_base(peak_bytes: int, items: Sequence[Item]) -> int:
+    """B0 for a measured unplanned peak: what it holds beyond the candidates' saved bytes.
+
+    Only the outermost candidates count: a nested candidate's bytes are inside its parent's,
+    so with nested candidates the unplanned estimate stays ``peak_bytes`` (or more, when the
+    candidates' own bytes exceed it, and B0 is then 0).
+    """
+    chain = _Chain(items, 0, nested_ok=True)
+    return max(0, peak_bytes - chain.unplanned)
 
 
 def minimum_peak(items: Sequence[Item], *, base_bytes: int = 0) -> tuple[int, tuple[int, ...]]:
