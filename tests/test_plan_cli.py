@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from fractions import Fraction
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import memoplan
 from memoplan import specs
@@ -43,7 +46,7 @@ def test_an_impossible_hard_budget_is_refused_with_the_reachable_minimum(tmp_pat
     out = tmp_path / "plan.memplan"
     assert main(["plan", *TRANSFORMER, "--budget", "1 KiB", "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "MP601" in err and "smallest peak reachable" in err
+    assert "MP601" in err and "the least-peak plan checkpointing reaches measures" in err
     assert not out.exists()
 
 
@@ -219,3 +222,51 @@ def test_profiles_from_several_ranks_are_merged_before_planning(tmp_path, capsys
     assert main(["plan", *TRANSFORMER, "--budget", "70%", "--profile", str(a), str(cnn), "-o", str(out)]) == 1
     assert "cannot merge profiles" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _fake_meter(monkeypatch, items, base: int, offset: int) -> list[tuple[str, ...]]:
+    """Replace the planner's measurement by the cost model's estimate plus ``offset`` bytes."""
+    from memoplan.planner import plan as plan_module
+    from memoplan.syntax.formatter import format_plan
+
+    seen: list[tuple[str, ...]] = []
+
+    def fake(model, example, plan):
+        names = tuple(re.findall(r"^module (\S+) \{ checkpoint", format_plan(plan), re.M))
+        seen.append(names)
+        chosen = [i for i, item in enumerate(items) if item.name in names]
+        return search.estimate(items, chosen, base_bytes=base).peak + offset
+
+    monkeypatch.setattr(plan_module, "_measure", fake)
+    return seen
+
+
+@pytest.mark.parametrize("offset_share, share", [(-0.1, Fraction(1, 2)), (0.1, Fraction(3, 5))])
+def test_hard_budgets_are_settled_by_measurement_in_either_direction(monkeypatch, offset_share, share):
+    """Measured peaks below the estimate buy a cheaper set; above it, a set that fits."""
+    from memoplan.examples import transformer
+    from memoplan.planner.plan import make_plan
+    from memoplan.planner.profile import chain, profile
+
+    torch.manual_seed(0)
+    model, example = transformer.build(), transformer.example()
+    prof = profile(model, example, progress=False)
+    items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in chain(prof)]
+    base = search.unplanned_base(prof.peak_bytes, items)
+    offset = int(offset_share * prof.peak_bytes)
+    seen = _fake_meter(monkeypatch, items, base, offset)
+    budget = search.FractionOfPeak(share)
+    result = make_plan(model, example, budget, prof=prof, progress=False)
+    plain = search.optimal(items, budget, base_bytes=base)
+    assert result.limit == prof.peak_bytes * share.numerator // share.denominator
+    assert result.measured_after <= result.limit
+    assert "searched with the estimate's limit" in result.choice.reason
+    assert result.choice.budget == budget and result.choice.limit == result.limit
+    assert len(seen) == len(set(seen))  # each set measured once
+    if offset < 0:
+        assert result.choice.recompute_seconds < plain.recompute_seconds
+        # No cheaper set is within the limit by this meter.
+        best = search.optimal(items, search.Bytes(result.limit - offset), base_bytes=base)
+        assert result.choice.recompute_seconds == best.recompute_seconds
+    else:
+        assert result.choice.recompute_seconds > plain.recompute_seconds

@@ -84,20 +84,12 @@ def make_plan(
     base = search.unplanned_base(prof.peak_bytes, items)
     choice = _search(items, budget, planner, base)
     limit = choice.limit
+    searched = limit
     if not choice.ok and hard:
-        choice = _least_peak_if_it_fits(model, example, items, choice, planner, base)
+        choice, searched = _least_peak_if_it_fits(model, example, items, choice, planner, base)
     after = _measure(model, example, _draft(choice, items, model, {}))
-    # The cost model is an estimate: while a hard budget is missed by measurement,
-    # tighten the estimate's limit by the overshoot and search again.
-    for _ in range(MAX_REFINEMENTS):
-        if not (hard and limit is not None and after > limit):
-            break
-        tighter = choice.limit - (after - limit)
-        retry = _search(items, search.Bytes(max(1, tighter)), planner, base)
-        if not retry.ok:
-            break
-        choice = retry
-        after = _measure(model, example, _draft(choice, items, model, {}))
+    if hard and limit is not None:
+        choice, after = _calibrated(model, example, items, choice, after, limit, searched, planner, base)
     refined = None
     draft = _draft(choice, items, model, {})
     if refine is not None and refine.levels:
@@ -130,34 +122,90 @@ def make_plan(
     )
     result = PlanResult(plan, choice, prof.peak_bytes, after, limit, hard, refined)
     if hard and not result.met:
-        raise _missed(limit, after, choice.minimum_peak, "measured")
+        raise _missed(limit, after, choice.minimum_peak)
     return result
 
 
 MAX_REFINEMENTS = 4
 
 
-def _least_peak_if_it_fits(model, example, items, choice: search.Choice, planner: Planner, base: int) -> search.Choice:
+def _calibrated(
+    model, example, items, choice: search.Choice, after: int, limit: int, searched: int, planner: Planner, base: int
+):
+    """(choice, measured peak) once measurements, not the estimate, have settled the set.
+
+    The cost model is an estimate, off in either direction.  While the measured peak is over
+    the hard limit, the estimate's limit is lowered by the overshoot and the search repeated.
+    While it leaves room under the limit, the estimate's limit is raised by that room, and the
+    wider search's set is kept when it costs less recompute and still measures within the
+    limit; a set that measures over it halves the step.  At most ``MAX_REFINEMENTS`` searches
+    each way, each set measured once.  When the estimate's limit moved, the choice keeps the
+    user's budget and limit and says so in its note.  ``searched`` is the estimate's limit
+    ``choice`` was found with.
+    """
+    budget, first_reason = choice.budget, choice.reason
+    peaks = {choice.checkpointed: after}
+
+    def measured(c: search.Choice) -> int:
+        if c.checkpointed not in peaks:
+            peaks[c.checkpointed] = _measure(model, example, _draft(c, items, model, {}))
+        return peaks[c.checkpointed]
+
+    for _ in range(MAX_REFINEMENTS):
+        if after <= limit:
+            break
+        tighter = max(1, searched - (after - limit))
+        retry = _search(items, search.Bytes(tighter), planner, base)
+        if not retry.ok:
+            break
+        choice, searched = retry, tighter
+        after = measured(choice)
+    low, high = searched, None  # nothing cheaper fits at or below `low`; `high`'s set measured over
+    for _ in range(MAX_REFINEMENTS if after <= limit else 0):
+        trial = low + (limit - after) if high is None else (low + high) // 2
+        if trial <= low:
+            break
+        retry = _search(items, search.Bytes(trial), planner, base)
+        if retry.ok and retry.recompute_seconds < choice.recompute_seconds:
+            if measured(retry) <= limit:
+                choice, searched, after, low = retry, trial, measured(retry), trial
+            else:
+                high = trial
+        elif high is None:
+            break  # the room the measurement leaves buys nothing cheaper
+        else:
+            low = trial
+    if searched != limit:
+        note = (
+            f"searched with the estimate's limit at {searched} B, where measured peaks meet the limit "
+            f"{limit} B with the least recompute found"
+        )
+        reason = "; ".join(r for r in dict.fromkeys((first_reason, choice.reason, note)) if r)
+        choice = replace(choice, budget=budget, limit=limit, reason=reason)
+    return choice, after
+
+
+def _least_peak_if_it_fits(
+    model, example, items, choice: search.Choice, planner: Planner, base: int
+) -> tuple[search.Choice, int]:
     """The estimate says no set fits: measure the least-peak set before refusing (MP601).
 
     The cost model's estimates can run high (allocator rounding, gradients freed early).
     When the least-peak set measures within the limit, search again with the limit widened
     by that overshoot, and take the least-peak set itself if the wider search still fails;
-    the caller's measurement then checks the budget as usual.
+    the caller's measurement then checks the budget as usual.  Returns the choice and the
+    estimate's limit it was found with.
     """
     limit = choice.limit
     least = _search(items, search.Bytes(choice.minimum_peak), Planner.OPTIMAL, base)
     measured = _measure(model, example, _draft(least, items, model, {}))
     if measured > limit:
-        raise _missed(limit, measured, choice.minimum_peak, "measured")
-    overshoot = least.estimated_peak - measured
-    retry = _search(items, search.Bytes(limit + max(0, overshoot)), planner, base)
-    found = retry if retry.ok else least
-    note = (
-        f"the estimated least peak {least.estimated_peak} B is over the limit {limit} B, "
-        f"but measures {measured} B; searched with the limit widened by {max(0, overshoot)} B"
-    )
-    return replace(found, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note)
+        raise _missed(limit, measured, choice.minimum_peak, least_measured=True)
+    wider = limit + max(0, least.estimated_peak - measured)
+    retry = _search(items, search.Bytes(wider), planner, base)
+    found, searched = (retry, wider) if retry.ok else (least, choice.minimum_peak)
+    note = f"the estimated least peak {least.estimated_peak} B is over the limit {limit} B, but measures {measured} B"
+    return replace(found, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note), searched
 
 
 def _draft(choice: search.Choice, items, model: nn.Module, header: dict[str, str]) -> ast.Plan:
@@ -181,14 +229,21 @@ def _search(items, budget, planner: Planner, base: int) -> search.Choice:
     return search.optimal(items, budget, base_bytes=base)
 
 
-def _missed(limit, peak: int, minimum: int, how: str) -> PlanError:
+def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> PlanError:
+    """MP601 for a measured ``peak`` over ``limit``; ``least_measured``: ``peak`` is the least-peak plan's."""
+    if least_measured:
+        reach = (
+            f"the least-peak plan checkpointing reaches measures {peak} B ({peak / 2**20:.2f} MiB; "
+            f"estimated {minimum} B)"
+        )
+    else:
+        reach = f"the smallest peak reachable by checkpointing is about {minimum} B ({minimum / 2**20:.2f} MiB)"
     return PlanError(
         (
             Diagnostic(
                 "MP601",
-                f"the hard budget {limit} B cannot be met: {how} peak {peak} B",
-                help=f"the smallest peak reachable by checkpointing is about {minimum} B "
-                f"({minimum / 2**20:.2f} MiB); raise the budget or write it as `hint`",
+                f"the hard budget {limit} B cannot be met: measured peak {peak} B",
+                help=f"{reach}; raise the budget or write it as `hint`",
             ),
         )
     )
