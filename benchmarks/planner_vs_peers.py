@@ -22,7 +22,9 @@ included) of these configurations:
   ``--budgets`` fraction of the unplanned peak, once with the blocks as candidates and
   once with the blocks and every part of them that saves memory (``memoplan plan
   --nested``: the exact MILP chooses, say, only the MLPs' activation functions);
-  ``--memoplan`` picks either.  A budget that cannot be met is reported with the
+  ``--memoplan`` picks either.  Then the measured refinement levels of ``--refine``
+  (default ``narrow unwrap``, those of the ``balanced`` preset) run on the plan, and
+  the refined plan is measured against the budget.  A budget that cannot be met is reported with the
   smallest reachable peak (estimated by the planner, and measured for the least-peak
   plan) instead of stopping the run;
 * **torch.compile** of model + loss with
@@ -96,6 +98,7 @@ from memoplan.examples import cnn  # noqa: E402
 from memoplan.measure import LiveStorageMeter, default_loss, measured_step  # noqa: E402
 from memoplan.planner import search  # noqa: E402
 from memoplan.planner.plan import Planner, make_plan  # noqa: E402
+from memoplan.planner.presets import Level, RefineOptions  # noqa: E402
 from memoplan.planner.profile import chain, nested_candidates, profile  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 from memoplan.verify import verify  # noqa: E402
@@ -481,7 +484,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         minimum_estimates[mode] = minimum_estimate
         for fraction in args.budgets:
             configs.append(
-                _memoplan_config(name, model, example, prof, fraction, nested, minimum_estimate, seed, verify_rtol, steps)
+                _memoplan_config(name, model, example, prof, fraction, nested, minimum_estimate, seed, verify_rtol, steps, args)
             )
 
     # torch.compile with activation_memory_budget.
@@ -547,8 +550,10 @@ def _memoplan_config(
     seed: int,
     verify_rtol: float | None,
     steps: dict[str, Callable[[], Any]],
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     """Plan for one hard budget, verify the plan and register its step; the configuration's entry."""
+    refine = RefineOptions(levels=tuple(Level(level) for level in args.refine)) if args.refine else None
     budget = search.FractionOfPeak(Fraction(str(fraction)))
     limit = budget.limit(prof.peak_bytes)
     label = f"memoplan optimal{' --nested' if nested else ''}, hard budget {fraction:g}"
@@ -559,11 +564,14 @@ def _memoplan_config(
         "budget_fraction": fraction,
         "limit_bytes": limit,
         "profile_peak_bytes": prof.peak_bytes,
+        "refine": list(args.refine),
     }
     progress(f"[{name}] {label}: planning for {limit / MIB:.2f} MiB")
     t0 = time.perf_counter()
     try:
-        result = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=True, prof=prof, progress=False, nested=nested)
+        result = make_plan(
+            model, example, budget, planner=Planner.OPTIMAL, hard=True, prof=prof, progress=False, nested=nested, refine=refine
+        )
     except PlanError as error:
         entry.update(
             status="unreachable",
@@ -829,6 +837,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["blocks", "nested"],
         default=["blocks", "nested"],
         help="memoplan's candidates: the blocks only, and/or blocks or any part of them (memoplan plan --nested)",
+    )
+    parser.add_argument(
+        "--refine",
+        nargs="*",
+        choices=[level.value for level in Level],
+        default=["narrow", "unwrap"],
+        help="measured refinement levels after memoplan's search (default: those of the balanced preset; none: no refinement)",
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration")

@@ -34,6 +34,7 @@ from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan, refine
 from memoplan.runtime.state import get_state, is_stateful
 from memoplan.specs import Example
+from memoplan.verify import verify
 
 W = 32
 
@@ -158,6 +159,36 @@ def test_unwrap_drops_checkpoints_that_do_not_lower_the_peak_and_keeps_the_rest(
     assert "# refine: dropped the checkpoint of head:" in text
 
 
+def test_narrow_moves_a_checkpoint_to_its_heaviest_child_where_the_peak_allows_it():
+    """The last block's checkpoint narrows to its GELU, the first's cannot.
+
+    The last region is recomputed as soon as backward starts, while everything the forward kept
+    is still held: whether its activations are recomputed or kept, the peak is the same.  The
+    first block's activations, kept, would be held through that moment too.
+    """
+    torch.manual_seed(0)
+
+    def block() -> nn.Sequential:
+        return nn.Sequential(nn.Linear(W, 4 * W), nn.GELU(), nn.Linear(4 * W, W))
+
+    model = nn.Sequential(block(), block(), nn.Linear(W, 4))
+    example = (torch.randn(64, W),)
+    plan = _plan("module 0 { checkpoint }", "module 1 { checkpoint }")
+    prof = profile(model, example, repeats=1, progress=False)
+    weights = {name: prof.subtree_saved_bytes(name) for name in prof.names}
+    assert weights["1.1"] == weights["1.2"] > weights["1.0"]  # GELU first among equals
+    run = _refine(model, example, plan, RefineOptions(levels=(Level.NARROW,)), weights)
+    late, early = _trials(run, Level.NARROW)
+    assert (late.modules, late.edit, late.kept) == (("1",), "narrow to 1.1", True) and late.after == late.before
+    assert (early.modules, early.edit, early.kept) == (("0",), "narrow to 0.1", False) and early.after > early.before
+    text = memoplan.format_plan(run["result"].plan)
+    assert "module 1.1 { checkpoint }" in text and "module 0 { checkpoint }" in text and "module 1 {" not in text
+    assert "# refine: narrowed from 1: measured peak" in text
+    _assert_same(*run["snapshots"])
+    report = verify(model, run["result"].plan, Example(example))
+    assert report.equivalent and report.planned.peak_bytes == late.after
+
+
 def test_temporal_keeps_chunks_that_lower_the_peak_and_reverts_one_that_does_not(spiking_run):
     trials = _trials(spiking_run, Level.TEMPORAL)
     group = ("blocks.0", "blocks.1")
@@ -252,7 +283,7 @@ def test_presets_are_typed_frozen_configs_in_a_registry():
             preset.planner = Planner.GREEDY  # type: ignore[misc]
     safe, balanced, memory, exhaustive = PRESETS.values()
     assert DEFAULT is safe and safe.levels == ()
-    assert balanced.levels == (Level.UNWRAP,)
+    assert balanced.levels == (Level.NARROW, Level.UNWRAP)
     assert memory.levels == exhaustive.levels == ALL_LEVELS
     assert exhaustive.refine.max_trials is None and memory.refine.max_trials is not None
     assert set(memory.refine.chunks) < set(exhaustive.refine.chunks)

@@ -66,10 +66,11 @@ class Level(enum.Enum):
 
     SPLIT = "split"  # checkpointed nn.Sequential regions -> `checkpoint segments = N`
     TEMPORAL = "temporal"  # checkpointed regions with stateful modules -> `temporal_chunk N dim 0`
+    NARROW = "narrow"  # a checkpointed module -> its heaviest child, when the peak does not rise
     UNWRAP = "unwrap"  # drop region rules whose removal does not raise the peak
 
 
-ALL_LEVELS: tuple[Level, ...] = (Level.SPLIT, Level.TEMPORAL, Level.UNWRAP)
+ALL_LEVELS: tuple[Level, ...] = (Level.SPLIT, Level.TEMPORAL, Level.NARROW, Level.UNWRAP)
 
 
 @dataclass(frozen=True)
@@ -180,13 +181,13 @@ SAFE = PlannerPreset(
 )
 BALANCED = PlannerPreset(
     "balanced",
-    "checkpoints, then drop each one that does not lower the measured peak (bit-exact)",
+    "checkpoints, then narrow or drop each one that does not lower the measured peak (bit-exact)",
     budget=search.Preset.BALANCED,
-    refine=RefineOptions(levels=(Level.UNWRAP,), max_trials=8),
+    refine=RefineOptions(levels=(Level.NARROW, Level.UNWRAP), max_trials=8),
 )
 MEMORY = PlannerPreset(
     "memory",
-    "the smallest measured peak: split regions, chunk time, drop useless checkpoints",
+    "the smallest measured peak: split regions, chunk time, narrow or drop useless checkpoints",
     budget=search.Preset.MEMORY,
     refine=RefineOptions(levels=ALL_LEVELS, max_trials=8, segments=(2,), chunks=(2, 4)),
 )

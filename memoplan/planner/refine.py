@@ -13,6 +13,10 @@ Levels, run in the order given:
 * ``temporal`` -- checkpointed regions that contain stateful modules (``state = functional``:
   spiking neurons, recurrent cells), heaviest first, become ``temporal_chunk N dim 0``
   (``RefineOptions.chunks``).  Kept when the peak drops.
+* ``narrow`` -- each plain ``checkpoint`` of a module with children, the later first, moves to
+  its heaviest child (``blocks.5`` -> ``blocks.5.mlp``).  Kept when the peak does not rise:
+  the same memory for less recompute (where the peak is set elsewhere, say in the loss, the
+  rest of the module need not be recomputed).
 * ``unwrap`` -- each region rule (``checkpoint`` or ``temporal_chunk``), lightest first (the
   later first among equals), is dropped.  Kept when the peak does not rise: the same memory
   for less recompute.
@@ -196,6 +200,21 @@ def _with_segments(rule: ast.ModuleRule, n: int) -> ast.ModuleRule:
     return replace(rule, policies=policies)
 
 
+def _narrowable(rule: ast.ModuleRule, module: nn.Module) -> bool:
+    """A ``checkpoint`` with no options as the rule's only policy, of a module with children."""
+    check = _policy(rule, ast.Checkpoint)
+    plain = check is not None and all(
+        getattr(check, name) is None for name in ("segments", "split", "rng", "impl", "nested")
+    )
+    return plain and len(rule.policies) == 1 and len(module._modules) > 0
+
+
+def _with_path(rule: ast.ModuleRule, path: str) -> ast.ModuleRule:
+    """The rule with its selector moved to the literal module ``path``."""
+    term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(part) for part in path.split("."))))
+    return replace(rule, selector=replace(rule.selector, include=term))
+
+
 def _with_chunks(rule: ast.ModuleRule, n: int) -> ast.ModuleRule:
     """The rule with its ``checkpoint`` (or chunking) replaced by ``temporal_chunk n dim 0``."""
     kept = tuple(p for p in rule.policies if not isinstance(p, (ast.Checkpoint, ast.TemporalChunk)))
@@ -233,6 +252,8 @@ class _Candidate:
     paths: tuple[str, ...]
     edit: str  # what the progress line and the comment call it
     change: Callable[[ast.ModuleRule], ast.ModuleRule] | None  # None: drop the rules (unwrap)
+    # Kept when the peak does not rise (it costs less recompute), not only when it drops.
+    cheaper: bool = False
 
     @property
     def drops(self) -> bool:
@@ -250,6 +271,10 @@ def _segments_edit(n: int) -> Callable[[ast.ModuleRule], ast.ModuleRule]:
 
 def _chunks_edit(n: int) -> Callable[[ast.ModuleRule], ast.ModuleRule]:
     return lambda rule: _with_chunks(rule, n)
+
+
+def _path_edit(path: str) -> Callable[[ast.ModuleRule], ast.ModuleRule]:
+    return lambda rule: _with_path(rule, path)
 
 
 class _Refiner:
@@ -328,7 +353,15 @@ class _Refiner:
             # Lightest first; among equals the later first: the last region is recomputed as
             # soon as backward starts, so its checkpoint is the likeliest to save nothing.
             regions.sort(key=lambda r: (self._weight(r[1]), -r[0]))
-            return [_Candidate((path,), f"drop {word}", None) for _, path, word in regions]
+            return [_Candidate((path,), f"drop {word}", None, cheaper=True) for _, path, word in regions]
+        if level is Level.NARROW:
+            out = []
+            for _, rule, path, module in sorted(rules, key=lambda r: -r[0]):  # the later first
+                parts = [f"{path}.{name}" for name in module._modules if self._weight(f"{path}.{name}") > 0]
+                if _narrowable(rule, module) and parts:
+                    part = max(parts, key=self._weight)  # the first among equals
+                    out.append(_Candidate((path,), f"narrow to {part}", _path_edit(part), cheaper=True))
+            return out
         if level is Level.SPLIT:
             # Plain checkpoints of an nn.Sequential with children to cut between; more
             # segments than children would be MP307.
@@ -409,10 +442,12 @@ class _Refiner:
             self._record(level, paths, candidate.edit, before, None, False, f"skipped: {type(exc).__name__}: {exc}")
             self.say(f"refine {level.value} [{counter}] {where}: {candidate.edit}: failed ({type(exc).__name__})")
             return True
-        # unwrap keeps a drop that leaves the peak where it was: the same memory, less recompute.
-        better = after < before or (candidate.drops and after <= before)
+        # unwrap and narrow keep an edit that leaves the peak where it was: the same memory, less recompute.
+        better = after < before or (candidate.cheaper and after <= before)
         if better and candidate.drops:
             note = f"measured peak {_sizes(before, after)} without it, less recompute"
+        elif better and candidate.cheaper:
+            note = f"narrowed from {paths[0]}: measured peak {_sizes(before, after)}, less recompute"
         elif better:
             note = f"{candidate.edit} lowered the measured peak {_sizes(before, after)}"
         else:
