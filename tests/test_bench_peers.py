@@ -36,8 +36,11 @@ def _check_model(results: dict, name: str, budgets: list[float], compile_budgets
     assert [(c["mode"], c["budget_fraction"]) for c in planned] == [(m, b) for m in ("blocks", "nested") for b in budgets]
     for c in planned:
         assert c["status"] in ("met", "unreachable"), c
+        assert c["refine"] == ["narrow", "unwrap"]  # the balanced preset's levels, by default
         if c["status"] == "met":
             assert c["hard_budget_met"] and c["peak_bytes"] <= c["limit_bytes"] and c["matches"]
+            # The regions of the plan as written (refinement may have moved or dropped some).
+            assert c["checkpointed"] and all(isinstance(name, str) for name in c["checkpointed"])
             assert c["step_time_s"]["median"] > 0 and len(c["step_time_s"]["all"]) == 1
         else:
             assert c["minimum_estimated_peak_bytes"] > c["limit_bytes"]
