@@ -1,4 +1,4 @@
-"""Measured refinement (split, temporal, unwrap) and the typed planner presets.
+"""Measured refinement (split, temporal, narrow, unwrap) and the typed planner presets.
 
 Every level must keep an edit that lowers the measured peak and revert one that does not,
 the refined plan must stay ordinary plan text, and the user's model -- parameters, buffers,

@@ -15,14 +15,14 @@ The presets and the coverage budgets
 candidate modules checkpointed, 50/75/100%, largest activations first.  A planner preset is a
 *strategy*; its default budget is one of those coverage budgets, named alike where they agree:
 
-=============== ===================== ========= ========================== ==============
-preset          default budget        planner   refinement levels          trials / level
-=============== ===================== ========= ========================== ==============
-``safe``        ``speed`` (50%)       optimal   none: plain checkpoints    --
-``balanced``    ``balanced`` (75%)    optimal   unwrap                     8
-``memory``      ``memory`` (100%)     optimal   split, temporal, unwrap    8
-``exhaustive``  ``memory`` (100%)     optimal   split, temporal, unwrap    no limit
-=============== ===================== ========= ========================== ==============
+=============== ===================== ========= ================================== ==============
+preset          default budget        planner   refinement levels                  trials / level
+=============== ===================== ========= ================================== ==============
+``safe``        ``speed`` (50%)       optimal   none: plain checkpoints            --
+``balanced``    ``balanced`` (75%)    optimal   narrow, unwrap                     8
+``memory``      ``memory`` (100%)     optimal   split, temporal, narrow, unwrap    8
+``exhaustive``  ``memory`` (100%)     optimal   split, temporal, narrow, unwrap    no limit
+=============== ===================== ========= ================================== ==============
 
 The planner searches byte budgets only (``--budget 4 GiB``, ``--budget 50%``); a coverage
 budget takes its share directly.  ``safe`` and ``balanced`` write plans that are bit-exact
