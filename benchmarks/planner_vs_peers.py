@@ -101,8 +101,6 @@ from memoplan.planner.plan import Planner, make_plan  # noqa: E402
 from memoplan.planner.presets import Level, RefineOptions  # noqa: E402
 from memoplan.planner.profile import chain, nested_candidates, profile  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
-from memoplan.syntax import ast  # noqa: E402
-from memoplan.syntax.formatter import format_selector  # noqa: E402
 from memoplan.verify import verify  # noqa: E402
 
 MIB = 2**20
@@ -602,7 +600,7 @@ def _memoplan_config(
         hard_budget_met=peak <= limit,
         planning_seconds=planning,
         searched=list(result.choice.names),  # the search's set, before refinement
-        checkpointed=_regions(result.plan),  # the region rules of the plan as written
+        checkpointed=list(result.region_modules),  # the region rules of the plan as written
         estimated_peak_bytes=result.choice.estimated_peak,
         planner_measured_peak_bytes=result.measured_after,
         proven_optimal=result.choice.proven_optimal,
@@ -616,15 +614,6 @@ def _memoplan_config(
     regions = entry["checkpointed"]
     progress(f"[{name}]   {len(regions)} regions ({', '.join(regions)}), {peak / MIB:.2f} MiB, budget {entry['status']}")
     return entry
-
-
-def _regions(plan: ast.Plan) -> list[str]:
-    """The selectors of a plan's region rules (``checkpoint`` or ``temporal_chunk``), in order."""
-    return [
-        format_selector(stmt.selector)
-        for stmt in plan.statements
-        if isinstance(stmt, ast.ModuleRule) and any(isinstance(p, (ast.Checkpoint, ast.TemporalChunk)) for p in stmt.policies)
-    ]
 
 
 def _names(names: list[str], shown: int = 8) -> str:

@@ -263,6 +263,7 @@ def test_hard_budgets_are_settled_by_measurement_in_either_direction(monkeypatch
     assert "searched with the estimate's limit" in result.choice.reason
     assert result.choice.budget == budget and result.choice.limit == result.limit
     assert len(seen) == len(set(seen))  # each set measured once
+    assert result.region_modules == result.choice.names  # no refinement: the plan's regions are the set
     if offset < 0:
         assert result.choice.recompute_seconds < plain.recompute_seconds
         # No cheaper set is within the limit by this meter.

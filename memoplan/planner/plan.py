@@ -24,6 +24,7 @@ from memoplan.planner.refine import refine as refine_plan
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
 from memoplan.syntax import ast
+from memoplan.syntax.formatter import format_selector
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,19 @@ class PlanResult:
         return self.limit is None or self.measured_after <= self.limit
 
     @property
-    def regions(self) -> int:
-        """Rules of the plan that make checkpoint regions (``checkpoint`` or ``temporal_chunk``)."""
-        return sum(
-            1
+    def region_modules(self) -> tuple[str, ...]:
+        """The selectors of the plan's rules that make regions (``checkpoint`` or ``temporal_chunk``), in order."""
+        return tuple(
+            format_selector(stmt.selector)
             for stmt in self.plan.statements
             if isinstance(stmt, ast.ModuleRule)
             and any(isinstance(p, (ast.Checkpoint, ast.TemporalChunk)) for p in stmt.policies)
         )
+
+    @property
+    def regions(self) -> int:
+        """Rules of the plan that make checkpoint regions (``checkpoint`` or ``temporal_chunk``)."""
+        return len(self.region_modules)
 
 
 def make_plan(
