@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 
@@ -232,3 +233,75 @@ def test_auto_widens_when_a_later_input_does_not_fit_the_first_choice():
     (reference(x2) ** 2).sum().backward()
     for p, q in zip(reference.parameters(), planned.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_chunk_outputs_go_into_one_buffer_as_they_come():
+    """Joining chunks holds the whole output and one chunk's, never every chunk's plus their concatenation."""
+
+    class Double(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    module = Double()
+    x = torch.randn(8, 1024, requires_grad=True)  # 32 KiB; a chunk of 2 steps is 8 KiB
+    fn = functools.partial(type(module).forward, module)
+    with LiveStorageMeter() as meter:
+        y = run_chunked((module,), fn, (x,), {}, RegionOptions(), (), chunks=4, dim=0, chunk_args=(0,))
+    assert meter.peak_bytes == x.nbytes + x.nbytes // 4
+    y.backward(torch.arange(y.numel(), dtype=y.dtype).view_as(y))
+    assert torch.equal(y, x * 2)
+    assert torch.equal(x.grad, 2 * torch.arange(y.numel(), dtype=y.dtype).view_as(y))
+
+
+def test_chunk_outputs_of_other_lengths_are_concatenated():
+    """An output not as long as its chunk (a summary per chunk) and a non-tensor output come back as before."""
+
+    class Summaries(nn.Module):
+        def forward(self, x):
+            return {"seq": x.sin(), "first": x[:1] * 3, "steps": "same"}
+
+    module = Summaries()
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    fn = functools.partial(type(module).forward, module)
+    out = run_chunked((module,), fn, (x,), {}, RegionOptions(), (), chunks=3, dim=0, chunk_args=(0,))
+    assert out["steps"] == "same"
+    assert torch.equal(out["seq"], x.sin())
+    assert torch.equal(out["first"], x[::2] * 3)
+    (out["seq"].sum() + out["first"].pow(2).sum()).backward()
+    expected = x.detach().cos()
+    expected[::2] += 18 * x.detach()[::2]
+    assert torch.allclose(x.grad, expected, rtol=0, atol=1e-12)
+
+
+def test_the_decoded_input_is_not_held_while_backward_runs_through_the_region():
+    """The recompute keeps what saves the decoded input as the payload, decoding it again when needed.
+
+    fn = conv2(conv1(x)): the peak is conv2's backward (conv1's output and its gradient),
+    a moment when conv1's saved input need not exist.
+    """
+    import memoplan.runtime.region as region
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(16, 64, 1, bias=False), nn.Conv2d(64, 1, 1, bias=False))
+    x = (torch.rand(4, 16, 32, 32) < 0.5).float().requires_grad_()
+    fn = functools.partial(type(net).forward, net)
+
+    def backward_peak() -> tuple[int, torch.Tensor]:
+        x.grad = None
+        net.zero_grad(set_to_none=True)
+        y = run_region((net,), fn, (x,), {}, RegionOptions(codec="bit"))
+        g = torch.ones_like(y)
+        with LiveStorageMeter() as meter:
+            y.backward(g)
+        return meter.peak_bytes, x.grad.clone()
+
+    peak, grad = backward_peak()
+    original = region._saved_as_payload
+    region._saved_as_payload = lambda decoded, payload: contextlib.nullcontext()
+    try:
+        kept_peak, kept_grad = backward_peak()
+    finally:
+        region._saved_as_payload = original
+    assert torch.equal(grad, kept_grad)
+    # Without the payload, the decoded input (256 KiB) is alive at that moment too.
+    assert kept_peak - peak == x.nbytes

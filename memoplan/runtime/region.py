@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.autograd.graph import get_gradient_edge
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils.checkpoint import get_device_states, set_device_states
 
 from memoplan.runtime import batchnorm, codecs
@@ -134,11 +134,15 @@ def run_chunked(
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     chunked = _split_chunks(args, kwargs, options, chunks=chunks, dim=dim, chunk_args=chunk_args)
+    key = chunk_args[0]
+    sizes = [(a[key] if isinstance(key, int) else kw[key]).shape[dim] for a, kw in chunked]
+    joined = _Join(dim, sizes, options.where)
     if batchnorm.normalising_modules(roots):
-        outputs = _chunks_with_batch_statistics(roots, fn, chunked, options, stateful)
+        _chunks_with_batch_statistics(roots, fn, chunked, options, stateful, joined)
     else:
-        outputs = [run_region(roots, fn, a, kw, options, stateful) for a, kw in chunked]
-    return _concat(outputs, dim, options.where)
+        for a, kw in chunked:
+            joined.add(run_region(roots, fn, a, kw, options, stateful))
+    return joined.result()
 
 
 def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int, chunk_args):
@@ -179,8 +183,8 @@ def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int
     return result
 
 
-def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, stateful) -> list[Any]:
-    """The chunks' outputs, BatchNorm normalising with the whole batch's statistics.
+def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, stateful, joined: _Join) -> None:
+    """The chunks' outputs, joined in ``joined``, BatchNorm normalising with the whole batch's statistics.
 
     One statistics pass per training-mode ``batch_norm`` call, then the main pass
     (see :mod:`memoplan.runtime.batchnorm`); every pass starts from the step's
@@ -201,12 +205,17 @@ def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, st
         for k, (args, kwargs) in enumerate(chunked):
             run.measured, run.record = False, ([] if k == 0 else None)
             kwargs = {**kwargs, batchnorm.STATS_KEYWORD: (tuple(stats), tuple(local[k]))}
-            outputs.append(run_region(roots, region_fn, args, kwargs, options, stateful))
+            output = run_region(roots, region_fn, args, kwargs, options, stateful)
             if k == 0:
                 measuring, calls, run.record = run.measured, run.record, None
                 counters = [] if measuring else snapshot.counters()
             elif run.measured != measuring:
                 raise RuntimeError(f"memoplan: {options.where}: the time chunks made different BatchNorm calls")
+            if measuring:
+                outputs.append(output)
+            else:
+                joined.add(output)
+            del output
         if not measuring:
             break
         mean, var, total = batchnorm.combine([(m, v) for m, v, _ in outputs], [n for _, _, n in outputs])
@@ -229,22 +238,84 @@ def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, st
         for counter, value in counters:
             counter.copy_(value)
     batchnorm.update_running(calls, stats, totals)
-    return outputs
 
 
-def _concat(outputs: list[Any], dim: int, where: str) -> Any:
-    flat = [pytree.tree_flatten(o) for o in outputs]
-    spec = flat[0][1]
-    joined = []
-    for i, leaf in enumerate(flat[0][0]):
-        column = [leaves[i] for leaves, _ in flat]
-        if isinstance(leaf, torch.Tensor):
-            joined.append(torch.cat(column, dim=dim))
-        elif all(v == leaf for v in column):
-            joined.append(leaf)
-        else:
-            raise ValueError(f"memoplan: {where}: chunks returned different non-tensor outputs")
-    return pytree.tree_unflatten(joined, spec)
+class _Join:
+    """The chunks' outputs joined along ``dim`` as they come, each tensor output into one buffer.
+
+    A tensor output as long along ``dim`` as its chunk's input goes straight into
+    its place in a buffer of the whole length (:class:`_Place`), so a chunk's
+    output is freed as soon as the next one runs, instead of every chunk's output
+    and their concatenation being alive at once.  Any other tensor output is
+    concatenated at the end; non-tensor outputs must be equal in every chunk.
+    """
+
+    def __init__(self, dim: int, sizes: Sequence[int], where: str) -> None:
+        self.dim, self.sizes, self.where = dim, list(sizes), where
+        self.count = 0
+        self.spec: Any = None
+        self.columns: list[Any] = []  # per output leaf: a buffer, a list of pieces, or the non-tensor value
+
+    def add(self, output: Any) -> None:
+        leaves, spec = pytree.tree_flatten(output)
+        k, self.count = self.count, self.count + 1
+        if k == 0:
+            self.spec = spec
+            self.columns = [self._first(leaf) for leaf in leaves]
+            return
+        if spec != self.spec:
+            raise ValueError(f"memoplan: {self.where}: chunks returned outputs of different structure")
+        for i, leaf in enumerate(leaves):
+            column = self.columns[i]
+            if not isinstance(leaf, torch.Tensor):
+                if isinstance(column, (torch.Tensor, list)) or leaf != column:
+                    raise ValueError(f"memoplan: {self.where}: chunks returned different non-tensor outputs")
+            elif isinstance(column, list):
+                column.append(leaf)
+            elif isinstance(column, torch.Tensor) and self._fits(leaf, k):
+                self.columns[i] = _Place.apply(column, leaf, sum(self.sizes[:k]), self.dim)
+            elif isinstance(column, torch.Tensor):  # not as long as its chunk: concatenate instead
+                self.columns[i] = [column.narrow(self.dim, 0, sum(self.sizes[:k])), leaf]
+            else:
+                raise ValueError(f"memoplan: {self.where}: chunks returned different non-tensor outputs")
+
+    def _fits(self, leaf: torch.Tensor, k: int) -> bool:
+        return -leaf.dim() <= self.dim < leaf.dim() and leaf.shape[self.dim] == self.sizes[k]
+
+    def _first(self, leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        if not self._fits(leaf, 0) or len(self.sizes) == 1:
+            return [leaf]
+        shape = list(leaf.shape)
+        shape[self.dim] = sum(self.sizes)
+        return _Place.apply(leaf.new_empty(shape), leaf, 0, self.dim)
+
+    def result(self) -> Any:
+        joined = [torch.cat(c, dim=self.dim) if isinstance(c, list) and len(c) > 1 else c[0] if isinstance(c, list) else c for c in self.columns]
+        self.columns = []
+        return pytree.tree_unflatten(joined, self.spec)
+
+
+class _Place(torch.autograd.Function):
+    """``buffer`` with ``piece`` copied in along ``dim`` from ``start`` (in place).
+
+    Backward hands the piece its slice of the gradient and the earlier buffer the
+    gradient unchanged: the slots are disjoint and each is written once, and the
+    first buffer needs no gradient, so the overwritten values never receive one.
+    """
+
+    @staticmethod
+    def forward(ctx, buffer: torch.Tensor, piece: torch.Tensor, start: int, dim: int) -> torch.Tensor:
+        buffer.narrow(dim, start, piece.shape[dim]).copy_(piece)
+        ctx.mark_dirty(buffer)
+        ctx.slot = (dim, start, piece.shape[dim])
+        return buffer
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        dim, start, length = ctx.slot
+        return grad, grad.narrow(dim, start, length), None, None
 
 
 class _Run:
@@ -377,6 +448,56 @@ def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
     return [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
 
 
+class _Entry(torch.autograd.Function):
+    """The decoded input as it enters a recompute: an alias whose gradient the region takes.
+
+    The region's backward differentiates up to this node's output and never runs it.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+@dataclass(frozen=True)
+class _PayloadView:
+    """A saved tensor that is (a view of) the decoded input: the payload and where in it."""
+
+    payload: codecs.Payload
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+def _saved_as_payload(decoded: torch.Tensor, payload: codecs.Payload) -> Any:
+    """While recomputing, ops that save the decoded input (or a view of it) keep the payload.
+
+    A convolution's backward needs its input; without this, the recompute would hold the
+    decoded input at full size until the region's backward reaches that op.  Each
+    saved view is decoded again when backward unpacks it.  A tensor changed in place
+    since decoding is saved as it is.
+    """
+    # Plain values only: the hooks live as long as what they saved, and must not keep the input.
+    pointer, version = decoded.untyped_storage().data_ptr(), decoded._version
+    dtype, device = decoded.dtype, decoded.device
+
+    def pack(t: torch.Tensor) -> Any:
+        if t.untyped_storage().data_ptr() == pointer and t._version == version and t.dtype == dtype and t.device == device:
+            return _PayloadView(payload, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        return t
+
+    def unpack(saved: Any) -> torch.Tensor:
+        if isinstance(saved, _PayloadView):
+            return codecs.decode(saved.payload).as_strided(saved.size, saved.stride, saved.offset)
+        return saved
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
 class _RegionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run: _Run, *inputs: torch.Tensor):
@@ -409,10 +530,16 @@ class _RegionFunction(torch.autograd.Function):
         run: _Run = ctx.run
         saved = list(ctx.saved_tensors)
         args = [None if dropped else saved.pop(0) for dropped in ctx.dropped]
-        detached = []
+        detached: list[torch.Tensor | None] = []
+        decoded = None
         for n, t in enumerate(args):
             if t is None:  # the compressed input
-                detached.append(codecs.decode(ctx.payload).requires_grad_(ctx.primary_requires_grad))
+                decoded = codecs.decode(ctx.payload)
+                if ctx.primary_requires_grad:
+                    # A non-leaf: a leaf would be kept alive by its gradient accumulator.
+                    with torch.enable_grad():
+                        decoded = _Entry.apply(decoded, torch.zeros((), requires_grad=True))
+                detached.append(decoded)
             else:
                 detached.append(t.detach().requires_grad_(t.requires_grad))
         state_in = [t.detach().requires_grad_(t.requires_grad) for t in saved]
@@ -426,6 +553,8 @@ class _RegionFunction(torch.autograd.Function):
             for device, enabled, dtype in ctx.autocast:
                 stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
             stack.enter_context(ctx.recompute_context)
+            if decoded is not None:
+                stack.enter_context(_saved_as_payload(decoded, ctx.payload))
             try:
                 run.load_states(run.entry_states, run.state_keys, state_in)
                 with torch.enable_grad():
@@ -446,12 +575,21 @@ class _RegionFunction(torch.autograd.Function):
             # themselves can be freed before backward runs through the region.
             roots = [get_gradient_edge(o) for o in roots]
             del out, out_tensors, states, pairs
-        candidates = detached + state_in + run.params
-        wanted = [t for t in candidates if t.requires_grad]
+        candidates: list[Any] = [*detached, *state_in, *run.params]
+        if decoded is not None:
+            # From here on only the payload stands for the decoded input.
+            at = detached.index(decoded)
+            candidates[at] = get_gradient_edge(decoded) if decoded.requires_grad else None
+            del decoded, detached
+        wanted = [
+            i for i, t in enumerate(candidates) if isinstance(t, GradientEdge) or (t is not None and t.requires_grad)
+        ]
         found = (
-            torch.autograd.grad(roots, wanted, root_grads, allow_unused=True)
+            torch.autograd.grad(roots, [candidates[i] for i in wanted], root_grads, allow_unused=True)
             if roots and wanted
             else [None] * len(wanted)
         )
-        by_id = {id(t): g for t, g in zip(wanted, found)}
-        return (None, *[by_id.get(id(t)) for t in candidates])
+        grads_in: list[torch.Tensor | None] = [None] * len(candidates)
+        for i, g in zip(wanted, found):
+            grads_in[i] = g
+        return (None, *grads_in)
