@@ -305,3 +305,26 @@ def test_the_decoded_input_is_not_held_while_backward_runs_through_the_region():
     assert torch.equal(grad, kept_grad)
     # Without the payload, the decoded input (256 KiB) is alive at that moment too.
     assert kept_peak - peak == x.nbytes
+
+
+def test_a_planned_sequential_lets_go_of_its_decoded_input_after_the_first_module():
+    """In the recompute, a chain's decoded input lives only until its first module has saved it as the payload."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(16, 1, 1, bias=False), nn.Conv2d(1, 64, 1, bias=False))
+    x = (torch.rand(4, 16, 32, 32) < 0.5).float().requires_grad_()
+
+    def backward_peak(run) -> tuple[int, torch.Tensor]:
+        x.grad = None
+        net.zero_grad(set_to_none=True)
+        y = run()
+        g = torch.ones_like(y)
+        with LiveStorageMeter() as meter:
+            y.backward(g)
+        return meter.peak_bytes, x.grad.clone()
+
+    owned, grad = backward_peak(lambda: run_planned(net, (x,), {}, codec="bit"))
+    fn = functools.partial(nn.Sequential.forward, net)
+    held, held_grad = backward_peak(lambda: run_region((net,), fn, (x,), {}, RegionOptions(codec="bit")))
+    assert torch.equal(grad, held_grad)
+    # The peak is the recompute's second output (1 MiB); a caller holding the input adds it (256 KiB).
+    assert held - owned == x.nbytes

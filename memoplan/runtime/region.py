@@ -88,7 +88,7 @@ def run_planned(
     """
     options = RegionOptions(codec, validate, tolerance, preserve_rng, where or module.__dict__.get(PATH_ATTR, ""))
     modules = tuple(module.get_submodule(path) if path else module for path in stateful)
-    fn = partial(type(module).forward, module)
+    fn = _Chain(module) if type(module).forward is nn.Sequential.forward else partial(type(module).forward, module)
     if chunks is not None:
         return run_chunked(
             (module,), fn, args, kwargs, options, modules, chunks=chunks, dim=dim, chunk_args=chunk_args
@@ -240,6 +240,26 @@ def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, st
     batchnorm.update_running(calls, stats, totals)
 
 
+class _Chain:
+    """``nn.Sequential.forward`` of ``module``, able to let go of each module's input once it has run.
+
+    A recompute that decoded its input keeps it, for ops that save it, as the
+    payload; releasing the decoded tensor after the first module frees it there.
+    """
+
+    def __init__(self, module: nn.Sequential) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return nn.Sequential.forward(self.module, *args, **kwargs)
+
+    def run_owned(self, box: list[Any]) -> Any:
+        x = box.pop()
+        for child in self.module:
+            x = child(x)
+        return x
+
+
 class _Join:
     """The chunks' outputs joined along ``dim`` as they come, each tensor output into one buffer.
 
@@ -359,6 +379,20 @@ class _Run:
         for i, tensor in zip(self.tensor_at, arg_tensors):
             leaves[i] = tensor
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return self.fn(*args, **kwargs)
+
+    def call_owned(self, arg_tensors: list[torch.Tensor]) -> Any:
+        """:meth:`call`, emptying ``arg_tensors``: a chain then holds its input only until its first module has run."""
+        leaves = list(self.leaves)
+        for i, at in enumerate(self.tensor_at):
+            leaves[at] = arg_tensors[i]
+        arg_tensors.clear()
+        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        del leaves
+        if isinstance(self.fn, _Chain) and len(args) == 1 and not kwargs:
+            box = list(args)
+            del args
+            return self.fn.run_owned(box)
         return self.fn(*args, **kwargs)
 
     def read_states(self) -> list[dict[str, Any]]:
@@ -481,12 +515,21 @@ def _saved_as_payload(decoded: torch.Tensor, payload: codecs.Payload) -> Any:
     saved view is decoded again when backward unpacks it.  A tensor changed in place
     since decoding is saved as it is.
     """
-    # Plain values only: the hooks live as long as what they saved, and must not keep the input.
+    # No strong reference: the hooks live as long as what they saved, and must not keep the
+    # input.  Once the input is freed its address may hold a new tensor, hence the weak one
+    # (a view of the input keeps the input alive).
+    alive = weakref.ref(decoded)
     pointer, version = decoded.untyped_storage().data_ptr(), decoded._version
     dtype, device = decoded.dtype, decoded.device
 
     def pack(t: torch.Tensor) -> Any:
-        if t.untyped_storage().data_ptr() == pointer and t._version == version and t.dtype == dtype and t.device == device:
+        if (
+            alive() is not None
+            and t.untyped_storage().data_ptr() == pointer
+            and t._version == version
+            and t.dtype == dtype
+            and t.device == device
+        ):
             return _PayloadView(payload, tuple(t.shape), tuple(t.stride()), t.storage_offset())
         return t
 
@@ -543,6 +586,13 @@ class _RegionFunction(torch.autograd.Function):
             else:
                 detached.append(t.detach().requires_grad_(t.requires_grad))
         state_in = [t.detach().requires_grad_(t.requires_grad) for t in saved]
+        candidates: list[Any] = [*detached, *state_in, *run.params]
+        if decoded is not None:
+            # From here on only the payload stands for the decoded input: the recompute owns it.
+            at = next(i for i, t in enumerate(detached) if t is decoded)
+            candidates[at] = get_gradient_edge(decoded) if decoded.requires_grad else None
+            saving = _saved_as_payload(decoded, ctx.payload)
+            del decoded
 
         post_forward = run.read_states()
         with contextlib.ExitStack() as stack:
@@ -553,12 +603,12 @@ class _RegionFunction(torch.autograd.Function):
             for device, enabled, dtype in ctx.autocast:
                 stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
             stack.enter_context(ctx.recompute_context)
-            if decoded is not None:
-                stack.enter_context(_saved_as_payload(decoded, ctx.payload))
+            if ctx.payload is not None:
+                stack.enter_context(saving)
             try:
                 run.load_states(run.entry_states, run.state_keys, state_in)
                 with torch.enable_grad():
-                    out = run.call(detached)
+                    out = run.call_owned(detached)
                     states = run.read_states()
             finally:
                 # The recompute must not advance the state (fangwei123456/spikingjelly#629).
@@ -575,12 +625,6 @@ class _RegionFunction(torch.autograd.Function):
             # themselves can be freed before backward runs through the region.
             roots = [get_gradient_edge(o) for o in roots]
             del out, out_tensors, states, pairs
-        candidates: list[Any] = [*detached, *state_in, *run.params]
-        if decoded is not None:
-            # From here on only the payload stands for the decoded input.
-            at = detached.index(decoded)
-            candidates[at] = get_gradient_edge(decoded) if decoded.requires_grad else None
-            del decoded, detached
         wanted = [
             i for i, t in enumerate(candidates) if isinstance(t, GradientEdge) or (t is not None and t.requires_grad)
         ]
