@@ -312,7 +312,11 @@ class _Join:
         return _Place.apply(leaf.new_empty(shape), leaf, 0, self.dim)
 
     def result(self) -> Any:
-        joined = [torch.cat(c, dim=self.dim) if isinstance(c, list) and len(c) > 1 else c[0] if isinstance(c, list) else c for c in self.columns]
+        joined = []
+        for column in self.columns:
+            if isinstance(column, list):
+                column = column[0] if len(column) == 1 else torch.cat(column, dim=self.dim)
+            joined.append(column)
         self.columns = []
         return pytree.tree_unflatten(joined, self.spec)
 
@@ -587,6 +591,7 @@ class _RegionFunction(torch.autograd.Function):
                 detached.append(t.detach().requires_grad_(t.requires_grad))
         state_in = [t.detach().requires_grad_(t.requires_grad) for t in saved]
         candidates: list[Any] = [*detached, *state_in, *run.params]
+        saving: Any = contextlib.nullcontext()
         if decoded is not None:
             # From here on only the payload stands for the decoded input: the recompute owns it.
             at = next(i for i, t in enumerate(detached) if t is decoded)
@@ -603,8 +608,7 @@ class _RegionFunction(torch.autograd.Function):
             for device, enabled, dtype in ctx.autocast:
                 stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
             stack.enter_context(ctx.recompute_context)
-            if ctx.payload is not None:
-                stack.enter_context(saving)
+            stack.enter_context(saving)
             try:
                 run.load_states(run.entry_states, run.state_keys, state_in)
                 with torch.enable_grad():
