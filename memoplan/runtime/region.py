@@ -378,15 +378,8 @@ class _Run:
         self.leaves = _without_tensors(leaves)
         self.entry_states = [_state_without_tensors(s) for s in self.entry_states]
 
-    def call(self, arg_tensors: Sequence[torch.Tensor]) -> Any:
-        leaves = list(self.leaves)
-        for i, tensor in zip(self.tensor_at, arg_tensors):
-            leaves[i] = tensor
-        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        return self.fn(*args, **kwargs)
-
-    def call_owned(self, arg_tensors: list[torch.Tensor]) -> Any:
-        """:meth:`call`, emptying ``arg_tensors``: a chain then holds its input only until its first module has run."""
+    def call(self, arg_tensors: list[torch.Tensor]) -> Any:
+        """``fn`` on these tensor arguments, emptying ``arg_tensors``: a chain then holds its input only until its first module has run."""
         leaves = list(self.leaves)
         for i, at in enumerate(self.tensor_at):
             leaves[at] = arg_tensors[i]
@@ -555,7 +548,7 @@ class _RegionFunction(torch.autograd.Function):
         ctx.devices, ctx.device_rng = get_device_states(*arg_tensors) if run.options.preserve_rng else ([], [])
         forward_context, ctx.recompute_context = BufferGuard(run.roots).contexts()
         with forward_context:
-            out = run.call(arg_tensors)
+            out = run.call(list(arg_tensors))
         outputs = tuple(run.split_outputs(out, run.read_states()))
         # Keep the inputs: the first positional tensor as a codec payload, the rest as they are.
         ctx.payload = None
@@ -612,7 +605,7 @@ class _RegionFunction(torch.autograd.Function):
             try:
                 run.load_states(run.entry_states, run.state_keys, state_in)
                 with torch.enable_grad():
-                    out = run.call_owned(detached)
+                    out = run.call(detached)
                     states = run.read_states()
             finally:
                 # The recompute must not advance the state (fangwei123456/spikingjelly#629).
