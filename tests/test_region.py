@@ -328,3 +328,62 @@ def test_a_planned_sequential_lets_go_of_its_decoded_input_after_the_first_modul
     assert torch.equal(grad, held_grad)
     # The peak is the recompute's second output (1 MiB); a caller holding the input adds it (256 KiB).
     assert held - owned == x.nbytes
+
+
+def test_a_chunked_sequential_with_batchnorm_lets_go_of_each_chunks_decoded_input():
+    """The main and statistics passes hand a chunk's decoded input on as the chain's own, too."""
+    import memoplan.runtime.region as region
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(16, 1, 1, bias=False), nn.BatchNorm2d(1), nn.Conv2d(1, 64, 1, bias=False))
+    x = (torch.rand(4, 16, 32, 32) < 0.5).float().requires_grad_()
+
+    def backward_peak() -> tuple[int, torch.Tensor]:
+        x.grad = None
+        net.zero_grad(set_to_none=True)
+        y = run_planned(net, (x,), {}, codec="bit", chunks=2, dim=0)
+        g = torch.ones_like(y)
+        with LiveStorageMeter() as meter:
+            y.backward(g)
+        return meter.peak_bytes, x.grad.clone()
+
+    backward_peak()  # codec tables made on first use are not counted below
+    owned, grad = backward_peak()
+    original = region._WithStatistics.run_owned
+    region._WithStatistics.run_owned = lambda self, box, kwargs: self(box.pop(), **kwargs)
+    try:
+        held, held_grad = backward_peak()
+    finally:
+        region._WithStatistics.run_owned = original
+    assert torch.equal(grad, held_grad)
+    # Held by the caller, a chunk's decoded input (128 KiB) is alive at the peak too.
+    assert held - owned == x.nbytes // 2
+
+
+def test_the_statistics_and_main_passes_keep_one_payload_per_chunk():
+    """Both passes read the same chunk of the input: it is encoded once and its payload kept once."""
+    import memoplan.runtime.region as region
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(16, 4, 1, bias=False), nn.BatchNorm2d(4))
+    x = (torch.rand(4, 16, 32, 32) < 0.5).float().requires_grad_()
+
+    def after_forward() -> tuple[int, torch.Tensor, torch.Tensor]:
+        x.grad = None
+        net.zero_grad(set_to_none=True)
+        with LiveStorageMeter() as meter:
+            y = run_planned(net, (x,), {}, codec="bit", chunks=2, dim=0)
+            live = meter.current_bytes - y.nbytes
+        y.backward(torch.ones_like(y))
+        return live, y.detach(), x.grad.clone()
+
+    shared, y, grad = after_forward()
+    original = region._Run.encode
+    region._Run.encode = region._Run._encode
+    try:
+        twice, y_twice, grad_twice = after_forward()
+    finally:
+        region._Run.encode = original
+    assert torch.equal(y, y_twice) and torch.equal(grad, grad_twice)
+    # Encoded in each pass, the two chunks' bits (16 KiB each) would be kept twice.
+    assert twice - shared == 2 * (x.numel() // 2 // 8)

@@ -103,11 +103,16 @@ def run_region(
     kwargs: Mapping[str, Any],
     options: RegionOptions,
     stateful: Sequence[nn.Module] = (),
+    payloads: dict[int, tuple[torch.Tensor, int, Any]] | None = None,
 ) -> Any:
-    """``fn(*args, **kwargs)`` as one region over ``roots`` (whose parameters and buffers it uses)."""
+    """``fn(*args, **kwargs)`` as one region over ``roots`` (whose parameters and buffers it uses).
+
+    ``payloads``, shared by regions that read the same input tensors, holds each
+    input's payload once it is encoded, so the regions keep one payload between them.
+    """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    run = _Run(roots, fn, args, kwargs, options, stateful)
+    run = _Run(roots, fn, args, kwargs, options, stateful, payloads)
     outputs = _RegionFunction.apply(run, *run.inputs)
     return run.finish(outputs)
 
@@ -198,14 +203,15 @@ def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, st
     stats: list[torch.Tensor] = []  # the batch's mean and variance per known call, flat
     local: list[list[torch.Tensor]] = [[] for _ in chunked]  # each chunk's own, the same way
     totals: list[int] = []
+    payloads: dict[int, tuple[torch.Tensor, int, Any]] = {}  # every pass keeps a chunk's input as one payload
     while True:
         run = batchnorm.Pass(known=len(totals))
-        region_fn = partial(batchnorm.given_statistics, fn, run)
+        region_fn = _WithStatistics(fn, run)
         outputs, calls, counters = [], [], []
         for k, (args, kwargs) in enumerate(chunked):
             run.measured, run.record = False, ([] if k == 0 else None)
             kwargs = {**kwargs, batchnorm.STATS_KEYWORD: (tuple(stats), tuple(local[k]))}
-            output = run_region(roots, region_fn, args, kwargs, options, stateful)
+            output = run_region(roots, region_fn, args, kwargs, options, stateful, payloads)
             if k == 0:
                 measuring, calls, run.record = run.measured, run.record, None
                 counters = [] if measuring else snapshot.counters()
@@ -253,11 +259,34 @@ class _Chain:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return nn.Sequential.forward(self.module, *args, **kwargs)
 
-    def run_owned(self, box: list[Any]) -> Any:
+    def run_owned(self, box: list[Any], kwargs: dict[str, Any]) -> Any:
+        """The forward of the one argument in ``box``, which it empties (see :meth:`_Run.call`)."""
+        if kwargs:
+            return self(box.pop(), **kwargs)
         x = box.pop()
         for child in self.module:
             x = child(x)
         return x
+
+
+class _WithStatistics:
+    """``fn`` with its BatchNorm calls normalising with given statistics (:func:`batchnorm.given_statistics`).
+
+    Passes an owned input on to a :class:`_Chain`, so a chunk of a Sequential lets
+    go of its decoded input in the main and statistics passes too.
+    """
+
+    def __init__(self, fn: Callable[..., Any], run: batchnorm.Pass) -> None:
+        self.fn, self.run = fn, run
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return batchnorm.given_statistics(self.fn, self.run, *args, **kwargs)
+
+    def run_owned(self, box: list[Any], kwargs: dict[str, Any]) -> Any:
+        if not isinstance(self.fn, _Chain):
+            return self(box.pop(), **kwargs)
+        chain = self.fn
+        return batchnorm.given_statistics(lambda **rest: chain.run_owned(box, rest), self.run, **kwargs)
 
 
 class _Join:
@@ -350,8 +379,9 @@ class _Run:
     ``save_for_backward``, outputs belong to the caller.
     """
 
-    def __init__(self, roots, fn, args, kwargs, options: RegionOptions, stateful) -> None:
+    def __init__(self, roots, fn, args, kwargs, options: RegionOptions, stateful, payloads=None) -> None:
         self.roots = tuple(roots)
+        self.payloads = payloads
         self.fn = fn
         self.options = options
         self.stateful = tuple(stateful)
@@ -386,10 +416,10 @@ class _Run:
         arg_tensors.clear()
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         del leaves
-        if isinstance(self.fn, _Chain) and len(args) == 1 and not kwargs:
+        if isinstance(self.fn, (_Chain, _WithStatistics)) and len(args) == 1:
             box = list(args)
             del args
-            return self.fn.run_owned(box)
+            return self.fn.run_owned(box, kwargs)
         return self.fn(*args, **kwargs)
 
     def read_states(self) -> list[dict[str, Any]]:
@@ -415,7 +445,7 @@ class _Run:
 
     def finish(self, outputs: Sequence[torch.Tensor]) -> Any:
         """Rebuild the forward's output and hand the new state (with its history) to the modules."""
-        self.inputs = None
+        self.inputs = self.payloads = None
         n = len(self.out_tensor_at)
         leaves = list(self.out_leaves)
         for i, tensor in zip(self.out_tensor_at, outputs[:n]):
@@ -425,6 +455,16 @@ class _Run:
 
     def encode(self, x: torch.Tensor) -> codecs.Payload | None:
         """The input's payload, or None when it is kept as it is."""
+        if self.payloads is None:
+            return self._encode(x)
+        known = self.payloads.get(id(x))
+        if known is not None and known[0] is x and known[1] == x._version:
+            return known[2]
+        payload = self._encode(x)
+        self.payloads[id(x)] = (x, x._version, payload)
+        return payload
+
+    def _encode(self, x: torch.Tensor) -> codecs.Payload | None:
         options = self.options
         if options.codec != "auto":
             if options.codec == "none":
