@@ -98,6 +98,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Union
@@ -141,7 +142,7 @@ CodecLike = Union[str, enum.Enum]
 # Tie-break order of choose(): cheapest to encode first.
 _CHOICE_ORDER = ("none", "bit", "bool", "uint8", "sparse")
 _BIT_WEIGHTS_CACHE: dict[torch.device, torch.Tensor] = {}
-_BIT_SHIFTS_CACHE: dict[torch.device, torch.Tensor] = {}
+_BIT_TABLE_CACHE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 _validated: set[tuple[str, str]] = set()
 _validated_lock = threading.Lock()
 
@@ -573,12 +574,18 @@ def _encode_bit(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from memoplan.runtime.kernels import bit
 
         return (bit.bit_pack(flat),)
-    bits = (flat != 0).to(torch.uint8)
-    pad = -bits.numel() % 8
-    if pad:
-        bits = torch.cat([bits, bits.new_zeros(pad)])
-    packed = (bits.view(-1, 8) * _bit_weights(bits.device)).sum(dim=1, dtype=torch.uint8)
-    return (packed,)
+    n = flat.numel()
+    bits = torch.zeros(n + (-n % 8), dtype=torch.bool, device=flat.device)
+    torch.ne(flat, 0, out=bits[:n])
+    if sys.byteorder != "little":
+        return ((bits.view(torch.uint8).view(-1, 8) * _bit_weights(bits.device)).sum(dim=1, dtype=torch.uint8),)
+    # Eight elements are one little-endian int64, element j at bit 8j; three
+    # shift-and-or steps gather bit 8j into bit j of the low byte (j < 4, then j < 8).
+    word = bits.view(torch.uint8).view(torch.int64)
+    word = word | (word >> 7)
+    word = word | (word >> 14)
+    word = word | (word >> 28)
+    return ((word & 0xFF).to(torch.uint8),)
 
 
 def _decode_bit(p: Payload) -> torch.Tensor:
@@ -587,8 +594,13 @@ def _decode_bit(p: Payload) -> torch.Tensor:
 
         return bit.bit_unpack(p.data[0], p.numel, p.dtype)
     packed = p.data[0]
-    bits = (packed.unsqueeze(1) >> _bit_shifts(packed.device)) & 1
-    return bits.view(-1)[: p.numel].to(p.dtype)
+    table = _bit_table(packed.device, p.dtype)  # row b: the 8 elements byte b holds
+    out = torch.empty(p.numel, dtype=p.dtype, device=packed.device)
+    whole = p.numel // 8
+    torch.index_select(table, 0, packed[:whole].int(), out=out[: whole * 8].view(whole, 8))
+    if whole * 8 < p.numel:
+        out[whole * 8 :] = table[int(packed[whole])][: p.numel - whole * 8]
+    return out
 
 
 def _encode_sparse(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -694,12 +706,14 @@ def _bit_weights(device: torch.device) -> torch.Tensor:
     return w
 
 
-def _bit_shifts(device: torch.device) -> torch.Tensor:
-    s = _BIT_SHIFTS_CACHE.get(device)
-    if s is None:
-        s = torch.arange(8, dtype=torch.uint8, device=device)
-        _BIT_SHIFTS_CACHE[device] = s
-    return s
+def _bit_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``(256, 8)`` in ``dtype``: row ``b`` is bits 0..7 of ``b`` (what :func:`_decode_bit` looks up)."""
+    table = _BIT_TABLE_CACHE.get((device, dtype))
+    if table is None:
+        shifts = torch.arange(8, dtype=torch.int32, device=device)
+        table = ((torch.arange(256, dtype=torch.int32, device=device).unsqueeze(1) >> shifts) & 1).to(dtype)
+        _BIT_TABLE_CACHE[(device, dtype)] = table
+    return table
 
 
 def _py(t: torch.Tensor) -> float | int | bool:
