@@ -14,6 +14,12 @@ tensor, also counted as read + write.  The goal is >= 0.85x the copy on H100/H20
 Without a GPU it says so and exits 0 after an interpreter smoke test on a tiny
 input (``TRITON_INTERPRET=1``): that checks the kernels run and agree with
 codecs.py, and is NOT a bandwidth figure.
+
+    python benchmarks/codec_bandwidth.py --cpu           # the pure-torch bit codec on CPU
+
+``--cpu`` times ``codecs.encode(x, "bit", validate="off")`` and ``codecs.decode``
+of binary float32 tensors (default: 2,097,152 elements, a block's spikes in the
+spiking example), median of ``--repeats`` calls after ``--warmup``.
 """
 
 from __future__ import annotations
@@ -155,6 +161,40 @@ def smoke_test() -> None:
     print("This is not a bandwidth figure.")
 
 
+def run_cpu(numels: list[int], repeats: int, warmup: int) -> list[dict]:
+    """Median milliseconds of the pure-torch ``bit`` pack and unpack on CPU."""
+    import time
+
+    import torch
+
+    from memoplan.runtime import codecs
+
+    rows = []
+    for numel in numels:
+        x = (torch.rand(numel, generator=torch.Generator().manual_seed(0)) < 0.2).float()
+        payload = codecs.encode(x, "bit", validate="off")
+        assert torch.equal(codecs.decode(payload), x)
+        row = {"numel": numel, "threads": torch.get_num_threads()}
+        for name, call in (
+            ("pack_ms", lambda: codecs.encode(x, "bit", validate="off")),
+            ("unpack_ms", lambda: codecs.decode(payload)),
+        ):
+            for _ in range(warmup):
+                call()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                call()
+                times.append((time.perf_counter() - start) * 1000)
+            row[name] = statistics.median(times)
+        rows.append(row)
+        print(
+            f"bit codec on CPU, float32, {numel:,} elements, {row['threads']} threads: "
+            f"pack {row['pack_ms']:.2f} ms, unpack {row['unpack_ms']:.2f} ms (median of {repeats})"
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[64, 256, 1024, 4096], help="input sizes in MiB")
@@ -162,9 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (autotuning happens here)")
     parser.add_argument("--inner", type=int, default=10, help="back-to-back calls per timed sample")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--cpu", action="store_true", help="time the pure-torch bit codec on CPU instead")
+    parser.add_argument("--numel", type=int, nargs="+", default=[2_097_152], help="elements per tensor (--cpu)")
     args = parser.parse_args(argv)
 
     import torch
+
+    if args.cpu:
+        rows = run_cpu(args.numel, args.repeats, args.warmup)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        return 0
 
     if not torch.cuda.is_available():
         print("codec_bandwidth needs a CUDA GPU: no bandwidth measured.")

@@ -206,6 +206,23 @@ def test_bit_ratio_with_padding(numel):
         assert p.nbytes / (4 * numel) <= 1 / 31.9
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.bool])
+@pytest.mark.parametrize("numel", [1, 7, 8, 9, 1031])
+def test_bit_decode_allocates_exactly_the_tensor(dtype, numel):
+    """The decoded tensor owns numel elements (no padded storage), and no lookup table counts as step memory."""
+    from memoplan.measure import LiveStorageMeter
+
+    x = binary((numel,), dtype)
+    p = encode(x, "bit")
+    codecs._BIT_TABLE_CACHE.clear()  # the table is made during the metered decode below
+    with LiveStorageMeter() as meter:
+        y = decode(p)
+        assert meter.current_bytes == numel * x.element_size()
+        assert torch.equal(y, x)
+        del y
+        assert meter.current_bytes == 0
+
+
 def test_payload_sizes_per_codec():
     x = binary((1000,), torch.float32, density=0.01)
     nnz = int(x.sum())
@@ -512,3 +529,17 @@ def test_cuda_payloads_equal_cpu_payloads(codec):
     y = decode(gpu)
     assert y.device.type == "cuda" and y.stride() == x.stride()
     assert same(y.cpu(), decode(cpu))
+
+
+def test_codec_benchmark_cpu_mode_runs_small(tmp_path):
+    """benchmarks/codec_bandwidth.py --cpu: times the pure-torch bit codec and writes its rows."""
+    import json
+    import runpy
+
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "codec_bandwidth.py"))
+    out = tmp_path / "cpu.json"
+    argv = ["--cpu", "--numel", "1000", "4099", "--repeats", "2", "--warmup", "0", "--json", str(out)]
+    assert bench["main"](argv) == 0
+    rows = json.loads(out.read_text())
+    assert [r["numel"] for r in rows] == [1000, 4099]
+    assert all(r["pack_ms"] > 0 and r["unpack_ms"] > 0 for r in rows)

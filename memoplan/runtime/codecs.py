@@ -104,6 +104,7 @@ from dataclasses import dataclass
 from typing import Union
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from memoplan.diagnostics import Diagnostic, PlanError
 
@@ -701,7 +702,8 @@ def _dense_stride(x: torch.Tensor) -> tuple[int, ...] | None:
 def _bit_weights(device: torch.device) -> torch.Tensor:
     w = _BIT_WEIGHTS_CACHE.get(device)
     if w is None:
-        w = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
+        with _disable_current_modes():  # a constant of the process, not of the step that first needs it
+            w = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
         _BIT_WEIGHTS_CACHE[device] = w
     return w
 
@@ -710,8 +712,11 @@ def _bit_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``(256, 8)`` in ``dtype``: row ``b`` is bits 0..7 of ``b`` (what :func:`_decode_bit` looks up)."""
     table = _BIT_TABLE_CACHE.get((device, dtype))
     if table is None:
-        shifts = torch.arange(8, dtype=torch.int32, device=device)
-        table = ((torch.arange(256, dtype=torch.int32, device=device).unsqueeze(1) >> shifts) & 1).to(dtype)
+        # Made outside any dispatch mode: a constant of the process (8 KiB for float32),
+        # not memory of the step that first decodes, nor a fake tensor under tracing.
+        with _disable_current_modes():
+            shifts = torch.arange(8, dtype=torch.int32, device=device)
+            table = ((torch.arange(256, dtype=torch.int32, device=device).unsqueeze(1) >> shifts) & 1).to(dtype)
         _BIT_TABLE_CACHE[(device, dtype)] = table
     return table
 
