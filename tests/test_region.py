@@ -386,3 +386,38 @@ def test_the_statistics_and_main_passes_keep_one_payload_per_chunk():
     assert torch.equal(y, y_twice) and torch.equal(grad, grad_twice)
     # Encoded in each pass, the two chunks' bits (16 KiB each) would be kept twice.
     assert twice - shared == 2 * (x.numel() // 2 // 8)
+
+
+def test_a_state_output_nobody_differentiates_gets_no_zero_gradient():
+    """The neuron's new state is an output of the region; unused, its gradient stays None, not zeros."""
+    import memoplan.runtime.region as region
+
+    torch.manual_seed(0)
+    lif = LIF(threshold=0.5)
+    x = torch.randn(4, 4096, requires_grad=True)
+    fn = functools.partial(LIF.forward, lif)
+
+    def backward_peak() -> tuple[int, torch.Tensor]:
+        lif.reset()
+        x.grad = None
+        y = run_region((lif,), fn, (x,), {}, RegionOptions(), (lif,))
+        g = torch.ones_like(y)
+        with LiveStorageMeter() as meter:
+            y.backward(g)
+        return meter.peak_bytes, x.grad.clone()
+
+    peak, grad = backward_peak()
+    original = region._RegionFunction.forward
+
+    def materializing(ctx, run, *inputs):
+        outputs = original(ctx, run, *inputs)
+        ctx.set_materialize_grads(True)
+        return outputs
+
+    region._RegionFunction.forward = staticmethod(materializing)
+    try:
+        zeros_peak, zeros_grad = backward_peak()
+    finally:
+        region._RegionFunction.forward = staticmethod(original)
+    assert torch.equal(grad, zeros_grad)
+    assert zeros_peak - peak == lif.v.nbytes  # a zero gradient for the state (16 KiB)

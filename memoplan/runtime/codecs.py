@@ -599,8 +599,8 @@ def _decode_bit(p: Payload) -> torch.Tensor:
     out = torch.empty(p.numel, dtype=p.dtype, device=packed.device)
     whole = p.numel // 8
     torch.index_select(table, 0, packed[:whole].int(), out=out[: whole * 8].view(whole, 8))
-    if whole * 8 < p.numel:
-        out[whole * 8 :] = table[int(packed[whole])][: p.numel - whole * 8]
+    if whole * 8 < p.numel:  # the last, partly used byte
+        out[whole * 8 :] = table.index_select(0, packed[whole:].int())[0, : p.numel - whole * 8]
     return out
 
 

@@ -582,6 +582,7 @@ class _RegionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run: _Run, *inputs: torch.Tensor):
         ctx.run = run
+        ctx.set_materialize_grads(False)  # an output nobody differentiated stays None, not zeros
         arg_tensors = inputs[: run.n_args]
         ctx.autocast = _autocast_state()
         ctx.cpu_rng = torch.get_rng_state() if run.options.preserve_rng else None
