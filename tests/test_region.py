@@ -273,7 +273,18 @@ def test_chunk_outputs_of_other_lengths_are_concatenated():
     assert torch.allclose(x.grad, expected, rtol=0, atol=1e-12)
 
 
-def test_the_decoded_input_is_not_held_while_backward_runs_through_the_region():
+def backward_peak(run, x: torch.Tensor, module: nn.Module) -> tuple[int, torch.Tensor]:
+    """Peak bytes of ``run()``'s backward (gradient of ones), and the gradient of ``x`` it gives."""
+    x.grad = None
+    module.zero_grad(set_to_none=True)
+    y = run()
+    g = torch.ones_like(y)
+    with LiveStorageMeter() as meter:
+        y.backward(g)
+    return meter.peak_bytes, x.grad.clone()
+
+
+def test_the_decoded_input_is_not_held_while_backward_runs_through_the_region(monkeypatch):
     """The recompute keeps what saves the decoded input as the payload, decoding it again when needed.
 
     fn = conv2(conv1(x)): the peak is conv2's backward (conv1's output and its gradient),
@@ -286,22 +297,12 @@ def test_the_decoded_input_is_not_held_while_backward_runs_through_the_region():
     x = (torch.rand(4, 16, 32, 32) < 0.5).float().requires_grad_()
     fn = functools.partial(type(net).forward, net)
 
-    def backward_peak() -> tuple[int, torch.Tensor]:
-        x.grad = None
-        net.zero_grad(set_to_none=True)
-        y = run_region((net,), fn, (x,), {}, RegionOptions(codec="bit"))
-        g = torch.ones_like(y)
-        with LiveStorageMeter() as meter:
-            y.backward(g)
-        return meter.peak_bytes, x.grad.clone()
+    def run():
+        return run_region((net,), fn, (x,), {}, RegionOptions(codec="bit"))
 
-    peak, grad = backward_peak()
-    original = region._saved_as_payload
-    region._saved_as_payload = lambda decoded, payload: contextlib.nullcontext()
-    try:
-        kept_peak, kept_grad = backward_peak()
-    finally:
-        region._saved_as_payload = original
+    peak, grad = backward_peak(run, x, net)
+    monkeypatch.setattr(region, "_saved_as_payload", lambda decoded, payload: contextlib.nullcontext())
+    kept_peak, kept_grad = backward_peak(run, x, net)
     assert torch.equal(grad, kept_grad)
     # Without the payload, the decoded input (256 KiB) is alive at that moment too.
     assert kept_peak - peak == x.nbytes
@@ -313,24 +314,15 @@ def test_a_planned_sequential_lets_go_of_its_decoded_input_after_the_first_modul
     net = nn.Sequential(nn.Conv2d(16, 1, 1, bias=False), nn.Conv2d(1, 64, 1, bias=False))
     x = (torch.rand(4, 16, 32, 32) < 0.5).float().requires_grad_()
 
-    def backward_peak(run) -> tuple[int, torch.Tensor]:
-        x.grad = None
-        net.zero_grad(set_to_none=True)
-        y = run()
-        g = torch.ones_like(y)
-        with LiveStorageMeter() as meter:
-            y.backward(g)
-        return meter.peak_bytes, x.grad.clone()
-
-    owned, grad = backward_peak(lambda: run_planned(net, (x,), {}, codec="bit"))
+    owned, grad = backward_peak(lambda: run_planned(net, (x,), {}, codec="bit"), x, net)
     fn = functools.partial(nn.Sequential.forward, net)
-    held, held_grad = backward_peak(lambda: run_region((net,), fn, (x,), {}, RegionOptions(codec="bit")))
+    held, held_grad = backward_peak(lambda: run_region((net,), fn, (x,), {}, RegionOptions(codec="bit")), x, net)
     assert torch.equal(grad, held_grad)
     # The peak is the recompute's second output (1 MiB); a caller holding the input adds it (256 KiB).
     assert held - owned == x.nbytes
 
 
-def test_a_chunked_sequential_with_batchnorm_lets_go_of_each_chunks_decoded_input():
+def test_a_chunked_sequential_with_batchnorm_lets_go_of_each_chunks_decoded_input(monkeypatch):
     """The main and statistics passes hand a chunk's decoded input on as the chain's own, too."""
     import memoplan.runtime.region as region
 
@@ -338,28 +330,18 @@ def test_a_chunked_sequential_with_batchnorm_lets_go_of_each_chunks_decoded_inpu
     net = nn.Sequential(nn.Conv2d(16, 1, 1, bias=False), nn.BatchNorm2d(1), nn.Conv2d(1, 64, 1, bias=False))
     x = (torch.rand(4, 16, 32, 32) < 0.5).float().requires_grad_()
 
-    def backward_peak() -> tuple[int, torch.Tensor]:
-        x.grad = None
-        net.zero_grad(set_to_none=True)
-        y = run_planned(net, (x,), {}, codec="bit", chunks=2, dim=0)
-        g = torch.ones_like(y)
-        with LiveStorageMeter() as meter:
-            y.backward(g)
-        return meter.peak_bytes, x.grad.clone()
+    def run():
+        return run_planned(net, (x,), {}, codec="bit", chunks=2, dim=0)
 
-    owned, grad = backward_peak()
-    original = region._WithStatistics.run_owned
-    region._WithStatistics.run_owned = lambda self, box, kwargs: self(box.pop(), **kwargs)
-    try:
-        held, held_grad = backward_peak()
-    finally:
-        region._WithStatistics.run_owned = original
+    owned, grad = backward_peak(run, x, net)
+    monkeypatch.setattr(region._WithStatistics, "run_owned", lambda self, box, kwargs: self(box.pop(), **kwargs))
+    held, held_grad = backward_peak(run, x, net)
     assert torch.equal(grad, held_grad)
     # Held by the caller, a chunk's decoded input (128 KiB) is alive at the peak too.
     assert held - owned == x.nbytes // 2
 
 
-def test_the_statistics_and_main_passes_keep_one_payload_per_chunk():
+def test_the_statistics_and_main_passes_keep_one_payload_per_chunk(monkeypatch):
     """Both passes read the same chunk of the input: it is encoded once and its payload kept once."""
     import memoplan.runtime.region as region
 
@@ -377,18 +359,14 @@ def test_the_statistics_and_main_passes_keep_one_payload_per_chunk():
         return live, y.detach(), x.grad.clone()
 
     shared, y, grad = after_forward()
-    original = region._Run.encode
-    region._Run.encode = region._Run._encode
-    try:
-        twice, y_twice, grad_twice = after_forward()
-    finally:
-        region._Run.encode = original
+    monkeypatch.setattr(region._Run, "encode", region._Run._encode)
+    twice, y_twice, grad_twice = after_forward()
     assert torch.equal(y, y_twice) and torch.equal(grad, grad_twice)
     # Encoded in each pass, the two chunks' bits (16 KiB each) would be kept twice.
     assert twice - shared == 2 * (x.numel() // 2 // 8)
 
 
-def test_a_state_output_nobody_differentiates_gets_no_zero_gradient():
+def test_a_state_output_nobody_differentiates_gets_no_zero_gradient(monkeypatch):
     """The neuron's new state is an output of the region; unused, its gradient stays None, not zeros."""
     import memoplan.runtime.region as region
 
@@ -397,16 +375,11 @@ def test_a_state_output_nobody_differentiates_gets_no_zero_gradient():
     x = torch.randn(4, 4096, requires_grad=True)
     fn = functools.partial(LIF.forward, lif)
 
-    def backward_peak() -> tuple[int, torch.Tensor]:
+    def run():
         lif.reset()
-        x.grad = None
-        y = run_region((lif,), fn, (x,), {}, RegionOptions(), (lif,))
-        g = torch.ones_like(y)
-        with LiveStorageMeter() as meter:
-            y.backward(g)
-        return meter.peak_bytes, x.grad.clone()
+        return run_region((lif,), fn, (x,), {}, RegionOptions(), (lif,))
 
-    peak, grad = backward_peak()
+    peak, grad = backward_peak(run, x, lif)
     original = region._RegionFunction.forward
 
     def materializing(ctx, run, *inputs):
@@ -414,10 +387,7 @@ def test_a_state_output_nobody_differentiates_gets_no_zero_gradient():
         ctx.set_materialize_grads(True)
         return outputs
 
-    region._RegionFunction.forward = staticmethod(materializing)
-    try:
-        zeros_peak, zeros_grad = backward_peak()
-    finally:
-        region._RegionFunction.forward = staticmethod(original)
+    monkeypatch.setattr(region._RegionFunction, "forward", staticmethod(materializing))
+    zeros_peak, zeros_grad = backward_peak(run, x, lif)
     assert torch.equal(grad, zeros_grad)
     assert zeros_peak - peak == lif.v.nbytes  # a zero gradient for the state (16 KiB)
