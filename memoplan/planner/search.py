@@ -289,6 +289,20 @@ def _exact_fraction(value) -> Fraction:
     raise TypeError(f"not a finite number: {value!r}")
 
 
+def _share(value, what: str) -> Fraction:
+    """``value`` as an exact fraction in (0, 1], or ValueError naming ``what`` it is."""
+    exact = _exact_fraction(value)
+    if not 0 < exact <= 1:
+        raise ValueError(f"{what} is in (0, 1], got {value!r}")
+    return exact
+
+
+def _percent(share: Fraction) -> str:
+    """``share`` as a percentage: whole numbers exactly, others as ``%g`` prints them."""
+    pct = share * 100
+    return str(pct.numerator) if pct.denominator == 1 else f"{float(pct):g}"
+
+
 def _size(n: int) -> str:
     """Bytes for people: ``12.0 MiB``."""
     if n < 1024:
@@ -335,10 +349,7 @@ class FractionOfPeak:
     fraction: Fraction
 
     def __post_init__(self) -> None:
-        value = _exact_fraction(self.fraction)
-        if not 0 < value <= 1:
-            raise ValueError(f"a fraction of the unplanned peak is in (0, 1], got {self.fraction!r}")
-        object.__setattr__(self, "fraction", value)
+        object.__setattr__(self, "fraction", _share(self.fraction, "a fraction of the unplanned peak"))
 
     @classmethod
     def percent(cls, value: int | float | Fraction) -> FractionOfPeak:
@@ -348,9 +359,7 @@ class FractionOfPeak:
         return math.floor(unplanned_peak * self.fraction)
 
     def describe(self, unplanned_peak: int) -> str:
-        pct = self.fraction * 100
-        text = str(pct.numerator) if pct.denominator == 1 else f"{float(pct):g}"
-        return f"{text}% of the unplanned peak = {_size(self.limit(unplanned_peak))}"
+        return f"{_percent(self.fraction)}% of the unplanned peak = {_size(self.limit(unplanned_peak))}"
 
 
 @dataclass(frozen=True)
@@ -363,18 +372,13 @@ class Coverage:
     share: Fraction
 
     def __post_init__(self) -> None:
-        value = _exact_fraction(self.share)
-        if not 0 < value <= 1:
-            raise ValueError(f"a coverage share is in (0, 1], got {self.share!r}")
-        object.__setattr__(self, "share", value)
+        object.__setattr__(self, "share", _share(self.share, "a coverage share"))
 
     def count(self, candidates: int) -> int:
         return math.ceil(candidates * self.share)
 
     def describe(self, unplanned_peak: int) -> str:
-        pct = self.share * 100
-        text = str(pct.numerator) if pct.denominator == 1 else f"{float(pct):g}"
-        return f"{text}% of the candidates, largest activations first"
+        return f"{_percent(self.share)}% of the candidates, largest activations first"
 
 
 class Preset(enum.Enum):
