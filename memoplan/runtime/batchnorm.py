@@ -121,8 +121,7 @@ class _Statistics(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        dims = [0, *range(2, x.dim())]
-        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+        dims, shape = _per_channel(x)
         xc = x.to(_compute_dtype(x))
         mean = xc.mean(dims)
         var = (xc - mean.view(shape)).square_().mean(dims)
@@ -132,7 +131,7 @@ class _Statistics(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_mean, grad_var):
         x, mean = ctx.saved_tensors
-        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+        _, shape = _per_channel(x)
         n = _count(x)
         dx = torch.zeros((), dtype=mean.dtype, device=mean.device)
         if grad_mean is not None:
@@ -156,7 +155,7 @@ class _Normalize(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, mean, var, local_mean, local_var, weight, bias, eps):
-        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+        _, shape = _per_channel(x)
         rstd = torch.rsqrt(var + eps)
         scale = rstd if weight is None else rstd * weight
         y = (x.to(mean.dtype) - mean.view(shape)) * scale.view(shape)
@@ -169,8 +168,7 @@ class _Normalize(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, mean, rstd, local_mean, weight = ctx.saved_tensors
-        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
-        dims = [0, *range(2, x.dim())]
+        dims, shape = _per_channel(x)
         n = _count(x)
         dy = dy.to(mean.dtype)
         xhat = (x.to(mean.dtype) - mean.view(shape)) * rstd.view(shape)
@@ -268,6 +266,11 @@ def _buffers(roots: Sequence[nn.Module]) -> Iterator[tuple[nn.Module, str, torch
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """float32 for half precision inputs (as BatchNorm computes), else the input's own."""
     return torch.promote_types(x.dtype, torch.float32)
+
+
+def _per_channel(x: torch.Tensor) -> tuple[list[int], list[int]]:
+    """The dims a per-channel figure of ``x`` reduces over, and the shape that broadcasts it back."""
+    return [0, *range(2, x.dim())], [1, x.shape[1]] + [1] * (x.dim() - 2)
 
 
 def _count(x: torch.Tensor) -> int:
