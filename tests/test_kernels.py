@@ -118,13 +118,18 @@ print("ok")
 """
 
 
+def _child_env() -> dict[str, str]:
+    """This environment with the checkout first on PYTHONPATH (what was there stays after it)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def test_kernel_modules_import_without_triton():
     result = subprocess.run(
         [sys.executable, "-c", WITHOUT_TRITON],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=_child_env(),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -138,7 +143,7 @@ def _run_checks(mode: str, tmp_path_factory) -> dict:
     pytest.importorskip("triton")
     pytest.importorskip("numpy")
     out = tmp_path_factory.mktemp(f"kernels-{mode}") / "results.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = _child_env()
     if mode == "interpret":
         env["TRITON_INTERPRET"] = "1"
     else:
@@ -175,6 +180,33 @@ def test_interpreted_kernel_matches_codecs(interpret_results, check):
 @pytest.mark.parametrize("check", CHECKS)
 def test_cuda_kernel_matches_codecs(cuda_results, check):
     assert cuda_results[check] is None, cuda_results[check]
+
+
+def _allocated_during(fn):
+    """``fn()`` and the most bytes the CUDA allocator held beyond what it held before."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, torch.cuda.max_memory_allocated() - base
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_autotuning_allocates_nothing_beyond_the_outputs():
+    """The first call of a size class autotunes inside the caller's step: it must not
+    allocate (Triton's default benchmark would allocate a 256 MB cache-flush buffer)."""
+    from memoplan.runtime.kernels import bit
+
+    def block(nbytes: int) -> int:  # the allocator's 512-byte granularity
+        return -(-nbytes // 512) * 512
+
+    x = (torch.rand(3 * 2**24 + 5, device="cuda") < 0.3).float()  # a size class no other test here tunes
+    packed, extra = _allocated_during(lambda: bit.bit_pack(x))
+    assert extra <= block(packed.nbytes)
+    y, extra = _allocated_during(lambda: bit.bit_unpack(packed, x.numel(), x.dtype))
+    assert extra <= block(y.nbytes)
+    assert torch.equal(y, x)
 
 
 # ---------------------------------------------------------------- the checks (run in the subprocess)
