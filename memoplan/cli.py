@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         help="tolerance per tensor, relative to the largest unplanned magnitude of its category "
         "(default 0: bit for bit; 5e-5 for plans with temporal chunks)",
     )
+    _device_option(verify)
     verify.set_defaults(run=_verify)
 
     compile_ = sub.add_parser("compile", help="write the plan module to commit next to the model")
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "--repeats", type=_positive_int, default=3, metavar="N", help="timed steps; times are their medians (default 3)"
     )
+    _device_option(profile)
     profile.set_defaults(run=_profile)
 
     from memoplan.planner.presets import PRESETS, Planner  # pure Python: no torch for the parser
@@ -122,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         help="use this profile.json instead of measuring; several (one per rank) are merged, so every rank plans the same",
     )
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
+    _device_option(plan)
     plan.set_defaults(run=_plan)
     return parser
 
@@ -146,6 +149,14 @@ def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> Non
         parser.add_argument(
             "--example", metavar="SPEC", help="pkg.module:inputs, path/file.py:inputs, or e.g. 'randn(4, 3, 32, 32)'"
         )
+
+
+def _device_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        metavar="DEV",
+        help="run the steps there, e.g. `cuda` or `cuda:1` (default: cpu); on CUDA, peaks are the allocator's",
+    )
 
 
 # ---------------------------------------------------------------- helpers
@@ -282,6 +293,7 @@ def _verify(args) -> int:
     from memoplan.codegen.emit import plan_table
     from memoplan.verify import render_report, verify
 
+    device = _device(args.device)
     plan = _load(args.plan)
     model = _model(plan, args.plan, args.model, required=True)
     example = _example(plan, args.plan, args.example, required=True)
@@ -289,9 +301,9 @@ def _verify(args) -> int:
     print(f"resolved plan {args.plan} ({len(resolved.modules)} modules):")
     for row in plan_table(resolved):
         print(f"  {row}")
-    _progress("running one training step without and one with the plan")
+    _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
     try:
-        report = verify(model, resolved, example, seed=args.seed, rtol=args.rtol)
+        report = verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device)
     except PlanError:
         raise
     except Exception as exc:  # the user's model or example failed: a diagnostic, not a traceback
@@ -308,6 +320,33 @@ def _verify(args) -> int:
     return 0 if report.equivalent else 1
 
 
+def _device(text: str | None):
+    """``--device`` as a torch.device, or None when not given; MP506 when it cannot run here."""
+    import torch
+
+    if text is None:
+        return None
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise PlanError((Diagnostic("MP506", f"`--device {text}` is not a device", help="e.g. cpu, cuda or cuda:1"),)) from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if not count or (device.index or 0) >= count:
+            raise PlanError(
+                (
+                    Diagnostic(
+                        "MP506",
+                        f"`--device {text}`: {f'only {count} CUDA devices here' if count else 'no CUDA device here'}",
+                        help="leave out --device to run on the CPU",
+                    ),
+                )
+            )
+    elif device.type != "cpu":
+        raise PlanError((Diagnostic("MP506", f"`--device {text}`: only cpu and cuda are supported"),))
+    return device
+
+
 def _model_and_example(args):
     """The model and example named by --model and --example (no plan involved)."""
     return _model(None, None, args.model, required=True), _example(None, None, args.example, required=True)
@@ -316,8 +355,9 @@ def _model_and_example(args):
 def _profile(args) -> int:
     from memoplan.planner.profile import profile
 
+    device = _device(args.device)
     model, example = _model_and_example(args)
-    result = profile(model, example, repeats=args.repeats)
+    result = profile(model, example, repeats=args.repeats, device=device)
     result.save(args.output)
     print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B")
     return 0
@@ -340,7 +380,11 @@ def _plan(args) -> int:
     preset = (PRESETS[args.preset] if args.preset else DEFAULT).with_overrides(
         planner=Planner(args.planner) if args.planner else None, budget=budget, hard=hard
     )
+    device = _device(args.device)
     model, example = _model_and_example(args)
+    if device is not None:  # a model of its own, loaded for this command: move it there
+        model.to(device)
+        example = example.to(device)
     try:
         prof = merge([Profile.load(path) for path in args.profile]) if args.profile else None
     except ValueError as exc:  # profiles of different models

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from memoplan.diagnostics import Diagnostic, PlanError, Span, did_you_mean
 from memoplan.syntax.ast import ExampleStmt, TensorFn, TensorSpec
@@ -60,14 +61,12 @@ class Example:
         return fn(*self.args, **self.kwargs)
 
     def to(self, device: torch.device | str) -> Example:
-        """A copy with every top-level tensor argument moved to ``device``."""
+        """A copy with every tensor in the arguments (nested ones too) moved to ``device``."""
 
         def move(value: Any) -> Any:
             return value.to(device) if isinstance(value, torch.Tensor) else value
 
-        return Example(
-            tuple(move(a) for a in self.args), {k: move(v) for k, v in self.kwargs.items()}
-        )
+        return Example(pytree.tree_map(move, self.args), pytree.tree_map(move, dict(self.kwargs)))
 
 
 # ---------------------------------------------------------------- public API

@@ -15,7 +15,11 @@ tensors, RNG state and keys still exactly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,7 +29,7 @@ from torch.utils import _pytree as pytree
 
 from memoplan import api
 from memoplan.ir import ResolvedPlan
-from memoplan.measure import StepMemory, measured_step
+from memoplan.measure import StepMemory, measured_step, training_step
 from memoplan.resolver import resolve
 from memoplan.specs import Example
 
@@ -55,6 +59,8 @@ class VerifyReport:
     planned: StepMemory
     checks: tuple[Check, ...]
     rtol: float = 0.0
+    #: CUDA ops that ran without a deterministic implementation: differences may be theirs.
+    nondeterministic: tuple[str, ...] = ()
 
     @property
     def equivalent(self) -> bool:
@@ -76,7 +82,7 @@ class _Run:
     output: Any
     grads: dict[str, torch.Tensor | None]
     buffers: dict[str, torch.Tensor]
-    rng: torch.Tensor
+    rng: dict[str, torch.Tensor]  # "cpu", and the CUDA device's when the step ran there
     keys: list[str]
 
 
@@ -88,31 +94,114 @@ def verify(
     seed: int = 0,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     rtol: float | None = None,
+    device: torch.device | str | None = None,
 ) -> VerifyReport:
     """Run one step on a copy of ``model`` without and one with ``plan``; compare everything.
 
     ``rtol`` (relative to each unplanned tensor's largest magnitude) defaults to 0,
     bit for bit, or to :data:`CHUNK_RTOL` when the plan has temporal chunks.
+    ``device`` runs both steps on copies moved there (default: where the model is);
+    on CUDA the peaks are the allocator's and the CUDA RNG state is compared too.
     """
     resolved = plan if isinstance(plan, ResolvedPlan) else resolve(api.as_plan(plan), model)
     if rtol is None:
         rtol = CHUNK_RTOL if any(m.temporal_chunk for m in resolved.modules) else 0.0
     reference = copy.deepcopy(model)
-    planned = api.apply(copy.deepcopy(model), resolved)
-    before = _run(reference, example, seed, loss_fn)
-    after = _run(planned, example, seed, loss_fn)
+    if device is not None:
+        reference.to(device)
+        example = example.to(device)
+    planned = api.apply(copy.deepcopy(reference), resolved)
+    with _reproducible(example) as nondeterministic:
+        _warm_up(reference, planned, example, loss_fn)
+        before = _run(reference, example, seed, loss_fn)
+        after = _run(planned, example, seed, loss_fn)
     checks = (
         _compare("outputs", _leaves(before.output), _leaves(after.output), rtol),
         _compare("gradients", before.grads, after.grads, rtol),
         _compare("buffers", before.buffers, after.buffers, rtol),
-        _compare("rng state", {"cpu": before.rng}, {"cpu": after.rng}, 0.0),
+        _compare("rng state", before.rng, after.rng, 0.0),
         Check(
             "state_dict keys",
             len(before.keys),
             () if before.keys == after.keys else ("keys differ",),
         ),
     )
-    return VerifyReport(resolved, before.memory, after.memory, checks, rtol)
+    return VerifyReport(resolved, before.memory, after.memory, checks, rtol, tuple(nondeterministic))
+
+
+def _on_cuda(example: Example) -> torch.device | None:
+    for leaf in pytree.tree_leaves((example.args, dict(example.kwargs))):
+        if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
+            return leaf.device
+    return None
+
+
+@contextlib.contextmanager
+def _reproducible(example: Example) -> Iterator[list[str]]:
+    """On CUDA, run with deterministic algorithms in full float32; yield the ops that have no
+    deterministic implementation.
+
+    cuDNN and atomics make two identical CUDA steps differ in the last bits, so a
+    bit-for-bit comparison needs ``torch.use_deterministic_algorithms`` (and cuBLAS's
+    fixed workspace, ``CUBLAS_WORKSPACE_CONFIG``, set here unless the user set it).
+    TensorFloat-32 is switched off: it rounds products to 10 bits of mantissa, so a
+    time chunk's smaller convolution, summed in another order, would differ by far more
+    than float32 reassociation and the chunk tolerance would judge TF32, not the plan.
+    Ops without a deterministic implementation only warn; the report lists them,
+    since their differences are not the plan's.  Everything is restored afterwards.
+    """
+    found: list[str] = []
+    if _on_cuda(example) is None:
+        yield found
+        return
+    set_cublas = "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    if set_cublas:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cuda.matmul.allow_tf32,
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield found
+        for warning in caught:
+            text = str(warning.message)
+            if "deterministic implementation" in text:
+                line = text.split(", but ")[0]
+                if line not in found:
+                    found.append(line)
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[4], saved[5]
+        if set_cublas:
+            del os.environ["CUBLAS_WORKSPACE_CONFIG"]
+
+
+def _warm_up(reference: nn.Module, planned: nn.Module, example: Example, loss_fn) -> None:
+    """On CUDA, one throwaway step of a copy of each model before measuring.
+
+    A process's first steps allocate what then stays: cuBLAS workspaces, Triton's
+    compiled kernels and autotuning.  Measured cold, the step that runs first would
+    carry them in its peak.  The copies are discarded and the RNG restored.
+    """
+    device = _on_cuda(example)
+    if device is None:
+        return
+    with torch.random.fork_rng(devices=[device]):
+        for model in (reference, planned):
+            training_step(copy.deepcopy(model), example.args, example.kwargs, loss_fn)
+    torch.cuda.synchronize(device)
 
 
 def _run(model: nn.Module, example: Example, seed: int, loss_fn) -> _Run:
@@ -123,9 +212,16 @@ def _run(model: nn.Module, example: Example, seed: int, loss_fn) -> _Run:
         output=output,
         grads={name: p.grad for name, p in model.named_parameters()},
         buffers=dict(model.named_buffers()),
-        rng=torch.get_rng_state(),
+        rng=_rng_states(memory.device),
         keys=list(model.state_dict().keys()),
     )
+
+
+def _rng_states(device: str) -> dict[str, torch.Tensor]:
+    states = {"cpu": torch.get_rng_state()}
+    if torch.device(device).type == "cuda":
+        states[device] = torch.cuda.get_rng_state(device)
+    return states
 
 
 def _leaves(output: Any) -> dict[str, Any]:
@@ -191,6 +287,8 @@ def render_report(report: VerifyReport) -> str:
             f"tolerance: temporal chunks sum in another order; each tensor within {report.rtol:g} x the largest "
             "unplanned magnitude of its category"
         )
+    for op in report.nondeterministic:
+        lines.append(f"note: {op} (CUDA): differences in what it computes may be its own, not the plan's")
     verdict = "EQUIVALENT" if report.equivalent else "NOT EQUIVALENT"
     lines.append(f"verdict: {verdict}")
     return "\n".join(lines)

@@ -379,6 +379,38 @@ def test_verify_user_model_with_overrides(capsys, user_model) -> None:
     assert "body" in out and "head" in out
 
 
+def test_verify_on_an_explicit_device(capsys, user_model) -> None:
+    model, plan = user_model
+    code, out, err = run(capsys, "verify", plan, "--model", f"{model}:build", "--example", "randn(16, 4)", "--device", "cpu")
+    assert code == 0, out + err
+    assert "(live-storage, cpu)" in out and "verdict: EQUIVALENT" in out
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("tpu", "`--device tpu` is not a device"),
+        ("cuda:x", "`--device cuda:x` is not a device"),
+        ("meta", "only cpu and cuda are supported"),
+        ("cuda:64", "CUDA device"),  # "no CUDA device here", or "only N CUDA devices here"
+    ],
+)
+@pytest.mark.parametrize("command", ["verify", "profile", "plan"])
+def test_a_device_that_cannot_run_here_is_a_diagnostic_before_any_work(capsys, tmp_path, user_model, command, device, message):
+    model, plan = user_model
+    spec = ("--model", f"{model}:build", "--example", "randn(16, 4)")
+    argv = {
+        "verify": ("verify", plan, *spec),
+        "profile": ("profile", *spec, "-o", tmp_path / "p.json"),
+        "plan": ("plan", *spec, "--budget", "50%", "-o", tmp_path / "p.memplan"),
+    }[command]
+    code, out, err = run(capsys, *argv, "--device", device)
+    assert code == 1
+    assert "error[MP506]" in err and message in err
+    assert "loading model" not in err  # refused before the model is built
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "p.memplan").exists()
+
+
 # ---------------------------------------------------------------- as a real process
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+import pytest
 import torch
 
 import memoplan
 from memoplan import runtime
-from memoplan.examples import mlp
+from memoplan.examples import cnn, mlp
 from memoplan.specs import Example
 from memoplan.verify import render_report, verify
 
+ROOT = Path(__file__).resolve().parents[1]
 PER_LAYER = "memplan 1\nmodule layers { checkpoint segments = 20 }\n"
 ACTIVATION_BYTES = mlp.BATCH * mlp.WIDTH * 4  # one fp32 (batch, width) activation
 
@@ -85,3 +90,61 @@ def test_plans_with_temporal_chunks_are_held_to_the_chunk_tolerance():
     assert "verdict: NOT EQUIVALENT" in render_report(strict)
     # A tolerance never excuses integer buffers: num_batches_tracked must match exactly.
     assert all("num_batches_tracked" not in d for c in report.checks for d in c.within)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_verify_on_cuda_is_bit_for_bit_and_compares_the_cuda_rng():
+    model = cnn.build()
+    report = verify(model, ROOT / "plans" / "cnn_bn_dropout.memplan", Example(cnn.example()), device="cuda")
+    assert report.unplanned.method == "cuda-allocator"
+    assert report.exact, render_report(report)
+    rng = next(c for c in report.checks if c.name == "rng state")
+    assert rng.compared == 2  # the CPU generator and the device's
+    assert next(model.parameters()).device.type == "cpu"  # the model itself stays where it was
+
+
+def test_verify_device_runs_copies_there_and_leaves_the_model():
+    torch.manual_seed(0)
+    model = cnn.build()
+    report = verify(model, ROOT / "plans" / "cnn_bn_dropout.memplan", Example(cnn.example()), device="cpu")
+    assert report.exact and report.unplanned.device == "cpu" and not report.nondeterministic
+    assert [c.compared for c in report.checks if c.name == "rng state"] == [1]
+
+
+def test_reproducible_mode_sets_and_restores_the_global_switches(monkeypatch):
+    """What verify does around the two steps on CUDA, run here by pretending the example is on CUDA."""
+    import os
+    import warnings
+
+    from memoplan import verify as verify_module
+
+    monkeypatch.setattr(verify_module, "_on_cuda", lambda example: torch.device("cpu"))
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+
+    def switches():
+        return (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cuda.matmul.allow_tf32,
+        )
+
+    before = switches()
+    with verify_module._reproducible(Example((torch.ones(1),))) as found:
+        assert switches() == (True, True, False, False)
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        warnings.warn("scatter_add_cuda_kernel does not have a deterministic implementation, but you set x")
+        warnings.warn("scatter_add_cuda_kernel does not have a deterministic implementation, but you set x")
+    assert found == ["scatter_add_cuda_kernel does not have a deterministic implementation"]
+    assert switches() == before
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_the_report_names_ops_without_a_deterministic_implementation():
+    torch.manual_seed(0)
+    model, example = _mlp("relu")
+    report = verify(model, PER_LAYER, example)
+    note = "scatter_add_cuda_kernel does not have a deterministic implementation"
+    text = render_report(dataclasses.replace(report, nondeterministic=(note,)))
+    assert f"note: {note} (CUDA)" in text

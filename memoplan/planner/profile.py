@@ -305,10 +305,18 @@ def profile(
         target = torch.device("cuda", torch.cuda.current_device())
     if target != here:
         model = copy.deepcopy(model).to(target)
-        example = _move(example, target)
+        example = example.to(target)
 
-    bar = _Progress(2 + repeats, enabled=progress)
+    # On CUDA a process's first steps allocate what then stays (cuBLAS workspaces, compiled
+    # and autotuned kernels): measured cold, the unplanned peak would carry them, and every
+    # budget given as a share of it would be too loose.  One step first, then the peak.
+    warm_up = target.type == "cuda"
+    bar = _Progress(2 + repeats + warm_up, enabled=progress)
     with _Restored(model, example, target) as restored:
+        if warm_up:
+            bar.step("warm-up")
+            training_step(model, example.args, dict(example.kwargs), loss_fn)
+            restored.reset()
         bar.step("peak")
         peak = measure_step(model, example.args, example.kwargs, loss_fn=loss_fn)
         restored.reset()
@@ -910,15 +918,6 @@ def _as_example(example: Example | torch.Tensor | Sequence[Any]) -> Example:
         f"example must be a memoplan.specs.Example, a Tensor or a tuple of arguments, "
         f"not {type(example).__name__}"
     )
-
-
-def _move(example: Example, device: torch.device) -> Example:
-    def move(value: Any) -> Any:
-        return value.to(device) if isinstance(value, torch.Tensor) else value
-
-    args = pytree.tree_map(move, example.args)
-    kwargs = pytree.tree_map(move, dict(example.kwargs))
-    return Example(args, kwargs)
 
 
 def _model_device(model: nn.Module, example: Example) -> torch.device:
