@@ -131,6 +131,15 @@ def test_float32_within_the_documented_tolerance(chunks: int) -> None:
     compare(model, plan, spikes(6, 4), rtol=CHUNK_RTOL)
 
 
+def test_a_nested_region_without_batchnorm_inside_the_chunks_matches_to_rounding() -> None:
+    """`checkpoint nested = true` on the linear layer of a chunked block with BatchNorm: the
+    inner region holds no BatchNorm (the resolver refuses one that does, MP320)."""
+    torch.manual_seed(0)
+    model = Net(block(nn.BatchNorm1d(F))).double()
+    plan = STATE + "module body { temporal_chunk 3 dim 0; compress input = bit }\nmodule body.0 { checkpoint nested = true }\n"
+    compare(model, plan, spikes(7, 3, torch.float64), rtol=1e-10)
+
+
 def test_two_batchnorms_and_a_shared_one_take_one_pass_each() -> None:
     """BN -> LIF -> BN (needs the first's statistics and the neuron's state) and one BN called twice."""
     torch.manual_seed(2)

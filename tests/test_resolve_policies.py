@@ -144,3 +144,47 @@ def test_explain_says_batchnorm_in_chunks_takes_whole_batch_statistics():
     assert what == "whole-batch statistics" and "time chunks of `normed` (line 3)" in why
     assert rows["normed.conv"].decisions == ()  # other layers simply run chunk by chunk
     assert rows["plain.conv"].decisions == ()
+
+
+# ---------------------------------------------------------------- regions inside time chunks
+
+
+def test_a_region_inside_time_chunks_needs_nested():
+    # Each chunk is a checkpointed region already: another region inside recomputes twice.
+    for inner in ("module normed.conv { checkpoint }\n", "module normed.lif { temporal_chunk 2 dim 0 }\n"):
+        body = STATE + "module normed { temporal_chunk 4 dim 0 }\n" + inner
+        assert errors(body) == [("MP305", 4)], inner
+        with pytest.raises(memoplan.PlanError) as caught:
+            resolved(body)
+        assert "inside the time chunks of `normed`" in str(caught.value)
+
+
+def test_a_nested_region_without_batchnorm_inside_time_chunks_is_accepted():
+    plan = resolved(STATE + "module normed { temporal_chunk 4 dim 0 }\nmodule normed.conv { checkpoint nested = true }\n")
+    assert plan.module("normed.conv") is not None
+
+
+def test_a_nested_region_holding_batchnorm_inside_time_chunks_is_refused():
+    # The chunks normalise with every time step's statistics; the inner region's own recompute
+    # in backward would not see them (its gradients came out about 1e-3 off, its running
+    # statistics 0.18 of their size, before this was refused).
+    outer = net_with_normed_pair()
+    plan = memoplan.parse(
+        "memplan 1\n" + STATE + "module pair { temporal_chunk 2 dim 0 }\nmodule pair.1 { checkpoint nested = true }\n"
+    )
+    with pytest.raises(memoplan.PlanError) as caught:
+        memoplan.resolve(plan, outer)
+    assert caught.value.codes == ["MP320"]
+    assert "holds BatchNorm `pair.1.norm`" in str(caught.value)
+    # The same inner rule on the block without BatchNorm is accepted.
+    plan = memoplan.parse(
+        "memplan 1\n" + STATE + "module pair { temporal_chunk 2 dim 0 }\nmodule pair.0 { checkpoint nested = true }\n"
+    )
+    assert memoplan.resolve(plan, outer).module("pair.0") is not None
+
+
+def net_with_normed_pair() -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Module()
+    net.pair = nn.Sequential(Block(), Block(norm=True))
+    return net

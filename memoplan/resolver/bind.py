@@ -216,7 +216,7 @@ def _winner(res: Resolution, path: str, aspect: str):
 
 
 def _check_regions(res: Resolution) -> None:
-    """Nested checkpoint regions, and `keep` inside a region."""
+    """Nested regions (checkpoints, and regions inside time chunks), and `keep` inside a region."""
     checkpointed = [p for p in res.index.paths if isinstance(_winner(res, p, RECOMPUTE), ast.Checkpoint)]
     marked = set(checkpointed)
     for path in res.index.paths:
@@ -240,6 +240,32 @@ def _check_regions(res: Resolution) -> None:
                 "nested regions recompute twice; drop one rule, or write `checkpoint nested = true`",
                 notes=(("outer region", outer_policy.span),),
             )
+    # A region inside time chunks: each chunk is a checkpointed region already.
+    for path in res.index.paths:
+        inner_policy = _region_policy(res, path)
+        outer = chunked_ancestor(res, path) if inner_policy is not None else None
+        if outer is None:
+            continue
+        outer_policy = _winner(res, outer, "temporal_chunk")
+        what = "checkpointed" if isinstance(inner_policy, ast.Checkpoint) else "chunked"
+        if not getattr(inner_policy, "nested", None):
+            res.error(
+                "MP305",
+                f"`{path}` is {what} inside the time chunks of `{outer}`",
+                inner_policy.span,
+                "each chunk is a checkpointed region already, so nested regions recompute twice; drop one rule, "
+                "or write `checkpoint nested = true`",
+                notes=(("time chunks", outer_policy.span),),
+            )
+        elif (norm := _batch_norm_in(res.index.modules[path], path)) is not None:
+            res.error(
+                "MP320",
+                f"`{path}` is a region of its own inside the time chunks of `{outer}`, and holds BatchNorm `{norm}`",
+                inner_policy.span,
+                "the chunks normalise with the statistics of all time steps, but this region's recompute in "
+                "backward would use one chunk's; drop the inner rule, or chunk the modules inside instead",
+                notes=(("time chunks", outer_policy.span),),
+            )
     for path, aspects in res.decisions.items():
         keep = _winner(res, path, RECOMPUTE)
         outer = res.inside_region.get(path)
@@ -251,6 +277,30 @@ def _check_regions(res: Resolution) -> None:
                 f"`{outer}` recomputes everything inside it",
                 notes=(("region", _winner(res, outer, RECOMPUTE).span),),
             )
+
+
+def chunked_ancestor(res: Resolution, path: str) -> str | None:
+    """The nearest enclosing module (itself excluded) that a `temporal_chunk` rule chunks."""
+    parts = path.split(".") if path else []
+    for k in range(len(parts) - 1, -1, -1):
+        ancestor = ".".join(parts[:k])
+        if "temporal_chunk" in res.decisions.get(ancestor, {}):
+            return ancestor
+    return None
+
+
+def _region_policy(res: Resolution, path: str):
+    """The rule that makes ``path`` a region: its `checkpoint`, else its `temporal_chunk`."""
+    recompute = _winner(res, path, RECOMPUTE)
+    return recompute if isinstance(recompute, ast.Checkpoint) else _winner(res, path, "temporal_chunk")
+
+
+def _batch_norm_in(module: nn.Module, path: str) -> str | None:
+    """The path of the first BatchNorm in ``module``'s subtree (itself included), or None."""
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.modules.batchnorm._BatchNorm):
+            return f"{path}.{name}" if name else path
+    return None
 
 
 def _check_policies(res: Resolution) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from memoplan.resolver.bind import Decision, Resolution, analyse
+from memoplan.resolver.bind import Decision, Resolution, analyse, chunked_ancestor
 from memoplan.syntax import ast
 from memoplan.syntax.formatter import format_policy, format_selector
 
@@ -40,7 +40,7 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
         if outer is not None:
             region = resolution.decisions[outer]["recompute"].winner
             decisions.append(("recomputed", f"inside the checkpoint region of `{outer}` (line {region.line})"))
-        chunked = _chunked_ancestor(resolution, path)
+        chunked = chunked_ancestor(resolution, path)
         if chunked is not None and isinstance(module, nn.modules.batchnorm._BatchNorm):
             line = resolution.decisions[chunked]["temporal_chunk"].winner.line
             decisions.append(
@@ -52,16 +52,6 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
             )
         rows.append(ExplainRow(path, type(module).__qualname__, tuple(decisions)))
     return rows
-
-
-def _chunked_ancestor(resolution: Resolution, path: str) -> str | None:
-    """The nearest enclosing module (itself excluded) that a `temporal_chunk` rule chunks."""
-    parts = path.split(".")
-    for k in range(len(parts) - 1, -1, -1):
-        ancestor = ".".join(parts[:k])
-        if ancestor != path and "temporal_chunk" in resolution.decisions.get(ancestor, {}):
-            return ancestor
-    return None
 
 
 def _why(decision: Decision) -> str:
