@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="one step with and without the plan: peak memory and equivalence")
     verify.add_argument("plan", type=Path)
     _model_options(verify)
-    verify.add_argument("--seed", type=int, default=0, help="RNG seed for both runs (default 0)")
+    verify.add_argument(
+        "--seed", type=int, default=0, help="RNG seed for building the model and example, and for both runs (default 0)"
+    )
     verify.add_argument(
         "--rtol",
         type=float,
@@ -192,9 +194,18 @@ def _load(path: Path):
     return plan
 
 
-def _model(plan, path: Path, spec: str | None, *, required: bool):
+def _model(plan, path: Path, spec: str | None, *, required: bool, seed: int = 0):
+    """The model named by ``spec`` or the plan's `model` statement, built after ``torch.manual_seed(seed)``.
+
+    Seeding first makes a factory's random initialisation, and an example factory
+    called after it, the same on every run: a command gives the same figures and the
+    same verdict each time.
+    """
+    import torch
+
     from memoplan import specs
 
+    torch.manual_seed(seed)
     if spec is not None:
         _progress(f"loading model {spec}")
         return specs.load_model(spec)
@@ -295,7 +306,7 @@ def _verify(args) -> int:
 
     device = _device(args.device)
     plan = _load(args.plan)
-    model = _model(plan, args.plan, args.model, required=True)
+    model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
     example = _example(plan, args.plan, args.example, required=True)
     resolved = _resolve(plan, model)
     print(f"resolved plan {args.plan} ({len(resolved.modules)} modules):")

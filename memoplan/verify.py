@@ -287,6 +287,12 @@ def render_report(report: VerifyReport) -> str:
             f"tolerance: temporal chunks sum in another order; each tensor within {report.rtol:g} x the largest "
             "unplanned magnitude of its category"
         )
+    if report.rtol and not report.equivalent:
+        lines.append(
+            "hint: time chunks round BatchNorm statistics and sums differently; a threshold (spiking) neuron "
+            "after them can turn that into a few flipped spikes, which no tolerance bounds. Chunking only the "
+            "neurons (BatchNorm over all steps at once) stays bit for bit"
+        )
     for op in report.nondeterministic:
         lines.append(f"note: {op} (CUDA): differences in what it computes may be its own, not the plan's")
     verdict = "EQUIVALENT" if report.equivalent else "NOT EQUIVALENT"

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from memoplan import cli
 
@@ -377,6 +378,21 @@ def test_verify_user_model_with_overrides(capsys, user_model) -> None:
     assert code == 0, out + err
     assert "verdict: EQUIVALENT" in out
     assert "body" in out and "head" in out
+
+
+def test_models_are_built_from_the_seed_so_every_run_agrees(capsys) -> None:
+    """A factory's random weights (and an example factory called after it) come after
+    torch.manual_seed(seed), whatever the process drew before: `verify --seed` gives the
+    same verdict every run."""
+    built = []
+    for before, seed in ((123, 4), (456, 4), (123, 5)):
+        torch.manual_seed(before)
+        model = cli._model(None, None, "memoplan.examples.spiking:build", required=True, seed=seed)
+        example = cli._example(None, None, "memoplan.examples.spiking:example", required=True)
+        built.append((next(model.parameters()).detach(), example.args[0]))
+    assert torch.equal(built[0][0], built[1][0]) and torch.equal(built[0][1], built[1][1])
+    assert not torch.equal(built[0][0], built[2][0])
+    capsys.readouterr()
 
 
 def test_verify_on_an_explicit_device(capsys, user_model) -> None:

@@ -148,3 +148,14 @@ def test_the_report_names_ops_without_a_deterministic_implementation():
     note = "scatter_add_cuda_kernel does not have a deterministic implementation"
     text = render_report(dataclasses.replace(report, nondeterministic=(note,)))
     assert f"note: {note} (CUDA)" in text
+
+
+def test_a_chunked_plan_out_of_tolerance_gets_the_flipped_spike_hint():
+    torch.manual_seed(0)
+    model, example = _mlp("relu")
+    report = verify(model, PER_LAYER, example)
+    assert "hint:" not in render_report(report)
+    failed = dataclasses.replace(
+        report, rtol=5e-5, checks=(dataclasses.replace(report.checks[0], differences=("output[0]: differs",)),)
+    )
+    assert "flipped spikes" in render_report(failed)
