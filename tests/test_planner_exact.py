@@ -371,3 +371,13 @@ def test_byte_counts_beyond_exact_floats_fall_back():
     choice = exact(items, Bytes(limit))
     assert_fallback(choice, forest, limit, "2**53")
     assert exact_module.DEFAULT_TIME_LIMIT > 0
+
+
+def test_a_subnormal_recompute_time_keeps_the_objective_finite():
+    """Found by hypothesis: 1e6 / 2.2e-311 is inf, and scipy's milp refuses an infinite objective."""
+    items = [Item(f"m{i}", saved_bytes=1, input_bytes=0, forward_seconds=0.0) for i in range(2)]
+    items.append(Item("m2", saved_bytes=1, input_bytes=0, forward_seconds=2.225073858507e-311))
+    milp = exact(items, Bytes(1), base_bytes=0)
+    dp = optimal(items, Bytes(1), base_bytes=0)
+    assert (milp.status, milp.minimum_peak) == (dp.status, dp.minimum_peak)
+    assert milp.recompute_seconds == dp.recompute_seconds

@@ -164,10 +164,11 @@ def _solve(chain: _Chain, limit: int, time_limit: float) -> _Solved:
             col_of.append(c)
     matrix = csr_matrix((data, (row_of, col_of)), shape=(len(rows), columns))
     top = max(t[i] for i in useful)
-    scale = _OBJECTIVE_SCALE / top if top > 0 else 0.0
+    # Divide before multiplying: 1e6 / top overflows to inf for a subnormal top (found by hypothesis).
+    objective = [t[i] / top * _OBJECTIVE_SCALE if top > 0 else 0.0 for i in useful]
     with _solver_output_silenced():
         result = milp(
-            np.array([t[i] * scale for i in useful] + [0.0] * len(sizes)),
+            np.array(objective + [0.0] * len(sizes)),
             integrality=np.ones(columns),  # z and w binary
             bounds=Bounds(np.zeros(columns), np.ones(columns)),
             constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]),
