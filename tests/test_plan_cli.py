@@ -271,3 +271,42 @@ def test_hard_budgets_are_settled_by_measurement_in_either_direction(monkeypatch
         assert result.choice.recompute_seconds == best.recompute_seconds
     else:
         assert result.choice.recompute_seconds > plain.recompute_seconds
+
+
+def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusing(monkeypatch):
+    """A meter that reads far over the estimate for every set but the least-peak one (as a GPU's
+    library workspaces can): the tightened searches run out, and the least-peak set, which
+    measures within the limit, is the plan, not an MP601."""
+    from memoplan.examples import transformer
+    from memoplan.planner import plan as plan_module
+    from memoplan.planner.plan import make_plan
+    from memoplan.planner.profile import chain, profile
+    from memoplan.syntax.formatter import format_plan
+
+    torch.manual_seed(0)
+    model, example = transformer.build(), transformer.example()
+    prof = profile(model, example, progress=False)
+    items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in chain(prof)]
+    base = search.unplanned_base(prof.peak_bytes, items)
+    budget = search.FractionOfPeak(Fraction(7, 10))
+    least = search.optimal(items, search.Bytes(search.optimal(items, budget, base_bytes=base).minimum_peak), base_bytes=base)
+    seen: list[tuple[str, ...]] = []
+
+    def fake(model, example, plan):
+        names = tuple(re.findall(r"^module (\S+) \{ checkpoint", format_plan(plan), re.M))
+        seen.append(names)
+        chosen = [i for i, item in enumerate(items) if item.name in names]
+        estimate = search.estimate(items, chosen, base_bytes=base).peak
+        return estimate if set(names) == set(least.names) else estimate + prof.peak_bytes
+
+    monkeypatch.setattr(plan_module, "_measure", fake)
+    result = make_plan(model, example, budget, prof=prof, progress=False)
+    assert set(result.choice.names) == set(least.names)
+    assert result.measured_after <= result.limit
+    assert len(seen) == len(set(seen))  # each set measured once
+
+    # And when the least-peak set measures over the limit too, MP601 gives its measurement.
+    monkeypatch.setattr(plan_module, "_measure", lambda model, example, plan: prof.peak_bytes * 2)
+    with pytest.raises(memoplan.PlanError) as caught:
+        make_plan(model, example, budget, prof=prof, progress=False)
+    assert caught.value.codes == ["MP601"] and "the least-peak plan checkpointing reaches measures" in str(caught.value)

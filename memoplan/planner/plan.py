@@ -166,6 +166,14 @@ def _calibrated(
             break
         choice, searched = retry, tighter
         after = measured(choice)
+    if after > limit:
+        # Tightening did not bring a measurement under the limit (the estimate can be off by
+        # more than one overshoot says, e.g. a GPU's library workspaces): the least-peak set
+        # is the last one to try before refusing.
+        least = _search(items, search.Bytes(choice.minimum_peak), Planner.OPTIMAL, base)
+        if measured(least) > limit:
+            raise _missed(limit, measured(least), choice.minimum_peak, least_measured=True)
+        choice, searched, after = least, choice.minimum_peak, measured(least)
     low, high = searched, None  # nothing cheaper fits at or below `low`; `high`'s set measured over
     for _ in range(MAX_REFINEMENTS if after <= limit else 0):
         trial = low + (limit - after) if high is None else (low + high) // 2
