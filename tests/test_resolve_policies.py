@@ -157,6 +157,8 @@ def test_a_region_inside_time_chunks_needs_nested():
         with pytest.raises(memoplan.PlanError) as caught:
             resolved(body)
         assert "inside the time chunks of `normed`" in str(caught.value)
+        # `nested = true` is offered only where the inner rule is a checkpoint, which can take it.
+        assert ("nested = true" in str(caught.value)) == ("checkpoint" in inner)
 
 
 def test_a_nested_region_without_batchnorm_inside_time_chunks_is_accepted():

@@ -253,8 +253,8 @@ def _check_regions(res: Resolution) -> None:
                 "MP305",
                 f"`{path}` is {what} inside the time chunks of `{outer}`",
                 inner_policy.span,
-                "each chunk is a checkpointed region already, so nested regions recompute twice; drop one rule, "
-                "or write `checkpoint nested = true`",
+                "each chunk is a checkpointed region already, so nested regions recompute twice; drop one rule"
+                + (", or write `checkpoint nested = true`" if what == "checkpointed" else ""),
                 notes=(("time chunks", outer_policy.span),),
             )
         elif (norm := _batch_norm_in(res.index.modules[path], path)) is not None:
