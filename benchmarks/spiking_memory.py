@@ -55,6 +55,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -215,6 +216,26 @@ def breakdown(model: nn.Module, x: torch.Tensor, seed: int, top: int) -> tuple[i
         counts[label] += 1
     rows = [(nbytes, counts[label], label) for label, nbytes in groups.most_common(top)]
     return meter.peak_bytes, rows
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_step(model: nn.Module, x: torch.Tensor, seed: int) -> int:
+    """The aten operations one training step dispatches (what a launch-bound GPU step pays for)."""
+    reset_all(model)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    with _OpCounter() as counter:
+        measure.default_loss(model(x)).backward()
+    return counter.count
 
 
 # ---------------------------------------------------------------- timing
@@ -392,6 +413,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         a / b for a, b in zip(times["memoplan"], times["spikingjelly"])
     )
 
+    configs = {"unplanned": copy.deepcopy(model), "memoplan": planned, "spikingjelly": sj_model}
+    results["ops_per_step"] = {name: ops_per_step(m, x, args.seed) for name, m in configs.items()}
+
     # bit codec.
     seen, worst = bit_ratios(copy.deepcopy(model), x)
     results["bit"] = {"block_inputs": seen, "worst_from_4KiB": worst}
@@ -518,6 +542,7 @@ def render(results: dict[str, Any]) -> str:
         f"(ratio of medians), {results['step_time_ratio_paired_median']:.3f} (median of the per-round ratios)",
         "step times (ms, every timed step): "
         + "; ".join(f"{k} {' '.join(f'{t * 1000:.0f}' for t in v['all'])}" for k, v in times.items()),
+        "aten operations per training step: " + "; ".join(f"{k} {n:,}" for k, n in results["ops_per_step"].items()),
         "",
         "bit codec (payload bytes / float32 bytes):",
     ]
