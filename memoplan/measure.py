@@ -182,7 +182,7 @@ def measured_step(
     loss_fn: LossFn | None = None,
 ) -> tuple[StepMemory, Any, torch.Tensor]:
     """One :func:`training_step` under the meter: (peak memory, output, loss)."""
-    device = _device(model, args, kwargs)
+    device = step_device(model, args, kwargs)
     # Release last step's gradients before the baseline, so they do not count as live.
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":
@@ -231,10 +231,10 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _device(
-    model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None
+def step_device(
+    model: nn.Module, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
 ) -> torch.device:
-    """The device of the first parameter, else of the first tensor argument, else CPU."""
+    """Where a step of ``model`` runs: its first parameter's device, else the first tensor argument's, else CPU."""
     for tensor in model.parameters():
         return tensor.device
     for leaf in pytree.tree_leaves((tuple(args), dict(kwargs or {}))):

@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 
 from memoplan import api
 from memoplan.ir import ResolvedPlan
-from memoplan.measure import StepMemory, measured_step, training_step
+from memoplan.measure import StepMemory, measured_step, step_device, training_step
 from memoplan.resolver import resolve
 from memoplan.specs import Example
 
@@ -111,8 +111,9 @@ def verify(
         reference.to(device)
         example = example.to(device)
     planned = api.apply(copy.deepcopy(reference), resolved)
-    with _reproducible(example) as nondeterministic:
-        _warm_up(reference, planned, example, loss_fn)
+    where = step_device(reference, example.args, example.kwargs)
+    with _reproducible(where) as nondeterministic:
+        _warm_up(reference, planned, example, loss_fn, where)
         before = _run(reference, example, seed, loss_fn)
         after = _run(planned, example, seed, loss_fn)
     checks = (
@@ -129,15 +130,8 @@ def verify(
     return VerifyReport(resolved, before.memory, after.memory, checks, rtol, tuple(nondeterministic))
 
 
-def _on_cuda(example: Example) -> torch.device | None:
-    for leaf in pytree.tree_leaves((example.args, dict(example.kwargs))):
-        if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
-            return leaf.device
-    return None
-
-
 @contextlib.contextmanager
-def _reproducible(example: Example) -> Iterator[list[str]]:
+def _reproducible(device: torch.device) -> Iterator[list[str]]:
     """On CUDA, run with deterministic algorithms in full float32; yield the ops that have no
     deterministic implementation.
 
@@ -151,7 +145,7 @@ def _reproducible(example: Example) -> Iterator[list[str]]:
     since their differences are not the plan's.  Everything is restored afterwards.
     """
     found: list[str] = []
-    if _on_cuda(example) is None:
+    if device.type != "cuda":
         yield found
         return
     set_cublas = "CUBLAS_WORKSPACE_CONFIG" not in os.environ
@@ -188,15 +182,14 @@ def _reproducible(example: Example) -> Iterator[list[str]]:
             del os.environ["CUBLAS_WORKSPACE_CONFIG"]
 
 
-def _warm_up(reference: nn.Module, planned: nn.Module, example: Example, loss_fn) -> None:
+def _warm_up(reference: nn.Module, planned: nn.Module, example: Example, loss_fn, device: torch.device) -> None:
     """On CUDA, one throwaway step of a copy of each model before measuring.
 
     A process's first steps allocate what then stays: cuBLAS workspaces, Triton's
     compiled kernels and autotuning.  Measured cold, the step that runs first would
     carry them in its peak.  The copies are discarded and the RNG restored.
     """
-    device = _on_cuda(example)
-    if device is None:
+    if device.type != "cuda":
         return
     with torch.random.fork_rng(devices=[device]):
         for model in (reference, planned):

@@ -73,7 +73,7 @@ from torch import nn
 
 import memoplan
 
-from memoplan.measure import LossFn, measure_step, training_step
+from memoplan.measure import LossFn, measure_step, step_device, training_step
 from memoplan.runtime import codecs
 from memoplan.runtime.state import get_state, is_stateful, load_state
 from memoplan.specs import Example
@@ -299,7 +299,7 @@ def profile(
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, not {repeats!r}")
     example = _as_example(example)
-    here = _model_device(model, example)
+    here = step_device(model, example.args, example.kwargs)
     target = torch.device(device) if device is not None else here
     if target.type == "cuda" and target.index is None:
         target = torch.device("cuda", torch.cuda.current_device())
@@ -918,14 +918,6 @@ def _as_example(example: Example | torch.Tensor | Sequence[Any]) -> Example:
         f"example must be a memoplan.specs.Example, a Tensor or a tuple of arguments, "
         f"not {type(example).__name__}"
     )
-
-
-def _model_device(model: nn.Module, example: Example) -> torch.device:
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in _tensors((example.args, dict(example.kwargs))):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
