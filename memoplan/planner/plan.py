@@ -170,10 +170,9 @@ def _calibrated(
         # Tightening did not bring a measurement under the limit (the estimate can be off by
         # more than one overshoot says, e.g. a GPU's library workspaces): the least-peak set
         # is the last one to try before refusing.
-        least = _search(items, search.Bytes(choice.minimum_peak), Planner.OPTIMAL, base)
-        if measured(least) > limit:
-            raise _missed(limit, measured(least), choice.minimum_peak, least_measured=True)
-        choice, searched, after = least, choice.minimum_peak, measured(least)
+        minimum = choice.minimum_peak
+        choice, after = _least_peak_within(limit, minimum, items, base, measured)
+        searched = minimum
     low, high = searched, None  # nothing cheaper fits at or below `low`; `high`'s set measured over
     for _ in range(MAX_REFINEMENTS if after <= limit else 0):
         trial = low + (limit - after) if high is None else (low + high) // 2
@@ -211,15 +210,23 @@ def _least_peak_if_it_fits(
     estimate's limit it was found with.
     """
     limit = choice.limit
-    least = _search(items, search.Bytes(choice.minimum_peak), Planner.OPTIMAL, base)
-    measured = _measure(model, example, _draft(least, items, model, {}))
-    if measured > limit:
-        raise _missed(limit, measured, choice.minimum_peak, least_measured=True)
+    least, measured = _least_peak_within(
+        limit, choice.minimum_peak, items, base, lambda c: _measure(model, example, _draft(c, items, model, {}))
+    )
     wider = limit + max(0, least.estimated_peak - measured)
     retry = _search(items, search.Bytes(wider), planner, base)
     found, searched = (retry, wider) if retry.ok else (least, choice.minimum_peak)
     note = f"the estimated least peak {least.estimated_peak} B is over the limit {limit} B, but measures {measured} B"
     return replace(found, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note), searched
+
+
+def _least_peak_within(limit: int, minimum: int, items, base: int, measure) -> tuple[search.Choice, int]:
+    """The least-peak set and its peak by ``measure``; MP601 with that measurement when it is over ``limit``."""
+    least = _search(items, search.Bytes(minimum), Planner.OPTIMAL, base)
+    peak = measure(least)
+    if peak > limit:
+        raise _missed(limit, peak, minimum, least_measured=True)
+    return least, peak
 
 
 def _draft(choice: search.Choice, items, model: nn.Module, header: dict[str, str]) -> ast.Plan:
