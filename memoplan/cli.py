@@ -359,16 +359,23 @@ def _device(text: str | None):
 
 
 def _model_and_example(args):
-    """The model and example named by --model and --example (no plan involved)."""
-    return _model(None, None, args.model, required=True), _example(None, None, args.example, required=True)
+    """The model and example named by --model and --example (no plan involved), on ``--device``.
+
+    The model is this command's own, loaded for it, so it is moved there rather than copied.
+    """
+    device = _device(args.device)  # refused before the model is built
+    model, example = _model(None, None, args.model, required=True), _example(None, None, args.example, required=True)
+    if device is not None:
+        model.to(device)
+        example = example.to(device)
+    return model, example
 
 
 def _profile(args) -> int:
     from memoplan.planner.profile import profile
 
-    device = _device(args.device)
     model, example = _model_and_example(args)
-    result = profile(model, example, repeats=args.repeats, device=device)
+    result = profile(model, example, repeats=args.repeats)
     result.save(args.output)
     print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B")
     return 0
@@ -391,11 +398,7 @@ def _plan(args) -> int:
     preset = (PRESETS[args.preset] if args.preset else DEFAULT).with_overrides(
         planner=Planner(args.planner) if args.planner else None, budget=budget, hard=hard
     )
-    device = _device(args.device)
     model, example = _model_and_example(args)
-    if device is not None:  # a model of its own, loaded for this command: move it there
-        model.to(device)
-        example = example.to(device)
     try:
         prof = merge([Profile.load(path) for path in args.profile]) if args.profile else None
     except ValueError as exc:  # profiles of different models
