@@ -39,7 +39,7 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from memoplan.runtime import batchnorm, codecs
+from memoplan.runtime import batchnorm, codecs, gradroot
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.state import get_state, load_state
@@ -89,9 +89,19 @@ def run_planned(
     options = RegionOptions(codec, validate, tolerance, preserve_rng, where or module.__dict__.get(PATH_ATTR, ""))
     modules = tuple(module.get_submodule(path) if path else module for path in stateful)
     fn = _Chain(module) if type(module).forward is nn.Sequential.forward else partial(type(module).forward, module)
+    root_only = gradroot.takes_root_only(module)
     if chunks is not None:
         return run_chunked(
-            (module,), fn, args, kwargs, options, modules, chunks=chunks, dim=dim, chunk_args=chunk_args
+            (module,),
+            fn,
+            args,
+            kwargs,
+            options,
+            modules,
+            chunks=chunks,
+            dim=dim,
+            chunk_args=chunk_args,
+            root_only=root_only,
         )
     return run_region((module,), fn, args, kwargs, options, modules)
 
@@ -104,15 +114,18 @@ def run_region(
     options: RegionOptions,
     stateful: Sequence[nn.Module] = (),
     payloads: dict[int, tuple[torch.Tensor, int, Any]] | None = None,
+    sink: tuple[gradroot.Sink, int] | None = None,
 ) -> Any:
     """``fn(*args, **kwargs)`` as one region over ``roots`` (whose parameters and buffers it uses).
 
     ``payloads``, shared by regions that read the same input tensors, holds each
     input's payload once it is encoded, so the regions keep one payload between them.
+    ``sink`` is ``(sink, k)`` for time chunk ``k`` of a module whose output is only a
+    gradient root: its first argument's gradient may go in place (:mod:`memoplan.runtime.gradroot`).
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    run = _Run(roots, fn, args, kwargs, options, stateful, payloads)
+    run = _Run(roots, fn, args, kwargs, options, stateful, payloads, sink)
     outputs = _RegionFunction.apply(run, *run.inputs)
     return run.finish(outputs)
 
@@ -128,6 +141,7 @@ def run_chunked(
     chunks: int,
     dim: int,
     chunk_args: Sequence[int | str],
+    root_only: bool = False,
 ) -> Any:
     """Split the chosen arguments along ``dim`` into ``chunks`` regions run one after another.
 
@@ -135,22 +149,36 @@ def run_chunked(
     time-local layers the result equals the unchunked forward; tensor outputs are
     concatenated along ``dim``.  A training-mode BatchNorm inside normalises every
     chunk with the whole batch's statistics (:mod:`memoplan.runtime.batchnorm`).
+
+    ``root_only``: the result is a recompute's, only differentiated from, so the
+    outputs are not joined and the first argument's gradient may go in place
+    (:mod:`memoplan.runtime.gradroot`).
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    chunked = _split_chunks(args, kwargs, options, chunks=chunks, dim=dim, chunk_args=chunk_args)
+    first = args[0] if args and chunk_args[0] == 0 else None
+    sink = None
+    if root_only and isinstance(first, torch.Tensor) and first.requires_grad:
+        sink = gradroot.Sink(dim, _chunk_sizes(first.shape[dim], chunks))
+    chunked = _split_chunks(args, kwargs, options, chunks=chunks, dim=dim, chunk_args=chunk_args, sink=sink)
     key = chunk_args[0]
     sizes = [(a[key] if isinstance(key, int) else kw[key]).shape[dim] for a, kw in chunked]
-    joined = _Join(dim, sizes, options.where)
+    joined = _Join(dim, sizes, options.where, root_only=root_only, sink=sink)
     if batchnorm.normalising_modules(roots):
-        _chunks_with_batch_statistics(roots, fn, chunked, options, stateful, joined)
+        _chunks_with_batch_statistics(roots, fn, chunked, options, stateful, joined, sink)
     else:
-        for a, kw in chunked:
-            joined.add(run_region(roots, fn, a, kw, options, stateful))
+        for k, (a, kw) in enumerate(chunked):
+            joined.add(run_region(roots, fn, a, kw, options, stateful, sink=None if sink is None else (sink, k)))
     return joined.result()
 
 
-def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int, chunk_args):
+def _chunk_sizes(size: int, chunks: int) -> list[int]:
+    """The lengths of ``chunks`` near-equal pieces of ``size`` steps (at most ``size`` pieces)."""
+    parts = max(1, min(chunks, size))
+    return [size // parts + (1 if i < size % parts else 0) for i in range(parts)]
+
+
+def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int, chunk_args, sink=None):
     """Each chunk's ``(args, kwargs)``: the chosen arguments split along ``dim``, the rest as they are."""
     pieces: dict[int | str, tuple[torch.Tensor, ...]] = {}
     length = None
@@ -173,9 +201,11 @@ def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int
             )
         # One split (not per-chunk slices): its backward concatenates the chunks'
         # gradients once instead of adding a full-size zero-padded tensor per chunk.
-        parts = max(1, min(chunks, size))
-        sizes = [size // parts + (1 if i < size % parts else 0) for i in range(parts)]
-        pieces[key] = torch.split(tensor, sizes, dim=dim)
+        sizes = _chunk_sizes(size, chunks)
+        if sink is not None and key == chunk_args[0]:
+            pieces[key] = gradroot.Split.apply(tensor, sizes, dim, sink)
+        else:
+            pieces[key] = torch.split(tensor, sizes, dim=dim)
     result = []
     for k in range(len(next(iter(pieces.values())))):
         chunk_args_k, chunk_kwargs_k = list(args), dict(kwargs)
@@ -188,7 +218,9 @@ def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int
     return result
 
 
-def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, stateful, joined: _Join) -> None:
+def _chunks_with_batch_statistics(
+    roots, fn, chunked, options: RegionOptions, stateful, joined: _Join, sink: gradroot.Sink | None = None
+) -> None:
     """The chunks' outputs, joined in ``joined``, BatchNorm normalising with the whole batch's statistics.
 
     One statistics pass per training-mode ``batch_norm`` call, then the main pass
@@ -211,7 +243,8 @@ def _chunks_with_batch_statistics(roots, fn, chunked, options: RegionOptions, st
         for k, (args, kwargs) in enumerate(chunked):
             run.measured, run.record = False, ([] if k == 0 else None)
             kwargs = {**kwargs, batchnorm.STATS_KEYWORD: (tuple(stats), tuple(local[k]))}
-            output = run_region(roots, region_fn, args, kwargs, options, stateful, payloads)
+            chunk_sink = None if sink is None else (sink, k)  # used by the main pass's chunks only
+            output = run_region(roots, region_fn, args, kwargs, options, stateful, payloads, chunk_sink)
             if k == 0:
                 measuring, calls, run.record = run.measured, run.record, None
                 counters = [] if measuring else snapshot.counters()
@@ -259,13 +292,22 @@ class _Chain:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return nn.Sequential.forward(self.module, *args, **kwargs)
 
-    def run_owned(self, box: list[Any], kwargs: dict[str, Any]) -> Any:
-        """The forward of the one argument in ``box``, which it empties (see :meth:`_Run.call`)."""
+    def run_owned(self, box: list[Any], kwargs: dict[str, Any], root_only: bool = False) -> Any:
+        """The forward of the one argument in ``box``, which it empties (see :meth:`_Run.call`).
+
+        ``root_only``: the chain's output is only differentiated from (a recompute), so
+        the last module may return a stand-in for it (:mod:`memoplan.runtime.gradroot`).
+        """
         if kwargs:
             return self(box.pop(), **kwargs)
         x = box.pop()
-        for child in self.module:
-            x = child(x)
+        last = len(self.module) - 1
+        for i, child in enumerate(self.module):
+            if root_only and i == last and gradroot.result_unread(child):
+                with gradroot.root_only(child):
+                    x = child(x)
+            else:
+                x = child(x)
         return x
 
 
@@ -297,10 +339,16 @@ class _Join:
     output is freed as soon as the next one runs, instead of every chunk's output
     and their concatenation being alive at once.  Any other tensor output is
     concatenated at the end; non-tensor outputs must be equal in every chunk.
+
+    ``root_only``: the joined output is never read, so it is a stand-in that holds
+    no memory (:class:`gradroot.Mark`); the first output's gradient is offered to ``sink``.
     """
 
-    def __init__(self, dim: int, sizes: Sequence[int], where: str) -> None:
+    def __init__(
+        self, dim: int, sizes: Sequence[int], where: str, *, root_only: bool = False, sink: gradroot.Sink | None = None
+    ) -> None:
         self.dim, self.sizes, self.where = dim, list(sizes), where
+        self.root_only, self.sink = root_only, sink
         self.count = 0
         self.spec: Any = None
         self.columns: list[Any] = []  # per output leaf: a buffer, a list of pieces, or the non-tensor value
@@ -310,7 +358,7 @@ class _Join:
         k, self.count = self.count, self.count + 1
         if k == 0:
             self.spec = spec
-            self.columns = [self._first(leaf) for leaf in leaves]
+            self.columns = [self._first(i, leaf) for i, leaf in enumerate(leaves)]
             return
         if spec != self.spec:
             raise ValueError(f"memoplan: {self.where}: chunks returned outputs of different structure")
@@ -322,7 +370,7 @@ class _Join:
             elif isinstance(column, list):
                 column.append(leaf)
             elif isinstance(column, torch.Tensor) and self._fits(leaf, k):
-                self.columns[i] = _Place.apply(column, leaf, sum(self.sizes[:k]), self.dim)
+                self.columns[i] = self._place(i, column, leaf, sum(self.sizes[:k]))
             elif isinstance(column, torch.Tensor):  # not as long as its chunk: concatenate instead
                 self.columns[i] = [column.narrow(self.dim, 0, sum(self.sizes[:k])), leaf]
             else:
@@ -331,14 +379,20 @@ class _Join:
     def _fits(self, leaf: torch.Tensor, k: int) -> bool:
         return -leaf.dim() <= self.dim < leaf.dim() and leaf.shape[self.dim] == self.sizes[k]
 
-    def _first(self, leaf: Any) -> Any:
+    def _first(self, i: int, leaf: Any) -> Any:
         if not isinstance(leaf, torch.Tensor):
             return leaf
         if not self._fits(leaf, 0) or len(self.sizes) == 1:
             return [leaf]
         shape = list(leaf.shape)
         shape[self.dim] = sum(self.sizes)
-        return _Place.apply(leaf.new_empty(shape), leaf, 0, self.dim)
+        buffer = gradroot.stand_in(shape, leaf.dtype, leaf.device) if self.root_only else leaf.new_empty(shape)
+        return self._place(i, buffer, leaf, 0)
+
+    def _place(self, i: int, column: torch.Tensor, leaf: torch.Tensor, start: int) -> torch.Tensor:
+        if self.root_only:
+            return gradroot.Mark.apply(column, leaf, start, self.dim, self.sink if i == 0 else None)
+        return _Place.apply(column, leaf, start, self.dim)
 
     def result(self) -> Any:
         joined = []
@@ -379,9 +433,10 @@ class _Run:
     ``save_for_backward``, outputs belong to the caller.
     """
 
-    def __init__(self, roots, fn, args, kwargs, options: RegionOptions, stateful, payloads=None) -> None:
+    def __init__(self, roots, fn, args, kwargs, options: RegionOptions, stateful, payloads=None, sink=None) -> None:
         self.roots = tuple(roots)
         self.payloads = payloads
+        self.sink: tuple[gradroot.Sink, int] | None = sink
         self.fn = fn
         self.options = options
         self.stateful = tuple(stateful)
@@ -408,15 +463,22 @@ class _Run:
         self.leaves = _without_tensors(leaves)
         self.entry_states = [_state_without_tensors(s) for s in self.entry_states]
 
-    def call(self, arg_tensors: list[torch.Tensor]) -> Any:
-        """``fn`` on these tensor arguments, emptying ``arg_tensors``: a chain then holds its input only until its first module has run."""
+    def call(self, arg_tensors: list[torch.Tensor], root_only: bool = False) -> Any:
+        """``fn`` on these tensor arguments, emptying ``arg_tensors``: a chain then holds its input only until its first module has run.
+
+        ``root_only``: a recompute, whose output is only differentiated from (see :meth:`_Chain.run_owned`).
+        """
         leaves = list(self.leaves)
         for i, at in enumerate(self.tensor_at):
             leaves[at] = arg_tensors[i]
         arg_tensors.clear()
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         del leaves
-        if isinstance(self.fn, (_Chain, _WithStatistics)) and len(args) == 1:
+        if isinstance(self.fn, _Chain) and len(args) == 1:
+            box = list(args)
+            del args
+            return self.fn.run_owned(box, kwargs, root_only)
+        if isinstance(self.fn, _WithStatistics) and len(args) == 1:
             box = list(args)
             del args
             return self.fn.run_owned(box, kwargs)
@@ -608,6 +670,8 @@ class _RegionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None):
+        # First, before anything else takes a reference: which incoming gradients are this backward's alone.
+        alone = gradroot.held_alone(grads)
         run: _Run = ctx.run
         saved = list(ctx.saved_tensors)
         args = [None if dropped else saved.pop(0) for dropped in ctx.dropped]
@@ -646,7 +710,7 @@ class _RegionFunction(torch.autograd.Function):
             try:
                 run.load_states(run.entry_states, run.state_keys, state_in)
                 with torch.enable_grad():
-                    out = run.call(detached)
+                    out = run.call(detached, root_only=True)
                     states = run.read_states()
             finally:
                 # The recompute must not advance the state (fangwei123456/spikingjelly#629).
@@ -666,12 +730,21 @@ class _RegionFunction(torch.autograd.Function):
         wanted = [
             i for i, t in enumerate(candidates) if isinstance(t, GradientEdge) or (t is not None and t.requires_grad)
         ]
-        found = (
-            torch.autograd.grad(roots, [candidates[i] for i in wanted], root_grads, allow_unused=True)
-            if roots and wanted
-            else [None] * len(wanted)
-        )
+        # A time chunk whose incoming gradient is a slice of the region's own (gradroot.Sink)
+        # may leave its input's gradient there, if nothing kept the slice meanwhile.
+        sink = run.sink if run.sink is not None and run.sink[0].is_slot(grads[0], run.sink[1]) else None
+        in_place = sink is not None and run.primary == 0 and run.out_tensor_at[:1] == [0] and 0 in wanted
+        before = sink[0].watch(grads[0]) if in_place else None
+        with gradroot.vouched(alone):
+            found = (
+                torch.autograd.grad(roots, [candidates[i] for i in wanted], root_grads, allow_unused=True)
+                if roots and wanted
+                else [None] * len(wanted)
+            )
         grads_in: list[torch.Tensor | None] = [None] * len(candidates)
         for i, g in zip(wanted, found):
             grads_in[i] = g
+        del found, alone
+        if in_place and sink[0].watch(grads[0]) == before:
+            grads_in[0] = sink[0].fill(grads[0], grads_in[0])
         return (None, *grads_in)
