@@ -197,6 +197,16 @@ def test_a_gradient_a_hook_kept_is_not_written_over(keep):
         assert torch.equal(kept[0], keep(weight))
 
 
+def test_a_gradient_the_caller_passed_is_not_written_over():
+    plain, planned = _pair()
+    x, weight = _inputs()
+    for net in (plain, planned):
+        reset(net)
+        given = weight.clone()
+        net(x.clone().requires_grad_()).backward(given)
+        assert torch.equal(given, weight)
+
+
 class Watched(LIF):
     """A neuron whose forward keeps the gradient of its output, as gradient logging does."""
 
