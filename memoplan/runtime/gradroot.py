@@ -25,12 +25,13 @@ what it skips or overwrites, and falls back to the ordinary path otherwise:
   memoplan installed, which returns the chunks' result directly, and no forward
   or backward hook, on the module or global, could see that result;
 * an incoming gradient counts as held alone (:func:`held_alone`) when it is a
-  contiguous tensor of its own, not a view, not shared with another tensor, and
-  when its C++ and Python reference counts are those of a gradient the autograd
-  engine hands to exactly one node.  The Python count is measured once per
-  process on a probe region (:func:`_probe`), through the same code.  A second
-  consumer, a hook that kept the tensor or a view of it, and a caller's
-  ``grad_tensors`` each raise one of these counts;
+  contiguous tensor of its own, or a reshape of one (what a view's backward
+  returns), sharing its storage with no other tensor, and when its C++ and
+  Python reference counts are those of a gradient the autograd engine hands to
+  exactly one node.  The Python count depends on the frames in between, so it is
+  measured once per process on a probe region (:func:`_probe`), through the same
+  code.  A second consumer, a hook that kept the tensor or a view of it, and a
+  caller's ``grad_tensors`` each raise one of these counts;
 * a chunk's slice is overwritten only if its reference counts, and those of the
   whole gradient, are the same after the chunk's backward as before it, so no
   hook inside the chunk kept the slice or a view of it;
@@ -124,8 +125,8 @@ _ONE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 def stand_in(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A tensor of this shape, dtype and device that holds no memory of its own: one element, expanded.
 
-    The element is a constant of the process, made outside any dispatch mode; an
-    expanded tensor cannot be written in place, so it stays as it is.
+    The element is a constant of the process, made outside any dispatch mode.  Its
+    value means nothing: a stand-in is only ever differentiated from, never read.
     """
     one = _ONE.get((dtype, device))
     if one is None:
