@@ -232,13 +232,8 @@ def test_a_chunks_gradient_kept_inside_the_chunk_is_not_written_over():
     assert torch.equal(torch.cat(kept[::-1]), weight)
 
 
-class Recorded(LIF):
-    def __init__(self) -> None:
-        super().__init__(threshold=0.5)
-
-
 def test_a_last_module_with_a_forward_hook_returns_its_real_output():
-    plain, planned = _pair(Recorded())
+    plain, planned = _pair(LIF(threshold=0.5))
     seen = []
     planned.body[1].register_forward_hook(lambda module, args, out: seen.append(out.detach().clone()))
     x, weight = _inputs()
