@@ -474,13 +474,11 @@ class _Run:
         arg_tensors.clear()
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         del leaves
-        if isinstance(self.fn, _Chain) and len(args) == 1:
+        if isinstance(self.fn, (_Chain, _WithStatistics)) and len(args) == 1:
             box = list(args)
             del args
-            return self.fn.run_owned(box, kwargs, root_only)
-        if isinstance(self.fn, _WithStatistics) and len(args) == 1:
-            box = list(args)
-            del args
+            if isinstance(self.fn, _Chain):
+                return self.fn.run_owned(box, kwargs, root_only)
             return self.fn.run_owned(box, kwargs)
         return self.fn(*args, **kwargs)
 
