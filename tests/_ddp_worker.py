@@ -1,4 +1,4 @@
-"""One rank of the two-process CPU DDP run of tests/test_distributed.py (gloo backend).
+"""One rank of the two-process CPU DDP and FSDP2 runs of tests/test_distributed.py (gloo backend).
 
 Run as ``python tests/_ddp_worker.py RANK WORLD RENDEZVOUS_DIR OUT_DIR``.  Rank 0 opens a
 TCPStore on a port the OS picks (port 0, so no two runs race for a port) and writes the
@@ -6,7 +6,7 @@ port to ``RENDEZVOUS_DIR/port``; the other ranks wait for that file.  Every coll
 a bounded timeout, so a rank that dies makes the others fail instead of hang.
 
 Each rank builds the same spiking model, applies a plan (or not) BEFORE wrapping it in
-DDP, and trains two steps on rank-specific inputs; everything the test compares is saved
+DDP or sharding it with FSDP2, and trains two steps on rank-specific inputs; everything the test compares is saved
 to ``OUT_DIR/rank{RANK}.pt``.  The test (not this script) does the comparing.
 """
 
@@ -126,14 +126,20 @@ PLANS = {
     "chunked": _COMMON + "module recur {\n    temporal_chunk 4 dim 0\n    compress input = bit\n}\n",
 }
 
-# name -> (plan or None, DDP keyword arguments)
+# name -> (plan or None, wrapper, its keyword arguments).  "fsdp" is FSDP2's `fully_shard`
+# on each child of Net and then on Net itself (parameters sharded across the ranks,
+# gathered before each child's forward and again before its backward).
 SCENARIOS = {
-    "unplanned": (None, {}),
-    "planned": ("planned", {}),
-    "chunked": ("chunked", {}),
-    "unplanned_find_unused": (None, {"find_unused_parameters": True}),
-    "planned_find_unused": ("planned", {"find_unused_parameters": True}),
-    "planned_static_graph": ("planned", {"static_graph": True}),
+    "unplanned": (None, "ddp", {}),
+    "planned": ("planned", "ddp", {}),
+    "chunked": ("chunked", "ddp", {}),
+    "unplanned_find_unused": (None, "ddp", {"find_unused_parameters": True}),
+    "planned_find_unused": ("planned", "ddp", {"find_unused_parameters": True}),
+    "planned_static_graph": ("planned", "ddp", {"static_graph": True}),
+    "fsdp_unplanned": (None, "fsdp", {}),
+    "fsdp_planned": ("planned", "fsdp", {}),
+    "fsdp_chunked": ("chunked", "fsdp", {}),
+    "fsdp_planned_keep_gathered": ("planned", "fsdp", {"reshard_after_forward": False}),
 }
 
 
@@ -145,11 +151,26 @@ def inputs(rank: int, step: int) -> torch.Tensor:
     return torch.randint(0, 6, (T, B, F), generator=g).float()
 
 
-def run(rank: int, base: Net, plan: str | None, ddp_kwargs: dict) -> dict:
+def wrap(model: Net, wrapper: str, kwargs: dict) -> nn.Module:
+    if wrapper == "ddp":
+        return DDP(model, **kwargs)
+    from torch.distributed.fsdp import fully_shard
+
+    for child in (model.stem, model.spiking, model.recur, model.head):
+        fully_shard(child, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor (FSDP2 keeps parameters and gradients as DTensor shards)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def run(rank: int, base: Net, plan: str | None, wrapper: str, kwargs: dict) -> dict:
     model = copy.deepcopy(base)
     if plan is not None:
-        memoplan.apply(model, PLANS[plan])  # before DDP, as the README says
-    ddp = DDP(model, **ddp_kwargs)
+        memoplan.apply(model, PLANS[plan])  # before DDP or FSDP, as the README says
+    ddp = wrap(model, wrapper, kwargs)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5, momentum=0.9)
     encoded: list[tuple[str, str]] = []
     original = codecs.encode
@@ -172,7 +193,7 @@ def run(rank: int, base: Net, plan: str | None, ddp_kwargs: dict) -> dict:
             loss.backward()
             record["loss"].append(loss.detach())
             record["out"].append(out.detach())
-            grads = {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+            grads = {n: (None if p.grad is None else full(p.grad).clone()) for n, p in model.named_parameters()}
             record["grads"].append(grads)
             record["v"].append({n: m.v.detach().clone() for n, m in model.named_modules() if isinstance(m, LIF)})
             record["codecs"].append(list(encoded))
@@ -180,9 +201,11 @@ def run(rank: int, base: Net, plan: str | None, ddp_kwargs: dict) -> dict:
             optimizer.step()
     finally:
         codecs.encode = original
-    record["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    record["params"] = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
     record["buffers"] = {n: b.clone() for n, b in model.named_buffers()}
     record["rng"] = torch.get_rng_state()
+    record["keys"] = list(model.state_dict())
+    record["sharded"] = all(hasattr(p, "full_tensor") for p in model.parameters())
     if plan is not None:
         memoplan.remove(model)
     return record
@@ -212,7 +235,7 @@ def main() -> int:
     try:
         torch.manual_seed(0)
         base = Net()  # same seed on every rank: the same initial weights
-        results = {name: run(rank, base, plan, kw) for name, (plan, kw) in SCENARIOS.items()}
+        results = {name: run(rank, base, *scenario) for name, scenario in SCENARIOS.items()}
         torch.save(results, out / f"rank{rank}.pt")
         dist.barrier()
     finally:

@@ -1,7 +1,8 @@
-"""Two-process CPU DistributedDataParallel (gloo) with and without a plan.
+"""Two-process CPU DistributedDataParallel and FSDP2 (gloo) with and without a plan.
 
 The model (tests/_ddp_worker.py) has BatchNorm, Dropout and memoplan `LIF` neurons with
-`state = functional` over a time axis.  The plan is applied before DDP wraps the model:
+`state = functional` over a time axis.  The plan is applied before DDP wraps the model,
+or before FSDP2's `fully_shard` shards each child and the whole model:
 
     stem      checkpoint + compress input = auto   (rank 0 feeds binary events, rank 1 counts)
     spiking   checkpoint + compress input = bit    (spikes in)
@@ -10,9 +11,11 @@ The model (tests/_ddp_worker.py) has BatchNorm, Dropout and memoplan `LIF` neuro
 
 Every rank trains two SGD steps on its own inputs.  The averaged gradients, losses, final
 parameters, BatchNorm buffers, LIF potentials and RNG state must equal those of the same
-DDP setup without the plan: bit for bit without chunking; with chunking, the chunked
-module's weight gradients within max|diff| <= 1e-5 * max|g| (summed chunk by chunk).
+DDP (or FSDP2) setup without the plan: bit for bit without chunking; with chunking, the
+chunked module's weight gradients within max|diff| <= 1e-5 * max|g| (summed chunk by chunk).
 A DDP "marked ready twice" or unused-parameter error would make a worker exit non-zero.
+Under FSDP2 the parameters are freed after each child's forward and gathered again before
+its backward, where memoplan's regions recompute with them.
 """
 
 from __future__ import annotations
@@ -119,9 +122,42 @@ def test_find_unused_parameters_changes_nothing_unplanned(results):
         assert _equal(ref["grads"], got["grads"])
 
 
-def test_temporal_chunks_under_ddp_equal_the_unplanned_step(results):
+@pytest.mark.parametrize("scenario", ["fsdp_planned", "fsdp_planned_keep_gathered"])
+def test_planned_fsdp_step_is_bit_identical_to_unplanned_fsdp(results, scenario):
     for rank in range(WORLD):
-        ref, got = results[rank]["unplanned"], results[rank]["chunked"]
+        ref, got = results[rank]["fsdp_unplanned"], results[rank][scenario]
+        assert all(g is not None for g in ref["grads"][0].values())
+        for step in range(2):
+            assert _differences(ref["grads"][step], got["grads"][step]) == [], f"rank {rank} step {step}"
+            assert _equal(ref["loss"][step], got["loss"][step])
+            assert _equal(ref["out"][step], got["out"][step])
+            assert _equal(ref["v"][step], got["v"][step])
+        assert _differences(ref["params"], got["params"]) == []
+        assert _differences(ref["buffers"], got["buffers"]) == []
+        assert torch.equal(ref["rng"], got["rng"])
+
+
+def test_fsdp_ranks_hold_the_same_whole_parameters(results):
+    for scenario in ("fsdp_unplanned", "fsdp_planned", "fsdp_chunked"):
+        r0, r1 = results[0][scenario], results[1][scenario]
+        assert r0["sharded"] and r1["sharded"] and not results[0]["planned"]["sharded"]
+        assert not torch.equal(r0["loss"][0], r1["loss"][0])
+        assert _equal(r0["grads"], r1["grads"])  # reduced across the ranks
+        assert _equal(r0["params"], r1["params"])
+
+
+def test_state_dict_keys_are_the_unplanned_ones_under_ddp_and_fsdp(results):
+    for rank in range(WORLD):
+        for scenario in ("planned", "chunked", "fsdp_planned", "fsdp_chunked"):
+            ref = "fsdp_unplanned" if scenario.startswith("fsdp") else "unplanned"
+            assert results[rank][scenario]["keys"] == results[rank][ref]["keys"], scenario
+
+
+@pytest.mark.parametrize("scenario", ["chunked", "fsdp_chunked"])
+def test_temporal_chunks_equal_the_unplanned_step(results, scenario):
+    for rank in range(WORLD):
+        ref = results[rank]["fsdp_unplanned" if scenario.startswith("fsdp") else "unplanned"]
+        got = results[rank][scenario]
         # First step, same weights: outputs and the LIF state are computed step by step by
         # the same arithmetic (bit-exact); only the chunked module's weight gradients are
         # summed chunk by chunk.
@@ -134,7 +170,7 @@ def test_temporal_chunks_under_ddp_equal_the_unplanned_step(results):
             else:
                 assert torch.equal(g, h), f"rank {rank}: {name}"
         # Second step: the weights already differ by that rounding (about 1e-7), so
-        # everything may differ by as much; DDP's second iteration must still run cleanly.
+        # everything may differ by as much; the second iteration must still run cleanly.
         for name, g in ref["grads"][1].items():
             assert torch.allclose(g, got["grads"][1][name], rtol=1e-4, atol=1e-6), name
         for name, p in ref["params"].items():
@@ -156,7 +192,7 @@ def test_chunked_regions_encode_every_chunk(results):
 def test_auto_codec_is_the_same_on_every_rank_and_the_most_general_one(results):
     # Without agreement rank 0 would pick `bit` (binary events) and rank 1 `uint8` (counts).
     assert [results[r]["planned"]["choose"][0] for r in range(WORLD)] == ["bit", "uint8"]
-    for scenario in ("planned", "chunked", "planned_find_unused", "planned_static_graph"):
+    for scenario in ("planned", "chunked", "planned_find_unused", "planned_static_graph", "fsdp_planned", "fsdp_chunked"):
         for rank in range(WORLD):
             for step in range(2):
                 stem = [c for w, c in results[rank][scenario]["codecs"][step] if w == "stem"]
