@@ -54,6 +54,7 @@ class TemporalChunkAction:
     dim: int
     args: tuple[int | str, ...] = (0,)
     allow_nonequivalent: bool = False
+    recompute_boundaries: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,19 @@ class ResolvedPlan:
         return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
+# Fields added after plan ids were first committed, with their defaults: left out of the
+# digest while at the default, so a plan that does not use them keeps its id.
+_LATER_FIELDS = {"recompute_boundaries": False}
+
+
 def _strip(action) -> tuple | None:
     if action is None:
         return None
-    return tuple((k, v) for k, v in vars(action).items() if k != "origin")
+    return tuple(
+        (k, v)
+        for k, v in vars(action).items()
+        if k != "origin" and not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])
+    )
 
 
 def path_key(path: str) -> tuple:

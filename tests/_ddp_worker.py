@@ -124,6 +124,9 @@ PLANS = {
     # `recur` in 4 chunks over T = 6 steps (2, 2, 1, 1): its weight gradients are summed
     # chunk by chunk, so they are equal up to float reassociation.
     "chunked": _COMMON + "module recur {\n    temporal_chunk 4 dim 0\n    compress input = bit\n}\n",
+    # The same, the potentials the chunks start from recomputed in backward: bit for bit "chunked".
+    "chunked_recompute": _COMMON
+    + "module recur {\n    temporal_chunk 4 dim 0 boundaries = recompute\n    compress input = bit\n}\n",
 }
 
 # name -> (plan or None, wrapper, its keyword arguments).  "fsdp" is FSDP2's `fully_shard`
@@ -133,6 +136,7 @@ SCENARIOS = {
     "unplanned": (None, "ddp", {}),
     "planned": ("planned", "ddp", {}),
     "chunked": ("chunked", "ddp", {}),
+    "chunked_recompute": ("chunked_recompute", "ddp", {}),
     "unplanned_find_unused": (None, "ddp", {"find_unused_parameters": True}),
     "planned_find_unused": ("planned", "ddp", {"find_unused_parameters": True}),
     "planned_static_graph": ("planned", "ddp", {"static_graph": True}),

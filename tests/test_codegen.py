@@ -46,7 +46,7 @@ TEMPLATE_NAMES = {
     "self", "args", "kwargs", "forward", "plan_id", "preserve_rng",
     "Target", "install", "uninstall", "run_checkpointed", "run_segmented",
     "run_planned", "RegionOptions", "region", "stateful", "codec", "validate", "tolerance",
-    "chunks", "dim", "chunk_args",
+    "chunks", "dim", "chunk_args", "boundaries",
 }  # fmt: skip
 
 

@@ -7,6 +7,7 @@ or before FSDP2's `fully_shard` shards each child and the whole model:
     stem      checkpoint + compress input = auto   (rank 0 feeds binary events, rank 1 counts)
     spiking   checkpoint + compress input = bit    (spikes in)
     recur     checkpoint, or temporal_chunk 4 dim 0 + compress input = bit
+              (also with boundaries = recompute)
     head      checkpoint                            (torch's checkpoint path, BatchNorm inside)
 
 Every rank trains two SGD steps on its own inputs.  The averaged gradients, losses, final
@@ -180,6 +181,13 @@ def test_temporal_chunks_equal_the_unplanned_step(results, scenario):
             assert torch.allclose(b.float(), got["buffers"][name].float(), rtol=1e-5, atol=1e-6), name
         assert int(got["buffers"]["stem.bn.num_batches_tracked"]) == 2
         assert torch.equal(ref["rng"], got["rng"])
+
+
+def test_recomputed_chunk_boundaries_under_ddp_equal_kept_ones_bit_for_bit(results):
+    for rank in range(WORLD):
+        ref, got = results[rank]["chunked"], results[rank]["chunked_recompute"]
+        for key in ("loss", "out", "grads", "v", "params", "buffers", "rng"):
+            assert _equal(ref[key], got[key]), (rank, key)
 
 
 def test_chunked_regions_encode_every_chunk(results):

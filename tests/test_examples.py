@@ -216,9 +216,9 @@ def test_spiking_plan_uses_bit_compression_state_and_temporal_chunks() -> None:
 
     plan = resolve(load(ROOT / "plans" / "spiking.memplan"), spiking.build())
     for i in range(4):
-        block = plan.module(f"blocks.{i}")  # conv, BatchNorm and LIF chunked together
-        # the last block, whose backward is the step's peak, in chunks of one step
-        assert (block.temporal_chunk.chunks, block.temporal_chunk.dim) == (8 if i == 3 else 4, 0)
+        block = plan.module(f"blocks.{i}")  # conv, BatchNorm and LIF chunked together, one step a chunk
+        assert (block.temporal_chunk.chunks, block.temporal_chunk.dim) == (8, 0)
+        assert block.temporal_chunk.recompute_boundaries  # the potentials chunks start from
         assert block.compress.codec.value == "bit"
         assert block.region_state == ("lif",)
         assert plan.module(f"blocks.{i}.lif").state is not None

@@ -87,6 +87,7 @@ class _Policy:
     chunks: int | None
     dim: int
     chunk_args: tuple[int | str, ...]
+    recompute_boundaries: bool
 
     @property
     def own_region(self) -> bool:
@@ -108,6 +109,7 @@ def _policy_of(m: ModulePlan) -> _Policy | None:
         chunks=chunk.chunks if chunk else None,
         dim=chunk.dim if chunk else 0,
         chunk_args=chunk.args if chunk else (0,),
+        recompute_boundaries=chunk.recompute_boundaries if chunk else False,
     )
 
 
@@ -130,6 +132,8 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
         hint.append(policy.codec)
     if policy.stateful:
         hint.append("stateful")
+    if policy.recompute_boundaries:
+        hint.append("recompute")
     name = names.allocate("_".join(hint))
     doc = f"{'; '.join(texts)}  ({', '.join(lines)})"
     rng = pyrepr(policy.preserve_rng)
@@ -155,6 +159,8 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
     parts = codec + [f"preserve_rng={rng}", state]
     if policy.chunks is not None:
         parts += [f"chunks={policy.chunks}", f"dim={policy.dim}", f"chunk_args={pyrepr(policy.chunk_args)}"]
+        if policy.recompute_boundaries:
+            parts.append("boundaries='recompute'")
     return _Wrapper(name, doc, f"_rt.run_planned(self, args, kwargs, {', '.join(parts)})")
 
 

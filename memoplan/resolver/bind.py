@@ -61,7 +61,12 @@ def _bare(policy: ast.Policy) -> ast.Policy:
     if isinstance(policy, ast.Compress):
         return replace(policy, validate=policy.validate or ast.Validate.SAMPLE)
     if isinstance(policy, ast.TemporalChunk):
-        return replace(policy, args=policy.args or (0,), allow_nonequivalent=bool(policy.allow_nonequivalent))
+        return replace(
+            policy,
+            args=policy.args or (0,),
+            allow_nonequivalent=bool(policy.allow_nonequivalent),
+            boundaries=policy.boundaries or ast.Boundaries.KEEP,
+        )
     return policy
 
 
@@ -348,6 +353,14 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
             chunk.span,
             "chunk the regions' children instead, or cut the module in one way only",
         )
+    if chunk.boundaries is ast.Boundaries.RECOMPUTE and not _region_state(res, path, module):
+        res.warn(
+            "MP321",
+            f"`boundaries = recompute` on `{path}` has no effect: no module inside carries state from chunk to chunk",
+            chunk.span,
+            "the option recomputes the state each chunk starts from; mark the stateful modules "
+            "`state = functional`, or drop it",
+        )
     if chunk.allow_nonequivalent:
         return
     reasons = []
@@ -550,7 +563,12 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
                 )
             elif isinstance(policy, ast.TemporalChunk):
                 fields["temporal_chunk"] = ir.TemporalChunkAction(
-                    origin, policy.chunks, policy.dim, policy.args or (0,), bool(policy.allow_nonequivalent)
+                    origin,
+                    policy.chunks,
+                    policy.dim,
+                    policy.args or (0,),
+                    bool(policy.allow_nonequivalent),
+                    policy.boundaries is ast.Boundaries.RECOMPUTE,
                 )
             elif isinstance(policy, ast.State):
                 fields["state"] = ir.StateAction(origin, policy.mode)

@@ -80,11 +80,14 @@ def run_planned(
     chunks: int | None = None,
     dim: int = 0,
     chunk_args: Sequence[int | str] = (0,),
+    boundaries: str = "keep",
 ) -> Any:
     """A planned module's forward as memoplan regions (what generated code calls).
 
     ``stateful`` names the submodules (paths relative to ``module``, ``""`` for itself)
-    whose state the region threads; ``chunks`` splits ``chunk_args`` along ``dim``.
+    whose state the region threads; ``chunks`` splits ``chunk_args`` along ``dim``;
+    ``boundaries="recompute"`` keeps only the state the first chunk starts from
+    (:class:`_Boundaries`).
     """
     options = RegionOptions(codec, validate, tolerance, preserve_rng, where or module.__dict__.get(PATH_ATTR, ""))
     modules = tuple(module.get_submodule(path) if path else module for path in stateful)
@@ -102,6 +105,7 @@ def run_planned(
             dim=dim,
             chunk_args=chunk_args,
             root_only=root_only,
+            recompute_boundaries=boundaries == "recompute",
         )
     return run_region((module,), fn, args, kwargs, options, modules)
 
@@ -115,6 +119,7 @@ def run_region(
     stateful: Sequence[nn.Module] = (),
     payloads: dict[int, tuple[torch.Tensor, int, Any]] | None = None,
     sink: tuple[gradroot.Sink, int] | None = None,
+    boundaries: _Boundaries | None = None,
 ) -> Any:
     """``fn(*args, **kwargs)`` as one region over ``roots`` (whose parameters and buffers it uses).
 
@@ -122,10 +127,13 @@ def run_region(
     input's payload once it is encoded, so the regions keep one payload between them.
     ``sink`` is ``(sink, k)`` for time chunk ``k`` of a module whose output is only a
     gradient root: its first argument's gradient may go in place (:mod:`memoplan.runtime.gradroot`).
+    ``boundaries``, shared by the time chunks of one call, recomputes the state each
+    chunk starts from instead of keeping it (:class:`_Boundaries`).
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     run = _Run(roots, fn, args, kwargs, options, stateful, payloads, sink)
+    run.boundaries = boundaries
     outputs = _RegionFunction.apply(run, *run.inputs)
     return run.finish(outputs)
 
@@ -142,6 +150,7 @@ def run_chunked(
     dim: int,
     chunk_args: Sequence[int | str],
     root_only: bool = False,
+    recompute_boundaries: bool = False,
 ) -> Any:
     """Split the chosen arguments along ``dim`` into ``chunks`` regions run one after another.
 
@@ -153,6 +162,9 @@ def run_chunked(
     ``root_only``: the result is a recompute's, only differentiated from, so the
     outputs are not joined and the first argument's gradient may go in place
     (:mod:`memoplan.runtime.gradroot`).
+
+    ``recompute_boundaries``: only the first chunk keeps the state it starts from; the
+    others' are recomputed in backward (:class:`_Boundaries`).
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
@@ -165,10 +177,12 @@ def run_chunked(
     sizes = [(a[key] if isinstance(key, int) else kw[key]).shape[dim] for a, kw in chunked]
     joined = _Join(dim, sizes, options.where, root_only=root_only, sink=sink)
     if batchnorm.normalising_modules(roots):
-        _chunks_with_batch_statistics(roots, fn, chunked, options, stateful, joined, sink)
+        _chunks_with_batch_statistics(roots, fn, chunked, options, stateful, joined, sink, recompute_boundaries)
     else:
+        boundaries = _Boundaries(options.where) if recompute_boundaries and stateful else None
         for k, (a, kw) in enumerate(chunked):
-            joined.add(run_region(roots, fn, a, kw, options, stateful, sink=None if sink is None else (sink, k)))
+            chunk_sink = None if sink is None else (sink, k)
+            joined.add(run_region(roots, fn, a, kw, options, stateful, sink=chunk_sink, boundaries=boundaries))
     return joined.result()
 
 
@@ -219,7 +233,14 @@ def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int
 
 
 def _chunks_with_batch_statistics(
-    roots, fn, chunked, options: RegionOptions, stateful, joined: _Join, sink: gradroot.Sink | None = None
+    roots,
+    fn,
+    chunked,
+    options: RegionOptions,
+    stateful,
+    joined: _Join,
+    sink: gradroot.Sink | None = None,
+    recompute_boundaries: bool = False,
 ) -> None:
     """The chunks' outputs, joined in ``joined``, BatchNorm normalising with the whole batch's statistics.
 
@@ -240,14 +261,19 @@ def _chunks_with_batch_statistics(
         run = batchnorm.Pass(known=len(totals))
         region_fn = _WithStatistics(fn, run)
         outputs, calls, counters = [], [], []
+        # A statistics pass stops before the stateful modules change: its chunks all start
+        # from the step's state, so only the main pass's chunks pass state on.
+        boundaries = _Boundaries(options.where) if recompute_boundaries and stateful else None
         for k, (args, kwargs) in enumerate(chunked):
             run.measured, run.record = False, ([] if k == 0 else None)
             kwargs = {**kwargs, batchnorm.STATS_KEYWORD: (tuple(stats), tuple(local[k]))}
             chunk_sink = None if sink is None else (sink, k)  # used by the main pass's chunks only
-            output = run_region(roots, region_fn, args, kwargs, options, stateful, payloads, chunk_sink)
+            output = run_region(roots, region_fn, args, kwargs, options, stateful, payloads, chunk_sink, boundaries)
             if k == 0:
                 measuring, calls, run.record = run.measured, run.record, None
                 counters = [] if measuring else snapshot.counters()
+                if measuring:
+                    boundaries = None
             elif run.measured != measuring:
                 raise RuntimeError(f"memoplan: {options.where}: the time chunks made different BatchNorm calls")
             if measuring:
@@ -437,6 +463,7 @@ class _Run:
         self.roots = tuple(roots)
         self.payloads = payloads
         self.sink: tuple[gradroot.Sink, int] | None = sink
+        self.boundaries: _Boundaries | None = None
         self.fn = fn
         self.options = options
         self.stateful = tuple(stateful)
@@ -638,6 +665,93 @@ def _saved_as_payload(decoded: torch.Tensor, payload: codecs.Payload) -> Any:
     return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
+@contextlib.contextmanager
+def _as_in_forward(ctx) -> Any:
+    """The RNG state, autocast and buffer values the region's forward saw (all put back on exit)."""
+    with contextlib.ExitStack() as stack:
+        if ctx.cpu_rng is not None:
+            stack.enter_context(torch.random.fork_rng(devices=ctx.devices))
+            torch.set_rng_state(ctx.cpu_rng)
+            set_device_states(ctx.devices, ctx.device_rng)
+        for device, enabled, dtype in ctx.autocast:
+            stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+        stack.enter_context(ctx.recompute_context)
+        yield
+
+
+class _Boundaries:
+    """The states the time chunks of one call start from, recomputed in backward instead of kept.
+
+    With ``boundaries = recompute``, chunk 0 keeps the state it starts from, as every
+    region does, and chunk k > 0 keeps nothing.  When backward reaches chunk k (the last
+    chunk comes first), :meth:`state` replays the chunks before it without grad, from the
+    nearest state known, and keeps the states in between for the chunks whose backward
+    comes next.  So a chunked module holds its boundary states only while backward runs
+    through it, not from its forward to its backward; the price is one more forward of
+    its chunks, without grad.  The replays reproduce the forward's values exactly: same
+    inputs, state, buffers, RNG and autocast.
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.chunks: list[weakref.ref[Any]] = []  # each chunk's ctx; weak, the graph owns them
+        self.known: dict[int, list[torch.Tensor]] = {}  # chunk -> the state it starts from
+        self.done: set[int] = set()  # chunks whose backward has run
+
+    def add(self, ctx: Any) -> int:
+        self.chunks.append(weakref.ref(ctx))
+        return len(self.chunks) - 1
+
+    def state(self, k: int) -> list[torch.Tensor]:
+        """The state tensors chunk ``k`` started from (``k`` > 0)."""
+        known = self.known.pop(k, None)
+        if known is not None:
+            return known
+        start = max((i for i in self.known if i < k), default=0)
+        state = self.known.get(start)
+        for i in range(start, k):
+            ctx = self.chunks[i]()
+            if ctx is None:
+                raise RuntimeError(f"memoplan: {self.where}: time chunk {i} is gone before chunk {k}'s backward")
+            state = _replay(ctx, state, self.where)
+            if i + 1 < k:
+                self.known[i + 1] = state
+        assert state is not None
+        return state
+
+    def reached(self, k: int, state: list[torch.Tensor]) -> None:
+        """Chunk ``k``'s backward recomputed the state chunk ``k + 1`` starts from: keep it if that backward is to come."""
+        self.done.add(k)
+        following = k + 1
+        if following < len(self.chunks) and following not in self.done and following not in self.known:
+            self.known[following] = [t.detach() for t in state]
+
+
+def _replay(ctx: Any, state: list[torch.Tensor] | None, where: str) -> list[torch.Tensor]:
+    """The state the chunk of ``ctx`` ends with, recomputed without grad from ``state`` (None: its own saved one)."""
+    run: _Run = ctx.run
+    try:
+        saved = list(ctx.saved_tensors)
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"memoplan: {where}: a time chunk's backward ran before a later chunk's, which needs the state "
+            "it ended with (`boundaries = recompute`); use `boundaries = keep`, or `retain_graph=True`"
+        ) from error
+    args = [None if dropped else saved.pop(0) for dropped in ctx.dropped]
+    tensors = [codecs.decode(ctx.payload) if t is None else t.detach() for t in args]
+    del args
+    post_forward = run.read_states()
+    with torch.no_grad(), _as_in_forward(ctx):
+        try:
+            run.load_states(run.entry_states, run.state_keys, saved if state is None else state)
+            run.call(tensors)
+            states = run.read_states()
+        finally:
+            for module, post in zip(run.stateful, post_forward):
+                load_state(module, post)
+    return [states[j][name] for j, name in run.out_state_keys]
+
+
 class _RegionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run: _Run, *inputs: torch.Tensor):
@@ -662,7 +776,14 @@ class _RegionFunction(torch.autograd.Function):
                 ctx.primary_requires_grad = x.requires_grad
                 kept[run.primary] = None
         ctx.dropped = [t is None for t in kept]
-        ctx.save_for_backward(*[t for t in kept if t is not None], *inputs[run.n_args : run.n_args + run.n_state])
+        state_in = inputs[run.n_args : run.n_args + run.n_state]
+        ctx.state_requires_grad = [t.requires_grad for t in state_in]
+        # The chunk's place among time chunks that recompute the state they start from; the
+        # first keeps its state, the others find theirs by replaying the chunks before them.
+        ctx.chunk = None if run.boundaries is None else run.boundaries.add(ctx)
+        if ctx.chunk:
+            state_in = ()
+        ctx.save_for_backward(*[t for t in kept if t is not None], *state_in)
         ctx.mark_non_differentiable(*[t for t in outputs if not (t.is_floating_point() or t.is_complex())])
         return outputs
 
@@ -673,6 +794,9 @@ class _RegionFunction(torch.autograd.Function):
         run: _Run = ctx.run
         saved = list(ctx.saved_tensors)
         args = [None if dropped else saved.pop(0) for dropped in ctx.dropped]
+        entry = run.boundaries.state(ctx.chunk) if ctx.chunk else saved  # before this chunk's input is decoded
+        state_in = [t.detach().requires_grad_(wanted) for t, wanted in zip(entry, ctx.state_requires_grad)]
+        del entry
         detached: list[torch.Tensor | None] = []
         decoded = None
         for n, t in enumerate(args):
@@ -685,7 +809,6 @@ class _RegionFunction(torch.autograd.Function):
                 detached.append(decoded)
             else:
                 detached.append(t.detach().requires_grad_(t.requires_grad))
-        state_in = [t.detach().requires_grad_(t.requires_grad) for t in saved]
         candidates: list[Any] = [*detached, *state_in, *run.params]
         saving: Any = contextlib.nullcontext()
         if decoded is not None:
@@ -696,15 +819,7 @@ class _RegionFunction(torch.autograd.Function):
             del decoded
 
         post_forward = run.read_states()
-        with contextlib.ExitStack() as stack:
-            if ctx.cpu_rng is not None:
-                stack.enter_context(torch.random.fork_rng(devices=ctx.devices))
-                torch.set_rng_state(ctx.cpu_rng)
-                set_device_states(ctx.devices, ctx.device_rng)
-            for device, enabled, dtype in ctx.autocast:
-                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
-            stack.enter_context(ctx.recompute_context)
-            stack.enter_context(saving)
+        with _as_in_forward(ctx), saving:
             try:
                 run.load_states(run.entry_states, run.state_keys, state_in)
                 with torch.enable_grad():
@@ -714,6 +829,8 @@ class _RegionFunction(torch.autograd.Function):
                 # The recompute must not advance the state (fangwei123456/spikingjelly#629).
                 for module, state in zip(run.stateful, post_forward):
                     load_state(module, state)
+        if ctx.chunk is not None:
+            run.boundaries.reached(ctx.chunk, [states[j][name] for j, name in run.out_state_keys])
 
         out_tensors = [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
         out_tensors += [states[j][name] for j, name in run.out_state_keys]

@@ -202,6 +202,13 @@ class StateMode(enum.Enum):
     FUNCTIONAL = "functional"
 
 
+class Boundaries(enum.Enum):
+    """What `temporal_chunk` does with the state each chunk starts from, between forward and backward."""
+
+    KEEP = "keep"
+    RECOMPUTE = "recompute"
+
+
 class BuffersMode(enum.Enum):
     COMMIT_ONCE = "commit_once"
 
@@ -233,6 +240,7 @@ class TemporalChunk:
     dim: int
     args: tuple[int | str, ...] | None = None
     allow_nonequivalent: bool | None = None
+    boundaries: Boundaries | None = None
     comments: Comments = NO_COMMENTS
     span: Span = _span()
 

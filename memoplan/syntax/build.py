@@ -493,7 +493,7 @@ class Builder(Transformer):
     def temporal_chunk(self, meta, children):
         chunks_token, dim_token, *options = children
         span = self.span(meta)
-        c = _Checker(self, "temporal_chunk", options, ("args", "allow_nonequivalent"))
+        c = _Checker(self, "temporal_chunk", options, ("args", "allow_nonequivalent", "boundaries"))
         chunks, dim = number(chunks_token), number(dim_token)
         if not isinstance(chunks, int) or chunks < 1:
             self.error(
@@ -526,9 +526,10 @@ class Builder(Transformer):
             if converted == []:
                 self.error("MP203", "`args` cannot be empty", opt.span, "leave `args` out to chunk the first argument")
         allow = c.boolean("allow_nonequivalent")
+        boundaries = c.choice("boundaries", ast.Boundaries)
         if chunks is None or dim is None:
             return None
-        return ast.TemporalChunk(chunks, dim, args, allow, span=span)
+        return ast.TemporalChunk(chunks, dim, args, allow, boundaries, span=span)
 
     @v_args(meta=True)
     def keep(self, meta, children):

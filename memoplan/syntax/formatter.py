@@ -167,7 +167,11 @@ def format_policy(policy) -> str:
         args = None if policy.args is None else ast.ValueList(tuple(_arg_value(a) for a in policy.args))
         return _with_options(
             f"temporal_chunk {policy.chunks} dim {policy.dim}",
-            [("args", args), ("allow_nonequivalent", policy.allow_nonequivalent)],
+            [
+                ("args", args),
+                ("allow_nonequivalent", policy.allow_nonequivalent),
+                ("boundaries", policy.boundaries),
+            ],
         )
     if isinstance(policy, ast.Keep):
         return "keep"
