@@ -735,7 +735,7 @@ def _replay(ctx: Any, state: list[torch.Tensor] | None, where: str) -> list[torc
     except RuntimeError as error:
         raise RuntimeError(
             f"memoplan: {where}: a time chunk's backward ran before a later chunk's, which needs the state "
-            "it ended with (`boundaries = recompute`); use `boundaries = keep`, or `retain_graph=True`"
+            "it ended with (`boundaries = recompute`); write `boundaries = keep` for this module"
         ) from error
     args = [None if dropped else saved.pop(0) for dropped in ctx.dropped]
     tensors = [codecs.decode(ctx.payload) if t is None else t.detach() for t in args]
