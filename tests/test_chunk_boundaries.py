@@ -148,6 +148,7 @@ def test_without_state_the_option_is_a_warning():
     resolved = memoplan.resolve(plan, model)
     assert [d.code for d in resolved.warnings] == ["MP321"]
     assert "no module inside carries state" in resolved.warnings[0].message
+    assert (resolved.warnings[0].span.line, resolved.warnings[0].span.column) == (2, 13)  # at `temporal_chunk`
 
 
 def test_an_unknown_value_is_refused_with_a_caret():
