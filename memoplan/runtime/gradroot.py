@@ -18,6 +18,13 @@ module runs in time chunks (``temporal_chunk`` inside ``checkpoint``, as in
   gradient and concatenating them.  This is for chunks whose input and output
   have the same shape and dtype, such as spiking neurons.
 
+The second holds outside a recompute too.  There the chunks' output is a real
+joined tensor, and the last chunk's placement, whose backward the engine reaches
+first, makes the same check on the gradient it gets (``held_alone(..., "place")``).
+A chunked BatchNorm's statistics passes, whose regions run after every chunk of
+the main pass, add their part of each input gradient into the same slice
+(:meth:`Sink.add_into`).
+
 Nothing here may change a result, so each step checks that nobody else can see
 what it skips or overwrites, and falls back to the ordinary path otherwise:
 
@@ -143,8 +150,13 @@ def _counts(t: torch.Tensor) -> tuple[int, int, int]:
     return t._use_count(), sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
-def held_alone(grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-    """The incoming gradients of a region's backward that nothing else holds (call first thing, on its ``grads``)."""
+def held_alone(grads: Sequence[torch.Tensor | None], site: str = "region") -> list[torch.Tensor]:
+    """The incoming gradients of a backward that nothing else holds (call first thing, on its ``grads``).
+
+    ``site``: whose backward asks, ``"region"`` (a region's) or ``"place"`` (the
+    last placement of a joined output, :class:`memoplan.runtime.region._Place`);
+    each has its own probe, as the frames in between differ.
+    """
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return []
     alone = []
@@ -164,39 +176,45 @@ def held_alone(grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
             del base
         probing = getattr(_LOCAL, "probing", None)
         if probing is not None:
-            probing.append(counts)
-        elif counts in _alone_counts():
+            if probing[0] == site:
+                probing[1].append(counts)
+        elif counts in _alone_counts(site):
             alone.append(g)
         del counts
     return alone
 
 
-_ALONE: tuple[tuple[int, ...], ...] | None = None
+_ALONE: dict[str, tuple[tuple[int, ...], ...]] = {}
 
 
-def _alone_counts() -> tuple[tuple[int, ...], ...]:
-    global _ALONE
-    if _ALONE is None:
-        _ALONE = _probe()
-    return _ALONE
+def _alone_counts(site: str) -> tuple[tuple[int, ...], ...]:
+    if site not in _ALONE:
+        _ALONE[site] = _probe(site)
+    return _ALONE[site]
 
 
-def _probe() -> tuple[tuple[int, ...], ...]:
-    """The counts :func:`held_alone` sees for gradients the engine hands to one region only.
+def _probe(site: str) -> tuple[tuple[int, ...], ...]:
+    """The counts :func:`held_alone` sees at ``site`` for gradients the engine hands to one node only.
 
     Two probes: a gradient of its own (from a multiplication's backward) and a
-    reshape of one (from a view's backward).
+    reshape of one (from a view's backward), into a region, or into two time
+    chunks' joined output.
     """
-    from memoplan.runtime.region import RegionOptions, run_region
+    from memoplan.runtime.region import RegionOptions, run_chunked, run_region
+
+    def region(x: torch.Tensor) -> torch.Tensor:
+        if site == "region":
+            return run_region((nn.Module(),), lambda t: t * 2, [x], {}, RegionOptions())
+        return run_chunked((nn.Module(),), lambda t: t * 2, [x], {}, RegionOptions(), (), chunks=2, dim=0, chunk_args=(0,))
 
     seen: list[tuple[int, ...]] = []
-    _LOCAL.probing = seen
+    _LOCAL.probing = (site, seen)
     try:
         # Outside any dispatch mode: a fact of the process, not memory or ops of the step that first asks.
         with _disable_current_modes(), torch.enable_grad():
             for follow in (lambda t: t * 1, lambda t: t.view(1, 2)):
                 x = torch.ones(2, requires_grad=True)
-                (out,) = (run_region((nn.Module(),), lambda t: t * 2, [x], {}, RegionOptions()),)
+                (out,) = (region(x),)
                 torch.autograd.grad((follow(out) * 1).sum(), x)
     finally:
         _LOCAL.probing = None
@@ -224,10 +242,13 @@ def _is_vouched(grad: torch.Tensor) -> bool:
 
 
 class Sink:
-    """The incoming gradient of a chunked module's output, once it is known to be the region's own.
+    """The incoming gradient of a chunked module's output, once it is known to be the module's own.
 
     Chunk ``k``'s input gradient is written over slice ``k`` of it (:meth:`fill`)
-    after chunk ``k``'s backward, which was the slice's last reader.
+    after chunk ``k``'s backward, which was the slice's last reader.  Later
+    contributions to the same input gradient (the BatchNorm statistics passes'
+    regions, which run after every chunk's) are added into the slice
+    (:meth:`add_into`) instead of joining it in autograd's buffer.
     """
 
     def __init__(self, dim: int, sizes: Sequence[int]) -> None:
@@ -235,21 +256,30 @@ class Sink:
         self.starts = [sum(self.sizes[:k]) for k in range(len(self.sizes))]
         self.target: torch.Tensor | None = None
         self.offered = False
+        self.filled: set[int] = set()  # the slices that hold their chunk's input gradient
 
     def offer(self, grad: torch.Tensor) -> None:
-        """The first gradient to come back through the joined output (the last chunk's)."""
+        """The first gradient to come back through the stand-in output (the last chunk's, :class:`Mark`)."""
         if self.offered:
             return
         self.offered = True
         if not torch.is_grad_enabled() and _is_vouched(grad) and grad.shape[self.dim] == sum(self.sizes):
             self.target = grad
 
+    def take(self, grad: torch.Tensor, alone: bool) -> None:
+        """The gradient of a joined output, as its last placement's backward gets it, in every backward through it."""
+        self.filled.clear()
+        self.target = grad if alone and grad.shape[self.dim] == sum(self.sizes) else None
+
+    def _slot(self, k: int) -> torch.Tensor:
+        assert self.target is not None
+        return self.target.narrow(self.dim, self.starts[k], self.sizes[k])
+
     def is_slot(self, t: torch.Tensor | None, k: int) -> bool:
         """Whether ``t`` is exactly slice ``k`` of the target."""
-        target = self.target
-        if t is None or target is None:
+        if t is None or self.target is None:
             return False
-        slot = target.narrow(self.dim, self.starts[k], self.sizes[k])
+        slot = self._slot(k)
         return (
             t.data_ptr() == slot.data_ptr()
             and t.shape == slot.shape
@@ -263,30 +293,46 @@ class Sink:
         assert self.target is not None
         return (*_counts(slot), *_counts(self.target))
 
-    def fill(self, slot: torch.Tensor, grad_in: torch.Tensor | None) -> torch.Tensor | None:
-        """The chunk's input gradient, written into its slot when it fits; else as it is."""
+    def _fits(self, slot: torch.Tensor, grad_in: torch.Tensor | None) -> bool:
         target = self.target
-        if (
-            grad_in is None
-            or target is None
-            or torch.is_grad_enabled()
-            or grad_in.shape != slot.shape
-            or grad_in.dtype != slot.dtype
-            or grad_in.device != slot.device
-            or grad_in.untyped_storage().data_ptr() == target.untyped_storage().data_ptr()
-        ):
+        return (
+            grad_in is not None
+            and target is not None
+            and not torch.is_grad_enabled()
+            and grad_in.shape == slot.shape
+            and grad_in.dtype == slot.dtype
+            and grad_in.device == slot.device
+            and grad_in.untyped_storage().data_ptr() != target.untyped_storage().data_ptr()
+        )
+
+    def fill(self, slot: torch.Tensor, grad_in: torch.Tensor | None, k: int) -> torch.Tensor | None:
+        """Chunk ``k``'s input gradient, written into its slot when it fits; else as it is."""
+        if not self._fits(slot, grad_in):
             return grad_in
         slot.copy_(grad_in)
+        self.filled.add(k)
         return slot
 
+    def add_into(self, k: int, grad_in: torch.Tensor | None) -> bool:
+        """Add a later contribution to chunk ``k``'s input gradient into its filled slot; False if it does not go there.
+
+        Autograd's buffer for the chunk's input already holds the slot (what
+        :meth:`fill` returned), so adding here is the sum autograd would make.
+        """
+        if k not in self.filled or self.target is None:
+            return False
+        slot = self._slot(k)
+        if not self._fits(slot, grad_in):
+            return False
+        slot.add_(grad_in)
+        return True
+
     def whole(self, grads: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
-        """The target, if ``grads`` are its slices in order (every chunk's gradient in place); releases it."""
-        if self.target is None or len(grads) != len(self.sizes):
-            return None
-        if not all(self.is_slot(g, k) for k, g in enumerate(grads)):
-            return None
+        """The target, if ``grads`` are its slices in order (every chunk's gradient in place); releases it either way."""
+        found = len(grads) == len(self.sizes) and all(self.is_slot(g, k) for k, g in enumerate(grads))
         target, self.target = self.target, None
-        return target
+        self.filled.clear()
+        return target if found else None
 
 
 class Split(torch.autograd.Function):

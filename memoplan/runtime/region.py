@@ -26,6 +26,7 @@ parameters behave as without a plan (huggingface/transformers#23170).
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -160,8 +161,8 @@ def run_chunked(
     chunk with the whole batch's statistics (:mod:`memoplan.runtime.batchnorm`).
 
     ``root_only``: the result is a recompute's, only differentiated from, so the
-    outputs are not joined and the first argument's gradient may go in place
-    (:mod:`memoplan.runtime.gradroot`).
+    outputs are not joined.  Either way the first argument's gradient may go in
+    place, over the output's (:mod:`memoplan.runtime.gradroot`).
 
     ``recompute_boundaries``: only the first chunk keeps the state it starts from; the
     others' are recomputed in backward (:class:`_Boundaries`).
@@ -170,7 +171,7 @@ def run_chunked(
         return fn(*args, **kwargs)
     first = args[0] if args and chunk_args[0] == 0 else None
     sink = None
-    if root_only and isinstance(first, torch.Tensor) and first.requires_grad:
+    if isinstance(first, torch.Tensor) and first.requires_grad:
         sink = gradroot.Sink(dim, _chunk_sizes(first.shape[dim], chunks))
     chunked = _split_chunks(args, kwargs, options, chunks=chunks, dim=dim, chunk_args=chunk_args, sink=sink)
     key = chunk_args[0]
@@ -267,7 +268,7 @@ def _chunks_with_batch_statistics(
         for k, (args, kwargs) in enumerate(chunked):
             run.measured, run.record = False, ([] if k == 0 else None)
             kwargs = {**kwargs, batchnorm.STATS_KEYWORD: (tuple(stats), tuple(local[k]))}
-            chunk_sink = None if sink is None else (sink, k)  # used by the main pass's chunks only
+            chunk_sink = None if sink is None else (sink, k)
             output = run_region(roots, region_fn, args, kwargs, options, stateful, payloads, chunk_sink, boundaries)
             if k == 0:
                 measuring, calls, run.record = run.measured, run.record, None
@@ -367,7 +368,9 @@ class _Join:
     concatenated at the end; non-tensor outputs must be equal in every chunk.
 
     ``root_only``: the joined output is never read, so it is a stand-in that holds
-    no memory (:class:`gradroot.Mark`); the first output's gradient is offered to ``sink``.
+    no memory (:class:`gradroot.Mark`).  The first output's gradient is offered to
+    ``sink``: by every placement's backward when ``root_only``, else by the last
+    placement's, which the engine reaches first.
     """
 
     def __init__(
@@ -396,7 +399,7 @@ class _Join:
             elif isinstance(column, list):
                 column.append(leaf)
             elif isinstance(column, torch.Tensor) and self._fits(leaf, k):
-                self.columns[i] = self._place(i, column, leaf, sum(self.sizes[:k]))
+                self.columns[i] = self._place(i, column, leaf, sum(self.sizes[:k]), last=k == len(self.sizes) - 1)
             elif isinstance(column, torch.Tensor):  # not as long as its chunk: concatenate instead
                 self.columns[i] = [column.narrow(self.dim, 0, sum(self.sizes[:k])), leaf]
             else:
@@ -415,10 +418,11 @@ class _Join:
         buffer = gradroot.stand_in(shape, leaf.dtype, leaf.device) if self.root_only else leaf.new_empty(shape)
         return self._place(i, buffer, leaf, 0)
 
-    def _place(self, i: int, column: torch.Tensor, leaf: torch.Tensor, start: int) -> torch.Tensor:
+    def _place(self, i: int, column: torch.Tensor, leaf: torch.Tensor, start: int, last: bool = False) -> torch.Tensor:
+        sink = self.sink if i == 0 else None
         if self.root_only:
-            return gradroot.Mark.apply(column, leaf, start, self.dim, self.sink if i == 0 else None)
-        return _Place.apply(column, leaf, start, self.dim)
+            return gradroot.Mark.apply(column, leaf, start, self.dim, sink)
+        return _Place.apply(column, leaf, start, self.dim, sink if last else None)
 
     def result(self) -> Any:
         joined = []
@@ -436,19 +440,27 @@ class _Place(torch.autograd.Function):
     Backward hands the piece its slice of the gradient and the earlier buffer the
     gradient unchanged: the slots are disjoint and each is written once, and the
     first buffer needs no gradient, so the overwritten values never receive one.
+
+    The last placement's backward, the first to run, hands the gradient to the
+    chunks' ``sink`` when nothing else holds it (:func:`gradroot.held_alone`).
     """
 
     @staticmethod
-    def forward(ctx, buffer: torch.Tensor, piece: torch.Tensor, start: int, dim: int) -> torch.Tensor:
+    def forward(ctx, buffer: torch.Tensor, piece: torch.Tensor, start: int, dim: int, sink) -> torch.Tensor:
         buffer.narrow(dim, start, piece.shape[dim]).copy_(piece)
         ctx.mark_dirty(buffer)
         ctx.slot = (dim, start, piece.shape[dim])
+        ctx.sink = sink
         return buffer
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        if ctx.sink is not None:
+            alone = gradroot.held_alone((grad,), "place")
+            ctx.sink.take(grad, bool(alone))
+            del alone
         dim, start, length = ctx.slot
-        return grad, grad.narrow(dim, start, length), None, None
+        return grad, grad.narrow(dim, start, length), None, None, None
 
 
 class _Run:
@@ -685,11 +697,14 @@ class _Boundaries:
     With ``boundaries = recompute``, chunk 0 keeps the state it starts from, as every
     region does, and chunk k > 0 keeps nothing.  When backward reaches chunk k (the last
     chunk comes first), :meth:`state` replays the chunks before it without grad, from the
-    nearest state known, and keeps the states in between for the chunks whose backward
-    comes next.  So a chunked module holds its boundary states only while backward runs
-    through it, not from its forward to its backward; the price is one more forward of
-    its chunks, without grad.  The replays reproduce the forward's values exactly: same
-    inputs, state, buffers, RNG and autocast.
+    nearest state known.  Of the states it passes, it keeps every ``stride``-th (``stride``
+    about the square root of the number of chunks) and those of chunk k's own stretch of
+    ``stride`` chunks, whose backward comes next; a later stretch is replayed from its
+    first state when backward reaches it.  So a chunked module holds about twice the
+    square root of its chunk count in boundary states, and only while backward runs
+    through it, not from its forward to its backward; the price is up to about two more
+    forwards of its chunks, without grad (11 chunk replays for 8 chunks).  The replays reproduce the forward's values
+    exactly: same inputs, state, buffers, RNG and autocast.
     """
 
     def __init__(self, where: str) -> None:
@@ -697,6 +712,11 @@ class _Boundaries:
         self.chunks: list[weakref.ref[Any]] = []  # each chunk's ctx; weak, the graph owns them
         self.known: dict[int, list[torch.Tensor]] = {}  # chunk -> the state it starts from
         self.done: set[int] = set()  # chunks whose backward has run
+
+    @property
+    def stride(self) -> int:
+        """The ceiling of the square root of the number of chunks."""
+        return math.isqrt(max(len(self.chunks) - 1, 0)) + 1
 
     def add(self, ctx: Any) -> int:
         self.chunks.append(weakref.ref(ctx))
@@ -714,7 +734,7 @@ class _Boundaries:
             if ctx is None:
                 raise RuntimeError(f"memoplan: {self.where}: time chunk {i} is gone before chunk {k}'s backward")
             state = _replay(ctx, state, self.where)
-            if i + 1 < k:
+            if i + 1 < k and ((i + 1) % self.stride == 0 or (i + 1) // self.stride == k // self.stride):
                 self.known[i + 1] = state
         assert state is not None
         return state
@@ -845,8 +865,9 @@ class _RegionFunction(torch.autograd.Function):
         wanted = [
             i for i, t in enumerate(candidates) if isinstance(t, GradientEdge) or (t is not None and t.requires_grad)
         ]
-        # A time chunk whose incoming gradient is a slice of the region's own (gradroot.Sink)
-        # may leave its input's gradient there, if nothing kept the slice meanwhile.
+        # A time chunk whose incoming gradient is a slice of the module's own (gradroot.Sink)
+        # may leave its input's gradient there, if nothing kept the slice meanwhile; a
+        # statistics pass's chunk adds its part of that gradient there afterwards.
         sink = run.sink if run.sink is not None and run.sink[0].is_slot(grads[0], run.sink[1]) else None
         in_place = sink is not None and run.primary == 0 and run.out_tensor_at[:1] == [0] and 0 in wanted
         before = sink[0].watch(grads[0]) if in_place else None
@@ -861,5 +882,7 @@ class _RegionFunction(torch.autograd.Function):
             grads_in[i] = g
         del found, alone
         if in_place and sink[0].watch(grads[0]) == before:
-            grads_in[0] = sink[0].fill(grads[0], grads_in[0])
+            grads_in[0] = sink[0].fill(grads[0], grads_in[0], run.sink[1])
+        elif run.sink is not None and run.primary == 0 and grads_in and run.sink[0].add_into(run.sink[1], grads_in[0]):
+            grads_in[0] = None
         return (None, *grads_in)
