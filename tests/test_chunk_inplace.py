@@ -6,7 +6,9 @@ which hands it to the chunks' sink when nothing else holds it.  Each chunk then
 writes its input gradient over its own slice, and the statistics passes of a
 chunked BatchNorm add theirs there (memoplan.runtime.gradroot.Sink).  Every test
 compares with the same plan with nothing in place (``held_alone`` answering "no"),
-bit for bit; the memory tests take differences on the live-storage meter.
+bit for bit; the memory tests take differences on the live-storage meter.  The
+gradients that must not be written over (kept by a hook, shared with another input,
+passed by the caller) are tested for both paths in tests/test_gradroot.py.
 """
 
 from __future__ import annotations
@@ -114,37 +116,6 @@ def test_a_second_backward_with_retained_graph_goes_in_place_again(monkeypatch):
     _nothing_in_place(monkeypatch)
     kept = _step(net, backwards=2)
     _assert_same(twice, kept)
-
-
-@pytest.mark.parametrize("keep", [lambda g: g, lambda g: g[1:], lambda g: g.detach()], ids=["tensor", "view", "alias"])
-def test_a_gradient_a_hook_kept_is_not_written_over(keep):
-    net = _planned(norm=True, layers=1)
-    x, weight = _inputs()
-    reset(net)
-    kept = []
-    y = net(x.clone().requires_grad_())
-    y.register_hook(lambda g: kept.append(keep(g)))
-    (y * weight).sum().backward()
-    assert torch.equal(kept[0], keep(weight))
-
-
-def test_a_gradient_another_input_shares_is_not_written_over():
-    net = _planned(norm=True, layers=1)
-    x, weight = _inputs()
-    reset(net)
-    leaf = torch.zeros(STEPS, BATCH, WIDTH, requires_grad=True)
-    other = leaf * 1  # made first, so its backward runs after the chunks'
-    ((net(x.clone().requires_grad_()) + other) * weight).sum().backward()
-    assert torch.equal(leaf.grad, weight)
-
-
-def test_a_gradient_the_caller_passed_is_not_written_over():
-    net = _planned(norm=True, layers=1)
-    x, weight = _inputs()
-    reset(net)
-    given = weight.clone()
-    net(x.clone().requires_grad_()).backward(given)
-    assert torch.equal(given, weight)
 
 
 def test_the_placement_probe_vouches_only_for_a_gradient_held_alone():

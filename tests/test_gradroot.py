@@ -24,6 +24,9 @@ module class LIF { state = functional }
 module body { checkpoint }
 module body.1 { temporal_chunk 4 dim 0 }
 """
+# The same chunks outside a recompute: a real joined output, whose gradient may still take
+# the chunks' input gradients (tests/test_chunk_inplace.py).
+JOINED_PLAN = PLAN.replace("module body { checkpoint }\n", "")
 
 
 class Gain(nn.Module):
@@ -53,9 +56,9 @@ def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
     return x, weight
 
 
-def _pair(neuron: nn.Module | None = None) -> tuple[Net, Net]:
+def _pair(neuron: nn.Module | None = None, plan: str = PLAN) -> tuple[Net, Net]:
     plain = Net(neuron)
-    planned = memoplan.apply(copy.deepcopy(plain), PLAN)
+    planned = memoplan.apply(copy.deepcopy(plain), plan)
     return plain, planned
 
 
@@ -168,9 +171,13 @@ def test_a_neuron_chunked_in_a_recompute_is_exact_and_holds_less(monkeypatch, re
     assert peak < kept_peak
 
 
-def test_a_gradient_another_input_shares_is_not_written_over():
+WHERE = pytest.mark.parametrize("plan", [PLAN, JOINED_PLAN], ids=["recompute", "joined"])
+
+
+@WHERE
+def test_a_gradient_another_input_shares_is_not_written_over(plan):
     """``y + other``: both get the same gradient tensor, so the chunks must not write into it."""
-    plain, planned = _pair()
+    plain, planned = _pair(plan=plan)
     x, weight = _inputs()
     results = []
     for net in (plain, planned):
@@ -184,9 +191,10 @@ def test_a_gradient_another_input_shares_is_not_written_over():
     assert torch.equal(results[1][1], weight)
 
 
+@WHERE
 @pytest.mark.parametrize("keep", [lambda g: g, lambda g: g[1:], lambda g: g.detach()], ids=["tensor", "view", "alias"])
-def test_a_gradient_a_hook_kept_is_not_written_over(keep):
-    plain, planned = _pair()
+def test_a_gradient_a_hook_kept_is_not_written_over(keep, plan):
+    plain, planned = _pair(plan=plan)
     x, weight = _inputs()
     for net in (plain, planned):
         reset(net)
@@ -197,8 +205,9 @@ def test_a_gradient_a_hook_kept_is_not_written_over(keep):
         assert torch.equal(kept[0], keep(weight))
 
 
-def test_a_gradient_the_caller_passed_is_not_written_over():
-    plain, planned = _pair()
+@WHERE
+def test_a_gradient_the_caller_passed_is_not_written_over(plan):
+    plain, planned = _pair(plan=plan)
     x, weight = _inputs()
     for net in (plain, planned):
         reset(net)
