@@ -102,12 +102,30 @@ def test_batchnorm_statistics_passes_add_into_the_slices(monkeypatch):
     filled, added = [], []
     fill, add_into = gradroot.Sink.fill, gradroot.Sink.add_into
     monkeypatch.setattr(gradroot.Sink, "fill", lambda self, slot, g, k: filled.append(k) or fill(self, slot, g, k))
-    monkeypatch.setattr(gradroot.Sink, "add_into", lambda self, k, g: (added.append(k) or True) and add_into(self, k, g))
+    monkeypatch.setattr(gradroot.Sink, "add_into", lambda self, k, g: add_into(self, k, g) and not added.append(k))
     net = _planned(norm=True, layers=1)
     _step(net)
-    # Only the layer's input gradient goes in place: its input is the step's input.
+    # One chunked layer: each of its four chunks fills its slice, and the statistics pass adds into each.
     assert sorted(filled) == [0, 1, 2, 3]
     assert sorted(added) == [0, 1, 2, 3]
+
+
+def test_a_chunked_batchnorm_as_a_recomputes_last_module_adds_into_the_slices_too(monkeypatch):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Sequential(nn.Identity(), Layer(norm=True)))
+    plan = (
+        "memplan 1\nmodule class LIF { state = functional }\n"
+        "module 0 {\n    checkpoint\n    compress input = none\n}\nmodule 0.1 { temporal_chunk 4 dim 0 }\n"
+    )
+    net = memoplan.apply(net, plan)
+    added = []
+    add_into = gradroot.Sink.add_into
+    monkeypatch.setattr(gradroot.Sink, "add_into", lambda self, k, g: add_into(self, k, g) and not added.append(k))
+    in_place = _step(net)
+    assert sorted(added) == [0, 1, 2, 3]
+    _nothing_in_place(monkeypatch)
+    _assert_same(in_place, _step(net))
+    assert sorted(added) == [0, 1, 2, 3]  # nothing went in place the second time
 
 
 def test_a_second_backward_with_retained_graph_goes_in_place_again(monkeypatch):
