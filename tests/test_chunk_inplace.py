@@ -13,8 +13,6 @@ passed by the caller) are tested for both paths in tests/test_gradroot.py.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch import nn
