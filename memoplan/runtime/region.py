@@ -703,8 +703,8 @@ class _Boundaries:
     first state when backward reaches it.  So a chunked module holds about twice the
     square root of its chunk count in boundary states, and only while backward runs
     through it, not from its forward to its backward; the price is up to about two more
-    forwards of its chunks, without grad (11 chunk replays for 8 chunks).  The replays reproduce the forward's values
-    exactly: same inputs, state, buffers, RNG and autocast.
+    forwards of its chunks, without grad (11 chunk replays for 8 chunks).  The replays
+    reproduce the forward's values exactly: same inputs, state, buffers, RNG and autocast.
     """
 
     def __init__(self, where: str) -> None:
