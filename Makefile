@@ -13,10 +13,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
-	# Optional: SpikingJelly neurons work with `state = functional`; its own
-	# dependencies would replace torch, so install it alone, then what it imports.
+	# Real models the tests build from configs (no weights): HF transformers.
+	# SpikingJelly's neurons work with `state = functional`; its declared
+	# dependencies would replace torch, so install what it imports first, then
+	# it alone and last (so pip has nothing left to check it against).
+	$(PY) -m pip install --quiet transformers==5.23.0 loguru tqdm
 	$(PY) -m pip install --quiet --no-deps spikingjelly==2.0.0
-	$(PY) -m pip install --quiet loguru tqdm
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,9 +35,8 @@ clean:
 
 # memoplan's planner against checkpointing every block and torch.compile's
 # activation_memory_budget, on a GPT-2 built from a transformers config (no
-# weights downloaded) and the bundled CNN; installs transformers into $(VENV).
+# weights downloaded) and the bundled CNN.
 .PHONY: bench-peers
 bench-peers: $(STAMP)
-	$(PY) -m pip install --quiet transformers==5.23.0
 	mkdir -p build
 	$(PY) benchmarks/planner_vs_peers.py --json build/planner_vs_peers.json
