@@ -9,7 +9,10 @@ with ``base_dir`` and the current directory temporarily on ``sys.path``.
 
 A file is loaded once per resolved path, under a private module name derived
 from that path (``_memoplan_file_<stem>_<hash>``), so loading it twice gives the
-same class objects and no common name in ``sys.modules`` is taken.
+same class objects and no common name in ``sys.modules`` is taken.  That name
+never reaches a plan: a class's identity there is its module's importable name
+(``memoplan.runtime.module_identity``: ``models.net.Blk`` for ``models/net.py``
+inside a package ``models``, ``net.Blk`` for a plain folder).
 
 Every failure raises :class:`PlanError` with one diagnostic:
 ``MP501`` malformed spec, ``MP502`` module or file not found, ``MP503``
@@ -38,6 +41,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from memoplan.diagnostics import Diagnostic, PlanError, Span, did_you_mean
+from memoplan.runtime.install import FILE_MODULE_PREFIX
 from memoplan.syntax.ast import ExampleStmt, TensorFn, TensorSpec
 
 
@@ -365,9 +369,11 @@ def _file_not_found(location: str, path: Path, span: Span | None) -> PlanError:
 
 
 def _file_module_name(path: Path) -> str:
+    """The private ``sys.modules`` name; plans name the file's classes by its importable name
+    instead (``memoplan.runtime.module_identity``), which holds no path."""
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
     stem = re.sub(r"\W", "_", path.stem)
-    return f"_memoplan_file_{stem}_{digest}"
+    return f"{FILE_MODULE_PREFIX}{stem}_{digest}"
 
 
 def _get_attr(module: ModuleType, target: _Target, span: Span | None) -> Any:

@@ -16,6 +16,7 @@ from memoplan import ir
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
 from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 from memoplan.syntax import ast
+from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import is_stateful
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
@@ -576,7 +577,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
                 fields["buffers_commit_once"] = origin
         if "checkpoint" in fields or "temporal_chunk" in fields:
             fields["region_state"] = _region_state(res, path, module)
-        modules.append(ir.ModulePlan(path, f"{cls.__module__}.{cls.__qualname__}", **fields))
+        modules.append(ir.ModulePlan(path, qualified_type_name(cls), **fields))
     plan = res.plan
     blocks = {kind: plan.block(kind) for kind in ast.BlockKind}
     return ir.ResolvedPlan(

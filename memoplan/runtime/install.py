@@ -14,10 +14,12 @@ of a planned model is planned too, and independent of the original.
 
 from __future__ import annotations
 
+import sys
 import types
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -30,6 +32,7 @@ __all__ = [
     "Target",
     "install",
     "installed_plan",
+    "module_identity",
     "qualified_type_name",
     "uninstall",
 ]
@@ -39,6 +42,9 @@ __all__ = [
 _PLAN_ATTR = "_memoplan_plan"
 # The module path a plan installed a forward at, kept on the module for runtime messages.
 PATH_ATTR = "_memoplan_path"
+#: The start of the private ``sys.modules`` names under which ``memoplan.specs`` loads
+#: ``path/file.py`` models; :func:`module_identity` gives such a module its importable name.
+FILE_MODULE_PREFIX = "_memoplan_file_"
 
 
 class PlanMismatchError(PlanError):
@@ -49,7 +55,7 @@ class PlanMismatchError(PlanError):
 class Target:
     """One module to patch: where it is, what class the plan was made for, its new forward.
 
-    ``type_name`` is ``f"{cls.__module__}.{cls.__qualname__}"``; ``forward`` is a
+    ``type_name`` is :func:`qualified_type_name` of the class; ``forward`` is a
     plain function taking the module as ``self`` (it is bound at install time).
     """
 
@@ -72,8 +78,43 @@ class InstalledPlan:
 
 
 def qualified_type_name(cls: type) -> str:
-    """The name a :class:`Target` records for a module class: ``module.QualName``."""
-    return f"{cls.__module__}.{cls.__qualname__}"
+    """The name a :class:`Target` records for a module class: ``module.QualName``.
+
+    ``module`` is :func:`module_identity` of the class's module: the same whether the
+    model was imported normally, loaded by memoplan from ``path/file.py`` or run as a
+    script, and never a path (docs/design.md, "Class identity").
+    """
+    return f"{module_identity(cls.__module__)}.{cls.__qualname__}"
+
+
+def module_identity(name: str) -> str:
+    """The importable name of the module called ``name`` in ``sys.modules``.
+
+    Normally ``name`` itself.  A script run as ``__main__`` and a file memoplan loaded
+    under a private name (``FILE_MODULE_PREFIX``) are named as ``import`` would name
+    their file: its stem, prefixed by the names of the enclosing folders that are
+    packages (have an ``__init__.py``).  ``python -m pkg.mod`` keeps ``pkg.mod``.
+    """
+    if name != "__main__" and not name.startswith(FILE_MODULE_PREFIX):
+        return name
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    spec_name = getattr(spec, "name", None)
+    if spec_name and spec_name != "__main__" and not spec_name.startswith(FILE_MODULE_PREFIX):
+        return spec_name
+    file = getattr(module, "__file__", None)
+    return importable_name(Path(file)) if file else name
+
+
+def importable_name(path: Path) -> str:
+    """``pkg.sub.mod`` for ``.../pkg/sub/mod.py`` where ``pkg`` and ``sub`` have an ``__init__.py``."""
+    path = Path(path).resolve()
+    parts = [] if path.stem == "__init__" else [path.stem]
+    folder = path.parent
+    while (folder / "__init__.py").is_file() and folder.name.isidentifier():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts) or path.stem
 
 
 def installed_plan(model: nn.Module) -> str | None:
