@@ -9,7 +9,13 @@ inserted, which is what adds ``.0.``/``_checkpoint_wrapped_module`` prefixes to
 ``state_dict`` keys in other tools (pytorch/pytorch#117399).
 
 ``copy.deepcopy`` re-binds bound methods to the copied module, so a deep copy
-of a planned model is planned too, and independent of the original.
+of a planned model is planned too, and independent of the original.  Pickling
+(``torch.save``) keeps the plan as well: a loaded model is planned with the same
+forwards (:mod:`memoplan.runtime.pickling`).
+
+Installing is all or nothing: if setting any forward raises (a module whose
+``__setattr__`` refuses it), every module patched so far is restored and the
+failure is a :class:`PlanMismatchError` (``MP406``) naming the module.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError, did_you_mean
+from memoplan.runtime import pickling
 
 __all__ = [
     "InstalledPlan",
@@ -48,7 +55,7 @@ FILE_MODULE_PREFIX = "_memoplan_file_"
 
 
 class PlanMismatchError(PlanError):
-    """The model does not match the plan (``MP401``-``MP403``); nothing was changed."""
+    """The model does not match the plan (``MP401``-``MP403``, ``MP406``); nothing was changed."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,16 @@ class InstalledPlan:
     @property
     def paths(self) -> tuple[str, ...]:
         return tuple(path for path, _ in self.forwards)
+
+    def __reduce__(self) -> Any:
+        # The functions as pickling.portable references: a generated plan module that
+        # apply() imported from its cache cannot be imported by name elsewhere.
+        entries = tuple((path, pickling.portable(function)) for path, function in self.forwards)
+        return (_restore_record, (self.plan_id, entries))
+
+
+def _restore_record(plan_id: str, entries: tuple[tuple[str, Any], ...]) -> InstalledPlan:
+    return InstalledPlan(plan_id, tuple((path, pickling.restore(spec)) for path, spec in entries))
 
 
 def qualified_type_name(cls: type) -> str:
@@ -127,14 +144,44 @@ def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str) -> Non
     """Patch every target's forward, or raise :class:`PlanMismatchError` and change nothing."""
     targets = tuple(targets)
     modules = _validate(model, targets)
+    done: list[tuple[nn.Module, types.MethodType]] = []
     for target, module in zip(targets, modules, strict=True):
         # An instance attribute shadows the class's forward for this module only;
         # ``nn.Module.__call__`` looks up ``self.forward``, so hooks still run around it.
-        module.forward = types.MethodType(target.forward, module)
+        bound = types.MethodType(target.forward, module)
+        try:
+            module.forward = bound
+            if module.__dict__.get("forward") is not bound:
+                raise AttributeError("the module's __setattr__ did not store `forward` on the instance")
+        except Exception as error:
+            _undo(done + [(module, bound)])
+            raise PlanMismatchError(
+                (
+                    Diagnostic(
+                        code="MP406",
+                        message=(
+                            f"cannot install the plan's forward on `{target.path}` "
+                            f"({type(module).__qualname__}): {type(error).__name__}: {error}"
+                        ),
+                        help="its class refuses an instance `forward`; leave this module out of the plan "
+                        "(nothing was changed)",
+                    ),
+                )
+            ) from None
         module.__dict__[PATH_ATTR] = target.path  # named in runtime messages
+        done.append((module, bound))
+        pickling.register(target.forward)
     model.__dict__[_PLAN_ATTR] = InstalledPlan(
         plan_id=plan_id, forwards=tuple((t.path, t.forward) for t in targets)
     )
+
+
+def _undo(done: list[tuple[nn.Module, types.MethodType]]) -> None:
+    """Take back the forwards an install that failed part way had set."""
+    for module, bound in reversed(done):
+        if module.__dict__.get("forward") is bound:
+            del module.__dict__["forward"]
+        module.__dict__.pop(PATH_ATTR, None)
 
 
 def uninstall(model: nn.Module) -> None:
