@@ -10,6 +10,7 @@ and help text.  Bad input never surfaces as a Python traceback: callers raise
 from __future__ import annotations
 
 import enum
+import unicodedata
 from dataclasses import dataclass, field
 
 
@@ -47,17 +48,21 @@ class Diagnostic:
         return self.severity is Severity.ERROR
 
     def render(self, source: str | None = None) -> str:
-        """Render as ``file:line:col: error[MP101]: message`` plus source line and caret."""
-        head = f"{self.severity.value}[{self.code}]: {self.message}"
-        lines = [f"{self.span}: {head}" if self.span else head]
+        """Render as ``file:line:col: error[MP101]: message`` plus source line and caret.
+
+        Messages, help and notes name modules of the user's model: they are passed
+        through :func:`printable`, so no name can move the cursor or recolour a terminal.
+        """
+        head = f"{self.severity.value}[{self.code}]: {_printable_lines(self.message)}"
+        lines = [f"{printable(str(self.span))}: {head}" if self.span else head]
         if self.span is not None and source is not None:
             lines.extend(_excerpt(source, self.span))
         for label, span in self.notes:
-            lines.append(f"  note: {label} at {span}")
+            lines.append(f"  note: {printable(label)} at {printable(str(span))}")
             if source is not None and self.span is not None and span.file == self.span.file:
                 lines.extend(_excerpt(source, span))
         if self.help:
-            lines.append(f"  help: {self.help}")
+            lines.append(f"  help: {_printable_lines(self.help)}")
         return "\n".join(lines)
 
 
@@ -98,6 +103,37 @@ class PlanError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+# Bidirectional overrides and isolates: they reorder the text that follows them on screen.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print to a terminal: control characters (C0, DEL, C1), lone
+    surrogates and bidirectional overrides become Python-style escapes (``\\x1b``,
+    ``\\udc80``); everything else, other scripts included, is kept as it is.
+
+    Module names come from the user's model and may hold any character; every place
+    that prints one (diagnostics, ``explain``, ``verify``) goes through here.
+    """
+    if text.isprintable() and not _BIDI.intersection(text):
+        return text  # the common case: nothing to escape
+    return "".join(_escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if not (unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI):
+        return ch
+    if code < 0x100:
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{code:02x}")
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _printable_lines(text: str) -> str:
+    """:func:`printable`, line by line: a message's own line breaks stay."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def did_you_mean(word: str, candidates, *, n: int = 3, cutoff: float = 0.6) -> str | None:

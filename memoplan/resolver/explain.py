@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from memoplan.diagnostics import printable
 from memoplan.resolver.bind import Decision, Resolution, analyse, chunked_ancestor
 from memoplan.syntax import ast
 from memoplan.syntax.formatter import format_policy, format_selector
@@ -24,14 +25,15 @@ class ExplainRow:
 
 
 def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
-    """One row per module of ``model`` (natural path order), also for modules no rule touches."""
+    """One row per module of ``model``, in ``named_modules()`` order (the order the model
+    declares them), also for modules no rule touches; a module reachable by several
+    paths has a row for each."""
     resolution = analyse(plan, model)
     rows = []
-    for path in resolution.index.paths:
-        module = resolution.index.modules[path]
+    for path, module in resolution.index.modules.items():
         decisions = [
-            (format_policy(decision.winner.policy), _why(decision))
-            for _, decision in sorted(resolution.decisions.get(path, {}).items())
+            (format_policy(decision.winner.policy), _why(aspect, decision))
+            for aspect, decision in sorted(resolution.decisions.get(path, {}).items())
         ]
         first = resolution.shared_with.get(path)
         if first is not None:
@@ -54,12 +56,12 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
     return rows
 
 
-def _why(decision: Decision) -> str:
+def _why(aspect: str, decision: Decision) -> str:
     winner = decision.winner
     where = f"line {winner.line} `module {format_selector(winner.rule.selector)}`"
     others = [c for c in decision.candidates if c is not winner]
     if not others:
-        return f"{where}, the only rule for this"
+        return f"{where}, the only rule that sets {aspect} for this module"
     beaten = sorted({c.line for c in others if c.specificity < winner.specificity})
     equal = [c for c in others if c.specificity == winner.specificity]
     agreeing = sorted({c.line for c in equal if c.same_as(winner)})
@@ -80,14 +82,19 @@ def _why(decision: Decision) -> str:
 
 
 def render_explain(rows: list[ExplainRow], *, all_modules: bool = True) -> str:
-    """A readable table: path, class, then each decision with its reason."""
+    """A readable table: path, class, then each decision with its reason.
+
+    Names come from the model: they are printed through :func:`printable`.
+    """
     shown = [r for r in rows if all_modules or r.decisions]
-    width_path = max((len(r.path) for r in shown), default=4)
-    width_cls = max((len(r.class_name) for r in shown), default=5)
+    paths = {id(r): printable(r.path) for r in shown}
+    classes = {id(r): printable(r.class_name) for r in shown}
+    width_path = max((len(p) for p in paths.values()), default=4)
+    width_cls = max((len(c) for c in classes.values()), default=5)
     out = [f"{'module'.ljust(width_path)}  {'class'.ljust(width_cls)}  decision"]
     for row in shown:
-        lead = f"{row.path.ljust(width_path)}  {row.class_name.ljust(width_cls)}  "
-        lines = row.lines() or ["-  (no rule)"]
+        lead = f"{paths[id(row)].ljust(width_path)}  {classes[id(row)].ljust(width_cls)}  "
+        lines = [printable(line) for line in row.lines()] or ["-  (no rule)"]
         out.append(lead + lines[0])
         out.extend(" " * len(lead) + line for line in lines[1:])
     return "\n".join(out)

@@ -1,6 +1,8 @@
 """Resolve stage: selectors matched against a model's ``named_modules()`` paths.
 
 * a literal segment matches that child name; ``*`` one segment; ``**`` zero or more;
+* a glob segment (``layer*``, ``1?``) one segment whose name fits it: ``*`` any run of
+  characters, ``?`` one character, within the segment;
 * ``[i]`` / ``[a:b:c]`` pick children of the previous segment by position among its
   integer-named children (``nn.Sequential``, ``nn.ModuleList``) in numeric order,
   Python slice rules; a container with a non-integer child name has no positions;
@@ -31,11 +33,12 @@ class Specificity:
 
     literal: int
     indexed: int
+    glob: int
     star: int
     class_filter: int
 
     def __str__(self) -> str:
-        return f"({self.literal}, {self.indexed}, {self.star}, {self.class_filter})"
+        return f"({self.literal}, {self.indexed}, {self.glob}, {self.star}, {self.class_filter})"
 
 
 def specificity(selector: ast.Selector) -> Specificity:
@@ -44,6 +47,7 @@ def specificity(selector: ast.Selector) -> Specificity:
     return Specificity(
         literal=sum(isinstance(s, ast.Name) for s in segments),
         indexed=sum(isinstance(s, (ast.Index, ast.Slice)) for s in segments),
+        glob=sum(isinstance(s, ast.Glob) for s in segments),
         star=sum(isinstance(s, ast.Star) for s in segments),
         class_filter=int(term.class_name is not None),
     )
@@ -123,11 +127,19 @@ def _regex(segments) -> re.Pattern:
     for segment in segments:
         if isinstance(segment, ast.Name):
             out.append(re.escape(segment.text) + r"\.")
+        elif isinstance(segment, ast.Glob):
+            out.append(_glob_regex(segment.pattern) + r"\.")
         elif isinstance(segment, ast.Star):
             out.append(r"[^.]+\.")
         else:
             out.append(r"(?:[^.]+\.)*")
     return re.compile("".join(out))
+
+
+def _glob_regex(pattern: str) -> str:
+    """A glob segment as a regex within one segment: ``*`` any run, ``?`` one character."""
+    wildcards = {"*": r"[^.]*", "?": r"[^.]"}
+    return "".join(wildcards.get(ch) or re.escape(ch) for ch in pattern)
 
 
 def match_term(index: ModelIndex, term: ast.SelectorTerm) -> list[str]:
@@ -160,6 +172,8 @@ def _match(index: ModelIndex, segments, parts: list[str], i: int, j: int) -> boo
         return False
     if isinstance(segment, ast.Name):
         ok = parts[j] == segment.text
+    elif isinstance(segment, ast.Glob):
+        ok = re.fullmatch(_glob_regex(segment.pattern), parts[j]) is not None
     elif isinstance(segment, ast.Star):
         ok = True
     else:

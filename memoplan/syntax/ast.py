@@ -128,6 +128,15 @@ class DoubleStar:
 
 
 @dataclass(frozen=True)
+class Glob:
+    """A segment with wildcards in it, e.g. ``layer*`` or ``1?``: ``*`` stands for any run
+    of characters (none too), ``?`` for exactly one; it matches one whole segment, never
+    across a ``.``."""
+
+    pattern: str
+
+
+@dataclass(frozen=True)
 class Slice:
     """``[start:stop:step]`` over the integer-named children of the previous segment."""
 
@@ -143,7 +152,7 @@ class Index:
     value: int
 
 
-Segment = Union[Name, Star, DoubleStar, Slice, Index]
+Segment = Union[Name, Glob, Star, DoubleStar, Slice, Index]
 
 
 @dataclass(frozen=True)

@@ -365,6 +365,18 @@ class Builder(Transformer):
     def star_segment(self, children):
         return ast.DoubleStar() if children[0] == "**" else ast.Star()
 
+    def glob_segment(self, children):
+        token = children[0]
+        if "**" in token:
+            self.error(
+                "MP211",
+                f"`**` inside the segment `{token}`",
+                self.span(token),
+                "`**` (any number of segments) stands alone between dots, e.g. `layer*.**`; "
+                "inside a segment `*` already matches any run of characters",
+            )
+        return ast.Glob(str(token))
+
     def first_segment(self, children):
         return children[0]
 

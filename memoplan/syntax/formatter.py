@@ -124,7 +124,9 @@ def format_path(path: ast.PathPattern) -> str:
             parts.append(_bracket(segment))
             continue
         text = {ast.Star: "*", ast.DoubleStar: "**"}.get(type(segment))
-        if text is None:
+        if isinstance(segment, ast.Glob):
+            text = segment.pattern
+        elif text is None:
             text = _segment_name(segment.text)
         parts.append(("." if parts else "") + text)
     return "".join(parts)
