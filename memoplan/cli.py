@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from memoplan import __version__
-from memoplan.diagnostics import Diagnostic, PlanError
+from memoplan.diagnostics import Diagnostic, PlanError, Severity
 
 SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan")
 
@@ -167,10 +167,11 @@ def _device_option(parser: argparse.ArgumentParser) -> None:
 def _report(error: PlanError) -> None:
     print(error.render(), file=sys.stderr)
     errors = len(error.errors)
-    warnings = len(error.diagnostics) - errors
     summary = f"{errors} error{'s' if errors != 1 else ''}"
-    if warnings:
-        summary += f", {warnings} warning{'s' if warnings != 1 else ''}"
+    for severity in (Severity.WARNING, Severity.NOTE):
+        count = sum(d.severity is severity for d in error.diagnostics)
+        if count:
+            summary += f", {count} {severity.value}{'s' if count != 1 else ''}"
     print(summary, file=sys.stderr)
 
 
@@ -251,7 +252,14 @@ def _resolve(plan, model):
 
 
 def _check(args) -> int:
+    from memoplan.resolver.effects import statement_effects
+
     plan = _load(args.plan)
+    effects = statement_effects(plan)  # refused before a model is loaded; notes say where the rest act
+    if any(d.is_error for d in effects):
+        raise PlanError(tuple(effects), plan.source)
+    for note in effects:
+        print(note.render(plan.source), file=sys.stderr)
     model = _model(plan, args.plan, args.model, required=False)
     summary = f"{args.plan}: ok, {len(plan.rules)} rule{'s' if len(plan.rules) != 1 else ''}"
     if model is not None:
@@ -302,7 +310,7 @@ def _explain(args) -> int:
 
 def _verify(args) -> int:
     from memoplan.codegen.emit import plan_table
-    from memoplan.verify import render_report, verify
+    from memoplan.verify import budget_check, render_report, verify
 
     device = _device(args.device)
     plan = _load(args.plan)
@@ -328,7 +336,13 @@ def _verify(args) -> int:
             )
         ) from None
     print(render_report(report))
-    return 0 if report.equivalent else 1
+    missed = None
+    if plan.budget is not None:
+        line, missed = budget_check(plan.budget, report)
+        print(line)
+        if missed is not None:
+            print(missed.render(plan.source), file=sys.stderr)
+    return 0 if report.equivalent and (missed is None or not missed.is_error) else 1
 
 
 def _device(text: str | None):

@@ -31,6 +31,7 @@ class Span:
 class Severity(enum.Enum):
     ERROR = "error"
     WARNING = "warning"
+    NOTE = "note"  # not a problem: where a statement acts, when it cannot act here
 
 
 @dataclass(frozen=True)

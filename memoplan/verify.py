@@ -28,10 +28,12 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from memoplan import api
+from memoplan.diagnostics import Diagnostic, Severity
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, measured_step, step_device, training_step
 from memoplan.resolver import resolve
 from memoplan.specs import Example
+from memoplan.syntax import ast
 
 #: Tolerance for plans with temporal chunks: max |planned - unplanned| <= CHUNK_RTOL * max |unplanned|,
 #: the maximum taken over the tensor's category (outputs, gradients or buffers).
@@ -291,3 +293,40 @@ def render_report(report: VerifyReport) -> str:
     verdict = "EQUIVALENT" if report.equivalent else "NOT EQUIVALENT"
     lines.append(f"verdict: {verdict}")
     return "\n".join(lines)
+
+
+def budget_limit(budget: ast.Budget, unplanned_peak: int) -> int:
+    """The budget in bytes: a size as written, a percentage or fraction of the unplanned peak."""
+    amount = budget.amount
+    if isinstance(amount, ast.Size):
+        return amount.bytes
+    fraction = amount.fraction if isinstance(amount, ast.Percent) else float(amount)
+    return int(fraction * unplanned_peak)
+
+
+def budget_check(budget: ast.Budget, report: VerifyReport) -> tuple[str, Diagnostic | None]:
+    """The plan's ``budget`` against the measured planned peak: a line for the report, and a
+    diagnostic at the ``budget`` line when it is missed (an error for ``hard``, the default;
+    a warning for ``hint``)."""
+    limit = budget_limit(budget, report.unplanned.peak_bytes)
+    peak = report.planned.peak_bytes
+    hard = budget.mode is not ast.BudgetMode.HINT
+    mode = "hard" if hard else "hint"
+    line = f"budget {_mib(limit)} ({limit} B, {mode}): planned peak {_mib(peak)} ({peak} B), "
+    if peak <= limit:
+        return line + "met", None
+    over = f"the planned peak {_mib(peak)} ({peak} B) is over the budget {_mib(limit)} ({limit} B) by {peak - limit} B"
+    if hard:
+        diagnostic = Diagnostic(
+            "MP225",
+            f"hard budget missed: {over}",
+            budget.span,
+            "`memoplan plan --budget` writes rules that meet a budget; or mark it `hint` to only report",
+        )
+    else:
+        diagnostic = Diagnostic("MP226", f"budget hint missed: {over}", budget.span, severity=Severity.WARNING)
+    return line + f"MISSED ({mode})", diagnostic
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"

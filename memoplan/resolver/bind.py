@@ -18,6 +18,7 @@ from memoplan.resolver.selectors import ModelIndex, Specificity, select, specifi
 from memoplan.syntax import ast
 from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import is_stateful
+from memoplan.resolver.effects import statement_effects
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
 
@@ -109,6 +110,8 @@ def resolve(plan: ast.Plan, model: nn.Module) -> ir.ResolvedPlan:
 def analyse(plan: ast.Plan, model: nn.Module) -> Resolution:
     """Match rules, pick winners and run the legality checks, collecting diagnostics."""
     resolution = Resolution(plan, ModelIndex(model))
+    # Plan-wide statements that cannot act are refused here, so nothing `apply` runs drops them.
+    resolution.diagnostics.extend(d for d in statement_effects(plan) if d.is_error)
     _match_rules(resolution)
     _check_shared(resolution)
     _check_regions(resolution)

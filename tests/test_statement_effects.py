@@ -1,0 +1,121 @@
+"""Every statement of a plan acts, or is refused with a diagnostic saying why it cannot act.
+
+The walk covers every statement keyword, every policy and every config key the
+language has (from the parser's own tables), so a statement added to the grammar
+without an effect or a refusal fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import memoplan
+from memoplan import cli
+from memoplan.diagnostics import PlanError, Severity
+from memoplan.examples import spiking
+from memoplan.examples.cnn import build
+from memoplan.resolver.effects import statement_effects
+from memoplan.syntax import ast, parse
+from memoplan.syntax.blocks import SCHEMA
+from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES
+
+HEAD = 'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(8, 3, 32, 32)\n'
+
+# One valid value per config key, written as in a plan.
+VALUES = {
+    "eviction_threshold": "2 MiB",
+    "evictee_minimum_size": "0",
+    "recomp_memory_factor": "1.5",
+    "recomp_time_factor": "2",
+    "thresh_nr_try": "3",
+    "genetic_nr_iter": "4",
+    "genetic_pool_size": "6",
+    "lb_memory": "1 MiB",
+    "num_worker": "2",
+    "static_memory_policy": "3",
+    "atomic_clean_policy": "0",
+    "algo": "dp",
+    "ordering": "longest_path",
+}
+
+# The code that refuses each block kind while its run-time part is not built.
+REFUSED = {
+    ast.BlockKind.DTR: "MP220",
+    ast.BlockKind.MEMONGER: "MP221",
+    ast.BlockKind.MEMORY: "MP222",
+    ast.BlockKind.SUBLINEAR: "MP223",
+}
+
+# Rules over the spiking example whose effect shows in the resolved plan: (rules, path, field).
+# Each plan threads the neurons' state, which any region over them needs (MP314).
+SPIKING = 'memplan 1\nmodel "memoplan.examples.spiking:build"\nmodule class LIF { state = functional }\n'
+POLICIES = {
+    "checkpoint": ("module blocks.1 { checkpoint }", "blocks.1", "checkpoint"),
+    "compress": ("module blocks.1 { checkpoint; compress input = bit }", "blocks.1", "compress"),
+    "temporal_chunk": ("module blocks.1.lif { temporal_chunk 4 dim 0 }", "blocks.1.lif", "temporal_chunk"),
+    "keep": ("module blocks.* { checkpoint }\nmodule blocks.1 { keep }", "blocks.1", "keep"),
+    "state": ("", "blocks.1.lif", "state"),
+    "buffers": ("module blocks.1 { checkpoint; buffers = commit_once }", "blocks.1", "buffers_commit_once"),
+}
+
+
+def test_the_tables_cover_every_statement_and_key():
+    assert set(VALUES) == {key for _, keys in SCHEMA.values() for key in keys}
+    assert set(REFUSED) == set(ast.BlockKind)
+    assert set(POLICIES) == set(POLICY_NAMES)
+    assert set(STATEMENT_NAMES) == {"model", "example", "module", "budget"} | {k.value for k in ast.BlockKind}
+
+
+@pytest.mark.parametrize("kind,key", [(kind, key) for kind, (_, keys) in SCHEMA.items() for key in keys])
+def test_every_config_key_is_refused_with_its_block_until_it_acts(kind, key):
+    required = "" if key == "eviction_threshold" or kind is not ast.BlockKind.DTR else "eviction_threshold = 2 MiB; "
+    text = HEAD + f"module features.* : ConvBlock {{ checkpoint }}\n{kind.value} {{ {required}{key} = {VALUES[key]} }}\n"
+    plan = parse(text, "p.memplan")
+    model = build()
+    with pytest.raises(PlanError) as caught:
+        memoplan.apply(model, plan)
+    (diagnostic,) = caught.value.errors
+    assert diagnostic.code == REFUSED[kind]
+    assert (diagnostic.span.line, diagnostic.span.column) == (5, 1)
+    assert diagnostic.help
+    assert not any("forward" in m.__dict__ for m in model.modules())  # nothing applied
+    assert "^" in caught.value.render()
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_policy_changes_the_resolved_plan(policy):
+    rules, path, field = POLICIES[policy]
+    resolved = memoplan.resolve(parse(SPIKING + rules + "\n"), spiking.build())
+    assert getattr(resolved.module(path), field) is not None
+
+
+def test_the_budget_acts_in_verify_and_check_says_so(tmp_path, capsys):
+    plan = tmp_path / "p.memplan"
+    plan.write_text(HEAD + "module features.* : ConvBlock { checkpoint }\nbudget 1 MiB hard\n")
+    (note,) = statement_effects(memoplan.load(plan))
+    assert note.code == "MP224" and note.severity is Severity.NOTE and note.span.line == 5
+    assert cli.main(["check", str(plan)]) == 0
+    assert "note[MP224]" in capsys.readouterr().err
+
+    assert cli.main(["verify", str(plan)]) == 1  # equivalent, but the hard budget is missed
+    out, err = capsys.readouterr()
+    assert "verdict: EQUIVALENT" in out and "MISSED (hard)" in out
+    assert f"{plan}:5:1: error[MP225]: hard budget missed" in err and "^^^" in err
+
+    plan.write_text(HEAD + "module features.* : ConvBlock { checkpoint }\nbudget 1 MiB hint\n")
+    assert cli.main(["verify", str(plan)]) == 0
+    out, err = capsys.readouterr()
+    assert "MISSED (hint)" in out and "warning[MP226]: budget hint missed" in err
+
+    plan.write_text(HEAD + "module features.* : ConvBlock { checkpoint }\nbudget 90%\n")
+    assert cli.main(["verify", str(plan)]) == 0
+    out, err = capsys.readouterr()
+    assert ", met" in out and "MP22" not in err
+
+
+def test_check_refuses_a_block_that_cannot_act_without_a_model(tmp_path, capsys):
+    plan = tmp_path / "p.memplan"
+    plan.write_text("memplan 1\nmemonger { algo = dp }\n")
+    assert cli.main(["check", str(plan)]) == 1
+    err = capsys.readouterr().err
+    assert f"{plan}:2:1: error[MP221]" in err and "1 error" in err
