@@ -2,7 +2,10 @@
 
 Both runs start from deep copies of the same model and the same RNG seed.  Lossless
 plans must give bit-identical outputs, gradients, buffers, RNG state and
-``state_dict`` keys; any difference is listed with its size.
+``state_dict`` keys; any difference is listed with its size.  Structured outputs
+(tuples, dicts, dataclasses, transformers' ``ModelOutput`` and caches) are compared
+by the tensors they hold, each named by its path
+(``outputs.past_key_values.layers[1].keys``): :func:`memoplan.compare.compare`.
 
 Temporal chunks sum in another order (a layer run on fewer rows, weight gradients
 and BatchNorm statistics summed chunk by chunk), so a plan with ``temporal_chunk``
@@ -25,9 +28,9 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from memoplan import api
+from memoplan.compare import Check, compare
 from memoplan.diagnostics import Diagnostic, Severity
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, measured_step, step_device, training_step
@@ -38,20 +41,6 @@ from memoplan.syntax import ast
 #: Tolerance for plans with temporal chunks: max |planned - unplanned| <= CHUNK_RTOL * max |unplanned|,
 #: the maximum taken over the tensor's category (outputs, gradients or buffers).
 CHUNK_RTOL = 5e-5
-
-
-@dataclass(frozen=True)
-class Check:
-    """One category of the comparison, e.g. gradients: how many compared, which differ."""
-
-    name: str
-    compared: int
-    differences: tuple[str, ...] = ()
-    within: tuple[str, ...] = ()  # tensors that differ, but within the tolerance
-
-    @property
-    def equal(self) -> bool:
-        return not self.differences
 
 
 @dataclass(frozen=True)
@@ -119,10 +108,10 @@ def verify(
         before = _run(reference, example, seed, loss_fn)
         after = _run(planned, example, seed, loss_fn)
     checks = (
-        _compare("outputs", _leaves(before.output), _leaves(after.output), rtol),
-        _compare("gradients", before.grads, after.grads, rtol),
-        _compare("buffers", before.buffers, after.buffers, rtol),
-        _compare("rng state", before.rng, after.rng, 0.0),
+        compare("outputs", {"outputs": before.output}, {"outputs": after.output}, rtol),
+        compare("gradients", before.grads, after.grads, rtol),
+        compare("buffers", before.buffers, after.buffers, rtol),
+        compare("rng state", before.rng, after.rng, 0.0),
         Check(
             "state_dict keys",
             len(before.keys),
@@ -217,45 +206,6 @@ def _rng_states(device: str) -> dict[str, torch.Tensor]:
     if torch.device(device).type == "cuda":
         states[device] = torch.cuda.get_rng_state(device)
     return states
-
-
-def _leaves(output: Any) -> dict[str, Any]:
-    leaves, _ = pytree.tree_flatten(output)
-    return {f"output[{i}]": leaf for i, leaf in enumerate(leaves)}
-
-
-def _compare(name: str, a: dict[str, Any], b: dict[str, Any], rtol: float) -> Check:
-    differences, within = [], []
-    scale = max(
-        (v.double().abs().max().item() for v in a.values() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()),
-        default=0.0,
-    )
-    for key in sorted(set(a) | set(b)):
-        if key not in a or key not in b:
-            differences.append(f"{key}: only in the {'planned' if key in b else 'unplanned'} run")
-            continue
-        x, y = a[key], b[key]
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype:
-                differences.append(f"{key}: {tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype}")
-            elif not torch.equal(x, y):
-                if not x.is_floating_point():
-                    differences.append(f"{key}: values differ")
-                    continue
-                diff = (x.double() - y.double()).abs().max().item()
-                line = f"{key}: max abs difference {diff:.3g} ({diff / scale if scale else float('inf'):.2g} x max |unplanned {name}|)"
-                (within if diff <= rtol * scale else differences).append(line)
-        elif (x is None) != (y is None) or (not isinstance(x, torch.Tensor) and x != y):
-            differences.append(f"{key}: {_short(x)} vs {_short(y)}")
-    return Check(name, len(a), tuple(differences), tuple(within))
-
-
-def _short(value: Any) -> str:
-    if value is None:
-        return "None"
-    if isinstance(value, torch.Tensor):
-        return f"tensor{tuple(value.shape)}"
-    return repr(value)[:40]
 
 
 def render_report(report: VerifyReport) -> str:
