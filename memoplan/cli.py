@@ -8,10 +8,13 @@ progress to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import sys
 from pathlib import Path
 
 from memoplan import __version__
+from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 
 SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan")
@@ -180,13 +183,9 @@ def _progress(message: str) -> None:
 
 
 def _load(path: Path):
-    from memoplan.syntax import parse_with_diagnostics
+    from memoplan.syntax import parse_with_diagnostics, read_plan
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: {reason}"),)) from None
+    text = read_plan(path)  # as `memoplan.load` reads it: the same MP107, line endings, BOM
     plan, diagnostics = parse_with_diagnostics(text, str(path))
     if plan is None or any(d.is_error for d in diagnostics):
         raise PlanError(tuple(diagnostics), text)
@@ -212,7 +211,8 @@ def _model(plan, path: Path, spec: str | None, *, required: bool, seed: int = 0)
         return specs.load_model(spec)
     if plan.model is not None:
         _progress(f"loading model {plan.model.spec}")
-        return specs.load_model(plan.model.spec, base_dir=path.parent, span=plan.model.span)
+        with _shown_in(plan.source):
+            return specs.load_model(plan.model.spec, base_dir=path.parent, span=plan.model.span)
     if required:
         raise PlanError(
             (Diagnostic("MP502", f"no model for `{path}`", help="pass --model SPEC or add a `model` statement"),)
@@ -225,9 +225,12 @@ def _example(plan, path: Path, spec: str | None, *, required: bool):
     from memoplan.syntax import parse_example_spec
 
     if spec is not None:
-        return specs.make_example(parse_example_spec(spec, "--example"))
+        stmt = parse_example_spec(spec, "--example")
+        with _shown_in(f"example {spec.strip()}"):  # the text parse_example_spec's spans point into
+            return specs.make_example(stmt)
     if plan.example is not None:
-        return specs.make_example(plan.example, base_dir=path.parent)
+        with _shown_in(plan.source):
+            return specs.make_example(plan.example, base_dir=path.parent)
     if required:
         raise PlanError(
             (
@@ -237,6 +240,41 @@ def _example(plan, path: Path, spec: str | None, *, required: bool):
             )
         )
     return None
+
+
+@contextlib.contextmanager
+def _shown_in(source: str | None):
+    """Diagnostics raised inside, which point into ``source``, render it with a caret."""
+    try:
+        yield
+    except PlanError as error:
+        if error.source is not None or source is None:
+            raise
+        raise PlanError(error.diagnostics, source) from None
+
+
+def _show(text: str) -> None:
+    """Print a table or report that holds names from the model, each line through ``printable``."""
+    print("\n".join(printable(line) for line in text.split("\n")))
+
+
+def _output(path: Path) -> Path:
+    """``-o PATH``, refused (MP508) before any work when it is a directory."""
+    if path.is_dir():
+        raise PlanError(
+            (Diagnostic("MP508", f"cannot write `{path}`: it is a directory", help="give -o the path of a file"),)
+        )
+    return path
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    """Writing ``path``: an OSError becomes MP508 instead of a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise PlanError((Diagnostic("MP508", f"cannot write `{path}`: {reason}"),)) from None
 
 
 def _resolve(plan, model):
@@ -267,9 +305,20 @@ def _check(args) -> int:
         summary += f", {len(resolved.modules)} module{'s' if len(resolved.modules) != 1 else ''} planned"
     example = _example(plan, args.plan, getattr(args, "example", None), required=False)
     if example is not None:
-        summary += f", example of {len(example.args)} input{'s' if len(example.args) != 1 else ''}"
+        summary += f", example of {_inputs(example)}"
     print(summary)
     return 0
+
+
+def _inputs(example) -> str:
+    """``2 inputs``, or with keywords ``3 inputs: 1 positional, keywords `x`, `mask```."""
+    count = len(example.args) + len(example.kwargs)
+    text = f"{count} input{'s' if count != 1 else ''}"
+    if not example.kwargs:
+        return text
+    names = ", ".join(f"`{printable(name)}`" for name in example.kwargs)
+    keywords = f"keyword{'s' if len(example.kwargs) != 1 else ''} {names}"
+    return f"{text}: {f'{len(example.args)} positional, ' if example.args else ''}{keywords}"
 
 
 def _fmt(args) -> int:
@@ -287,11 +336,17 @@ def _fmt(args) -> int:
         text = format_plan(plan)
         if text == plan.source:
             continue
-        changed.append(path)
+        changed.append((path, plan.source, text))
         if not args.check:
-            path.write_text(text, encoding="utf-8")
-    for path in changed:
+            with _writing(path):
+                path.write_text(text, encoding="utf-8")
+    for path, before, after in changed:
         print(f"{'would reformat' if args.check else 'reformatted'} {path}")
+        if args.check:  # show what would change
+            lines = difflib.unified_diff(
+                before.splitlines(keepends=True), after.splitlines(keepends=True), str(path), f"{path} (formatted)"
+            )
+            sys.stdout.write("".join(printable(line.rstrip("\n")) + "\n" for line in lines))
     if failed:
         return 1
     return 1 if (args.check and changed) else 0
@@ -319,23 +374,10 @@ def _verify(args) -> int:
     resolved = _resolve(plan, model)
     print(f"resolved plan {args.plan} ({len(resolved.modules)} modules):")
     for row in plan_table(resolved):
-        print(f"  {row}")
+        _show(f"  {row}")
     _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
-    try:
-        report = verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device)
-    except PlanError:
-        raise
-    except Exception as exc:  # the user's model or example failed: a diagnostic, not a traceback
-        raise PlanError(
-            (
-                Diagnostic(
-                    "MP504",
-                    f"running one training step raised {type(exc).__name__}: {exc}",
-                    help="check that the example input fits the model (`--example`)",
-                ),
-            )
-        ) from None
-    print(render_report(report))
+    report = _first_step(lambda: verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device))
+    _show(render_report(report))
     missed = None
     if plan.budget is not None:
         line, missed = budget_check(plan.budget, report)
@@ -387,21 +429,47 @@ def _model_and_example(args):
 
 def _profile(args) -> int:
     from memoplan.planner.profile import profile
+    from memoplan.planner.report import profile_table
 
+    _output(args.output)
     model, example = _model_and_example(args)
-    result = profile(model, example, repeats=args.repeats)
-    result.save(args.output)
+    result = _first_step(lambda: profile(model, example, repeats=args.repeats))
+    with _writing(args.output):
+        result.save(args.output)
+    _show(profile_table(result))
     print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B")
     return 0
+
+
+def _first_step(run):
+    """``run()``, the first training step of the user's model; MP504 (as `verify` says it) when it
+    raises anything but KeyboardInterrupt (``SystemExit`` too)."""
+    from memoplan.specs import USER_ERRORS, describe_exception
+
+    try:
+        return run()
+    except PlanError:
+        raise
+    except USER_ERRORS as exc:  # the user's model or example failed: a diagnostic, not a traceback
+        message = describe_exception(exc).split("\n", 1)[0]
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP504",
+                    f"running one training step raised {message}",
+                    help="check that the example input fits the model (`--example`)",
+                ),
+            )
+        ) from None
 
 
 def _plan(args) -> int:
     """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
     from memoplan.planner import search
-    from memoplan.planner.plan import Planner
+    from memoplan.planner.plan import Planner, with_sources
     from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
-    from memoplan.planner.profile import Profile, merge
-    from memoplan.syntax import format_plan
+    from memoplan.planner.profile import Profile, merge, profile
+    from memoplan.syntax import format_plan, parse_example_spec
 
     if args.budget is None and args.preset is None:
         print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
@@ -412,6 +480,7 @@ def _plan(args) -> int:
     preset = (PRESETS[args.preset] if args.preset else DEFAULT).with_overrides(
         planner=Planner(args.planner) if args.planner else None, budget=budget, hard=hard
     )
+    _output(args.output)
     model, example = _model_and_example(args)
     try:
         prof = merge([Profile.load(path) for path in args.profile]) if args.profile else None
@@ -432,14 +501,19 @@ def _plan(args) -> int:
     ):
         print("memoplan plan: error: --nested needs the optimal planner and a byte budget (e.g. 50%)", file=sys.stderr)
         return 2
+    if prof is None:
+        prof = _first_step(lambda: profile(model, example))
     result = preset.run(model, example, prof=prof, named=args.preset is not None, nested=args.nested)
-    args.output.write_text(format_plan(result.plan), encoding="utf-8")
+    # The specs as given, so `explain` and `verify` of the written plan need no flags.
+    plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
+    with _writing(args.output):
+        args.output.write_text(format_plan(plan), encoding="utf-8")
     verdict = "met" if result.met else "NOT met (hint)"
     refined = ""
     if result.refinement is not None:
         refined = f" ({len(result.refinement.kept)} of {len(result.refinement.trials)} refinement trials kept)"
     print(
-        f"wrote {args.output}: {result.regions} checkpoints, measured peak "
+        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, measured peak "
         f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}{refined}"
     )
     return 0
@@ -451,11 +525,14 @@ def _compile(args) -> int:
     from memoplan.api import compile as compile_plan
 
     plan = _load(args.plan)
+    if not args.check:
+        _output(args.output)
     model = _model(plan, args.plan, args.model, required=True)
     resolved = _resolve(plan, model)
     source = args.plan.as_posix()
     if not args.check:
-        path = compile_plan(resolved, model, args.output, source=source)
+        with _writing(args.output):
+            path = compile_plan(resolved, model, args.output, source=source)
         print(f"wrote {path} ({len(resolved.modules)} modules, plan id {resolved.digest})")
         return 0
     with tempfile.TemporaryDirectory() as tmp:

@@ -310,3 +310,97 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
     with pytest.raises(memoplan.PlanError) as caught:
         make_plan(model, example, budget, prof=prof, progress=False)
     assert caught.value.codes == ["MP601"] and "the least-peak plan checkpointing reaches measures" in str(caught.value)
+
+
+# ---------------------------------------------------------------- what the written plan says
+
+
+def test_a_written_plan_names_its_model_and_example_so_explain_and_verify_need_no_flags(tmp_path, capsys):
+    out = tmp_path / "plans" / "plan.memplan"
+    out.parent.mkdir()
+    assert main(["plan", *TRANSFORMER, "--budget", "80%", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert 'model "memoplan.examples.transformer:build"\nexample randint(4, 32, high=100)\n' in text
+    assert memoplan.format_plan(memoplan.parse(text)) == text
+    capsys.readouterr()
+    assert main(["explain", str(out), "--planned-only"]) == 0
+    assert main(["verify", str(out)]) == 0
+    assert "verdict: EQUIVALENT" in capsys.readouterr().out
+
+
+def test_a_file_spec_is_written_relative_to_the_plan_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tiny.py").write_text(TINY_SPIKING)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "plans" / "plan.memplan"
+    out.parent.mkdir()
+    args = ["--model", "tiny.py:build", "--example", "./tiny.py:example"]
+    assert main(["plan", *args, "--budget", "90% hint", "-o", "plans/plan.memplan"]) == 0
+    text = out.read_text()
+    assert 'model "../tiny.py:build"\nexample "../tiny.py:example"\n' in text
+    monkeypatch.chdir(out.parent.parent.parent)  # elsewhere: the specs still resolve, from the plan's folder
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 0
+    assert "verdict: EQUIVALENT" in capsys.readouterr().out
+
+
+def test_the_header_says_what_ran_and_what_the_refined_plan_recomputes(tmp_path, capsys):
+    """A coverage budget is taken largest first (no planner search); refinement drops checkpoints."""
+    out = tmp_path / "plan.memplan"
+    cnn = ["--model", "memoplan.examples.cnn:build", "--example", "memoplan.examples.cnn:example"]
+    assert main(["plan", *cnn, "--preset", "balanced", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    text = out.read_text()
+    regions = re.findall(r"^module \S+ \{ checkpoint \}", text, re.M)
+    assert "# planner: coverage (largest activations first)" in text and "# planner: greedy" not in text
+    assert re.search(rf"^# recompute: .* over {len(regions)} modules? \(after refinement\)$", text, re.M), text
+    assert f"wrote {out}: {len(regions)} checkpoint{'s' if len(regions) != 1 else ''}," in printed
+
+
+def test_one_checkpoint_is_singular(tmp_path, monkeypatch, capsys):
+    def run(self, model, example, *, prof=None, progress=True, named=True, nested=False):
+        plan = memoplan.parse("memplan 1\nmodule layers.0 { checkpoint }\n")
+        return SimpleNamespace(plan=plan, met=True, refinement=None, regions=1, measured_before=2, measured_after=1)
+
+    monkeypatch.setattr(PlannerPreset, "run", run)
+    assert main(["plan", *TRANSFORMER, "--budget", "50%", "-o", str(tmp_path / "plan.memplan")]) == 0
+    assert ": 1 checkpoint, measured peak 2 B -> 1 B, budget met" in capsys.readouterr().out
+
+
+FAILING = """
+import torch
+
+
+class Broken(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        raise RuntimeError("the forward of Broken fails")
+"""
+
+
+@pytest.mark.parametrize("command", [["plan", "--budget", "50%"], ["profile"]])
+def test_a_model_whose_forward_raises_is_a_diagnostic_not_a_traceback(tmp_path, capsys, command):
+    (tmp_path / "broken.py").write_text(FAILING)
+    out = tmp_path / "out"
+    spec = ["--model", f"{tmp_path / 'broken.py'}:Broken", "--example", "randn(2, 4)"]
+    assert main([command[0], *spec, *command[1:], "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "error[MP504]" in err and "RuntimeError: the forward of Broken fails" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_profile_prints_the_per_module_table_largest_saved_bytes_first(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    assert main(["profile", *TRANSFORMER, "-o", str(path), "--repeats", "1"]) == 0
+    printed = capsys.readouterr().out
+    prof = Profile.load(path)
+    lines = printed.splitlines()
+    assert lines[0].split() == ["module", "type", "saved", "input", "output", "calls", "forward"]
+    rows = [line.split() for line in lines[1:-1]]
+    saving = [m for m in prof.modules if m.saved_bytes > 0]
+    expected = sorted(saving, key=lambda m: (-m.saved_bytes, m.order))
+    assert [row[0] for row in rows] == [m.name or "(root)" for m in expected]
+    assert [int(row[2].replace(",", "")) for row in rows] == [m.saved_bytes for m in expected]
+    assert lines[-1].startswith(f"wrote {path}: {len(prof.modules)} modules, unplanned peak {prof.peak_bytes} B")

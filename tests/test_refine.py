@@ -327,3 +327,20 @@ def test_budget_text_is_parsed_to_typed_budgets():
     assert parse_budget("Memory") == (search.Preset.MEMORY, None)
     with pytest.raises(memoplan.PlanError):
         parse_budget("lots")
+
+
+def test_a_trial_whose_step_raises_is_reverted_and_its_message_printed(monkeypatch, capsys):
+    import memoplan.planner.refine as refine_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(W, W), nn.GELU(), nn.Linear(W, W)), nn.Linear(W, 4))
+    example = (torch.randn(8, W),)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the edited step broke\nand a second line")
+
+    monkeypatch.setattr(refine_module, "measure_plan", broken)
+    run = refine(model, example, _plan("module 0 { checkpoint }"), RefineOptions(levels=(Level.NARROW,)), baseline=1)
+    err = capsys.readouterr().err
+    assert "failed (RuntimeError: the edited step broke)" in err and "second line" not in err
+    assert not any(t.kept for t in run.trials) and run.plan == _plan("module 0 { checkpoint }")

@@ -9,7 +9,9 @@ Named presets of these choices are in :mod:`memoplan.planner.presets`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -112,6 +114,7 @@ def make_plan(
         **({"preset": preset} if preset else {}),
         "budget mode": "hard (verified by measurement)" if hard else "hint",
         **search.describe(choice),
+        **(_refined_recompute(draft, choice, prof) if refined is not None else {}),
         **({"refinement": refined.summary()} if refined is not None else {}),
         "measured peak before": f"{prof.peak_bytes} B",
         "measured peak after": f"{after} B",
@@ -133,6 +136,23 @@ def make_plan(
 
 
 MAX_REFINEMENTS = 4
+
+
+def _refined_recompute(plan: ast.Plan, choice: search.Choice, prof: Profile) -> dict[str, str]:
+    """The header's ``recompute`` for the refined plan's regions, when refinement changed them.
+
+    Each region costs its module's measured forward time (a region of chunks or segments too:
+    backward replays each part once).  ``(proven least)`` belongs to the search's set only.
+    """
+    regions = [
+        format_selector(stmt.selector)
+        for stmt in plan.statements
+        if isinstance(stmt, ast.ModuleRule) and any(isinstance(p, (ast.Checkpoint, ast.TemporalChunk)) for p in stmt.policies)
+    ]
+    if tuple(regions) == tuple(choice.names):
+        return {}
+    seconds = sum(prof[name].recompute_seconds for name in regions if name in prof)
+    return {"recompute": search.recompute_line(seconds, len(regions), "(after refinement)")}
 
 
 def _calibrated(
@@ -268,6 +288,35 @@ def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> 
             ),
         )
     )
+
+
+def with_sources(plan: ast.Plan, model: str, example: ast.ExampleStmt, folder: Path | str) -> ast.Plan:
+    """``plan`` with ``model`` and ``example`` statements first, as the user named them.
+
+    A spec that names a file (``path/net.py:build``) is rewritten relative to ``folder``,
+    the plan's folder, since that is where ``memoplan check``/``explain``/``verify`` resolve
+    it from; module specs and inline tensors are written as given.
+    """
+    stmts = (
+        ast.ModelStmt(_relative_spec(model, folder)),
+        replace(example, spec=None if example.spec is None else _relative_spec(example.spec, folder)),
+    )
+    rest = tuple(s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt)))
+    return replace(plan, statements=(*stmts, *rest))
+
+
+def _relative_spec(spec: str, folder: Path | str) -> str:
+    """A file spec's path as seen from ``folder`` (``memoplan.specs``' rule: ``.py`` or a separator)."""
+    text = spec.strip()
+    location, colon, attr = text.rpartition(":")
+    if not colon or not (location.endswith(".py") or "/" in location or "\\" in location):
+        return text
+    path = Path(location).expanduser().resolve()
+    try:
+        location = Path(os.path.relpath(path, Path(folder).resolve())).as_posix()
+    except ValueError:  # another drive on Windows: only the absolute path reaches it
+        location = path.as_posix()
+    return f"{location}:{attr}"
 
 
 def _with_state_rules(plan: ast.Plan, model: nn.Module) -> ast.Plan:

@@ -440,7 +440,7 @@ class _Refiner:
             after = measure_plan(self.model, self.example, self._edited(candidate, None))
         except Exception as exc:  # noqa: BLE001  the edited model failed to run: not a plan to keep
             self._record(level, paths, candidate.edit, before, None, False, f"skipped: {type(exc).__name__}: {exc}")
-            self.say(f"refine {level.value} [{counter}] {where}: {candidate.edit}: failed ({type(exc).__name__})")
+            self.say(f"refine {level.value} [{counter}] {where}: {candidate.edit}: failed ({_one_line(exc)}), reverted")
             return True
         # unwrap and narrow keep an edit that leaves the peak where it was: the same memory, less recompute.
         better = after < before or (candidate.cheaper and after <= before)
@@ -465,6 +465,15 @@ class _Refiner:
 
     def _record(self, level, paths, edit, before, after, kept, note) -> None:
         self.trials.append(Trial(level, paths, edit, before, after, kept, note))
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 200 characters of it), for a progress line."""
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else ""
+    if len(message) > 200:
+        message = message[:199] + "…"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def refine(

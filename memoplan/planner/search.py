@@ -107,6 +107,7 @@ __all__ = [
     "BudgetError",
     "ByteBudget",
     "Bytes",
+    "COVERAGE_PLANNER",
     "Choice",
     "Coverage",
     "Estimate",
@@ -123,6 +124,7 @@ __all__ = [
     "greedy_coverage",
     "minimum_peak",
     "optimal",
+    "recompute_line",
     "sublinear",
     "to_plan",
     "unplanned_base",
@@ -622,6 +624,10 @@ def minimum_peak(items: Sequence[Item], *, base_bytes: int = 0) -> tuple[int, tu
 # ---------------------------------------------------------------- greedy
 
 
+#: What a coverage budget's :class:`Choice` names as its planner: no search runs, the share is taken.
+COVERAGE_PLANNER = "coverage (largest activations first)"
+
+
 def greedy_coverage(items: Sequence[Item], coverage: Coverage | Preset, *, base_bytes: int = 0) -> Choice:
     """Checkpoint the top ``coverage`` share of the candidates by ``saved_bytes`` (ties: chain order).
 
@@ -634,7 +640,7 @@ def greedy_coverage(items: Sequence[Item], coverage: Coverage | Preset, *, base_
         raise TypeError(f"greedy_coverage needs a Coverage or a Preset, got {type(coverage).__name__}")
     chain = _Chain(items, base_bytes)
     ranked = sorted(range(chain.n), key=lambda i: (-chain.s[i], i))
-    return _choice(chain, "greedy", coverage, ranked[: coverage.count(chain.n)], None)
+    return _choice(chain, COVERAGE_PLANNER, coverage, ranked[: coverage.count(chain.n)], None)
 
 
 def greedy_bytes(items: Sequence[Item], budget: ByteBudget, *, base_bytes: int = 0) -> Choice:
@@ -1192,14 +1198,20 @@ def describe(choice: Choice) -> dict[str, str]:
         entries["budget"] = choice.budget.describe(choice.unplanned_peak)
     entries["estimated peak before"] = f"{_size(choice.unplanned_peak)} ({choice.unplanned_peak} B)"
     entries["estimated peak after"] = f"{_size(choice.estimated_peak)} ({choice.estimated_peak} B)"
-    entries["recompute"] = f"{_duration(choice.recompute_seconds)} over {len(choice.checkpointed)} modules" + (
-        " (proven least)" if choice.proven_optimal and choice.ok else ""
+    entries["recompute"] = recompute_line(
+        choice.recompute_seconds, len(choice.checkpointed), "(proven least)" if choice.proven_optimal and choice.ok else ""
     )
     if choice.status is not Status.OK:
         entries["status"] = f"{choice.status.value}: smallest reachable estimate {_size(choice.minimum_peak)}"
     if choice.reason:
         entries["note"] = choice.reason
     return entries
+
+
+def recompute_line(seconds: float, modules: int, note: str = "") -> str:
+    """The header's ``recompute`` value: ``14.5 ms over 3 modules`` and an optional note."""
+    line = f"{_duration(seconds)} over {modules} module{'s' if modules != 1 else ''}"
+    return f"{line} {note}" if note else line
 
 
 def _reason(item: Item) -> str:
