@@ -13,7 +13,10 @@ or before FSDP2's `fully_shard` shards each child and the whole model:
 Every rank trains two SGD steps on its own inputs.  The averaged gradients, losses, final
 parameters, BatchNorm buffers, LIF potentials and RNG state must equal those of the same
 DDP (or FSDP2) setup without the plan: bit for bit without chunking; with chunking, the
-chunked module's weight gradients within max|diff| <= 1e-5 * max|g| (summed chunk by chunk).
+chunked module's potentials and the gradients of it and of every module before it within
+memoplan verify's tolerance (its layer runs on fewer rows at a time, and its weight
+gradients are summed chunk by chunk; those also within max|diff| <= 1e-5 * max|g|
+per tensor), the rest bit for bit.
 A DDP "marked ready twice" or unused-parameter error would make a worker exit non-zero.
 Under FSDP2 the parameters are freed after each child's forward and gathered again before
 its backward, where memoplan's regions recompute with them.
@@ -29,6 +32,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+
+from _tolerance import assert_within_chunk_tolerance  # tests/_tolerance.py
 
 WORLD = 2
 TIMEOUT_S = 120  # whole run; each collective inside is bounded at 60 s by the worker
@@ -159,17 +164,26 @@ def test_temporal_chunks_equal_the_unplanned_step(results, scenario):
     for rank in range(WORLD):
         ref = results[rank]["fsdp_unplanned" if scenario.startswith("fsdp") else "unplanned"]
         got = results[rank][scenario]
-        # First step, same weights: outputs and the LIF state are computed step by step by
-        # the same arithmetic (bit-exact); only the chunked module's weight gradients are
-        # summed chunk by chunk.
+        # First step, same weights.  `recur.fc` runs on 8 or 4 rows per chunk instead of 24
+        # at once, and BLAS may take another kernel for another shape (it does on some
+        # AVX-512 CPUs), so the potential `recur.lif` ends with and the gradients of `recur`
+        # and of everything before it (they flow through recur's input gradient) agree
+        # within memoplan verify's tolerance.  The modules before `recur` run the same
+        # forward: bit for bit.  recur's spikes are thresholded and equal, so `head` after
+        # them computes the same arithmetic on the same values: its gradients and the
+        # output bit for bit.  recur's weight gradients, summed chunk by chunk, also
+        # within CHUNK_RTOL of their own largest magnitude.
         assert _equal(ref["out"][0], got["out"][0]), f"rank {rank}"
-        assert _equal(ref["v"][0], got["v"][0])
-        for name, g in ref["grads"][0].items():
-            h = got["grads"][0][name]
+        v, w = ref["v"][0], got["v"][0]
+        assert v.keys() == w.keys()
+        assert _differences({n: v[n] for n in v if not n.startswith("recur.")}, w) == [], f"rank {rank}"
+        assert_within_chunk_tolerance(v, w, [n for n in v if n.startswith("recur.")])
+        g, h = ref["grads"][0], got["grads"][0]
+        assert _differences({n: g[n] for n in g if n.startswith("head.")}, h) == [], f"rank {rank}"
+        assert_within_chunk_tolerance(g, h, [n for n in g if not n.startswith("head.")])
+        for name in g:
             if name.startswith("recur."):
-                assert (g - h).abs().max() <= CHUNK_RTOL * g.abs().max(), name
-            else:
-                assert torch.equal(g, h), f"rank {rank}: {name}"
+                assert (g[name] - h[name]).abs().max() <= CHUNK_RTOL * g[name].abs().max(), name
         # Second step: the weights already differ by that rounding (about 1e-7), so
         # everything may differ by as much; the second iteration must still run cleanly.
         for name, g in ref["grads"][1].items():

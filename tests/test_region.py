@@ -15,6 +15,7 @@ from memoplan.measure import LiveStorageMeter
 from memoplan.neurons import LIF, reset
 from memoplan.runtime import run_planned, state
 from memoplan.runtime.region import RegionOptions, run_chunked, run_region
+from _tolerance import assert_within_chunk_tolerance  # tests/_tolerance.py
 
 # Temporal chunks sum weight gradients chunk by chunk: equal up to float reassociation.
 CHUNK_RTOL = 1e-5  # max |difference| <= CHUNK_RTOL * max |gradient|, per tensor
@@ -82,11 +83,12 @@ def test_temporal_chunks_equal_the_unchunked_step(chunks):
     net = _net(dropout=0.2)
     a = _step(copy.deepcopy(net), _spikes(), None)
     b = _step(copy.deepcopy(net), _spikes(), {"codec": "bit", "chunks": chunks})
-    # Outputs, input gradients and the carried state are computed by the same
-    # arithmetic step by step: bit-exact.
+    # Each chunk's convolution runs on fewer images, which may take another oneDNN or
+    # BLAS kernel: the input gradient and the carried state agree within memoplan
+    # verify's tolerance.  The outputs are spikes, thresholded: equal.
     assert torch.equal(a["out"], b["out"])
-    assert torch.equal(a["dx"], b["dx"])
-    assert all(torch.equal(v, w) for v, w in zip(a["v"], b["v"]))
+    assert_within_chunk_tolerance({"dx": a["dx"]}, {"dx": b["dx"]})
+    assert_within_chunk_tolerance(dict(enumerate(a["v"])), dict(enumerate(b["v"])))
     assert torch.equal(a["rng"], b["rng"])
     for g, h in zip(a["grads"], b["grads"]):
         assert (g - h).abs().max() <= CHUNK_RTOL * g.abs().max()
