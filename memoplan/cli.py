@@ -311,14 +311,14 @@ def _check(args) -> int:
 
 
 def _inputs(example) -> str:
-    """``2 inputs``, or with keywords ``3 inputs: 1 positional, keywords `x`, `mask```."""
-    count = len(example.args) + len(example.kwargs)
+    """``2 inputs`` (positional), ``1 input and keywords `x`, `mask```, ``keyword `x```."""
+    count = len(example.args)
     text = f"{count} input{'s' if count != 1 else ''}"
     if not example.kwargs:
         return text
     names = ", ".join(f"`{printable(name)}`" for name in example.kwargs)
     keywords = f"keyword{'s' if len(example.kwargs) != 1 else ''} {names}"
-    return f"{text}: {f'{len(example.args)} positional, ' if example.args else ''}{keywords}"
+    return f"{text} and {keywords}" if count else keywords
 
 
 def _fmt(args) -> int:

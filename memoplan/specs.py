@@ -16,8 +16,9 @@ inside a package ``models``, ``net.Blk`` for a plain folder).
 
 Every failure raises :class:`PlanError` with one diagnostic:
 ``MP501`` malformed spec, ``MP502`` module or file not found, ``MP503``
-attribute not found, ``MP504`` user code raised (importing or calling),
-``MP505`` wrong type returned.
+attribute not found, ``MP504`` user code raised (importing or calling; any
+exception but ``KeyboardInterrupt``, ``SystemExit`` too), ``MP505`` wrong type
+returned, ``MP507`` an inline example too large to build (refused before allocating).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import math
+import os
 import pkgutil
 import re
 import sys
@@ -155,9 +158,69 @@ def make_example(
         return load_example(stmt.spec, base_dir=base_dir, span=span)
     if not stmt.tensors:
         raise _error("MP501", "example has neither a spec nor inline tensors", span)
+    _check_sizes(stmt.tensors, span)  # before anything is allocated
     generator = torch.Generator().manual_seed(seed)
-    tensors = (_make_tensor(t, i, generator, span) for i, t in enumerate(stmt.tensors, 1))
+    tensors = (_make_tensor(t, i, generator, _real_span(t.span) or span) for i, t in enumerate(stmt.tensors, 1))
     return Example(tuple(tensors))
+
+
+# ---------------------------------------------------------------- inline tensor sizes
+
+INT64_MAX = 2**63 - 1
+
+
+def _check_sizes(tensors: tuple[TensorSpec, ...], span: Span | None) -> None:
+    """MP507 for an example that overflows a 64-bit size or needs more memory than this machine has.
+
+    A tensor's bytes count its dtype and, for ``randn``/``rand``/``randint``, the float32 or
+    int64 draw it is converted from.  The limit is the machine's physical memory.
+    """
+    memory = _physical_memory()
+    total = 0
+    for index, t in enumerate(tensors, 1):
+        where = f"example tensor {index} `{_format_tensor_spec(t)}`"
+        at = _real_span(t.span) or span
+        elements = math.prod(t.shape)
+        nbytes = elements * _bytes_per_element(t)
+        if max(t.shape, default=0) > INT64_MAX or nbytes > INT64_MAX:
+            raise _error(
+                "MP507", f"{where}: {elements} elements overflow a 64-bit size", at, "use a smaller example"
+            )
+        total += nbytes
+        if memory is not None and total > memory:
+            whole = "" if total == nbytes else f" ({_bytes_text(total)} with the tensors before it)"
+            raise _error(
+                "MP507",
+                f"{where} needs {_bytes_text(nbytes)}{whole}, more than this machine's "
+                f"{_bytes_text(memory)} of memory",
+                at,
+                "an example is one small batch: shrink its sizes",
+            )
+
+
+def _bytes_per_element(t: TensorSpec) -> int:
+    name = (t.dtype or "").removeprefix("torch.")
+    drawn = {TensorFn.RANDN: torch.float32, TensorFn.RAND: torch.float32, TensorFn.RANDINT: torch.int64}.get(t.fn)
+    final = DTYPES.get(name) or drawn or torch.float32
+    size = final.itemsize
+    if drawn is not None and drawn != final:
+        size += drawn.itemsize
+    return size
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _bytes_text(n: int) -> str:
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n} B"
 
 
 # ---------------------------------------------------------------- inline tensors
@@ -307,7 +370,7 @@ def _import_module(target: _Target, base_dir: Path | None, span: Span | None) ->
                 message += f" (importing `{name}`)"
             help = _similar_modules(missing)
             raise _error("MP502", message, span, help) from None
-        except Exception as exc:
+        except USER_ERRORS as exc:
             raise _raised(f"importing module `{name}`", exc, span) from exc
 
 
@@ -349,7 +412,7 @@ def _load_file(target: _Target, base_dir: Path | None, span: Span | None) -> Mod
     try:
         with _extra_sys_path([path.parent]):
             module_spec.loader.exec_module(module)
-    except Exception as exc:
+    except USER_ERRORS as exc:
         del sys.modules[name]
         raise _raised(f"running `{target.location}`", exc, span) from exc
     _FILE_MODULES[path] = module
@@ -387,7 +450,7 @@ def _get_attr(module: ModuleType, target: _Target, span: Span | None) -> Any:
             public = [n for n in dir(obj) if not n.startswith("_")]
             raise _error("MP503", f"`{owner}` has no attribute `{part}`", span,
                          did_you_mean(part, public)) from None
-        except Exception as exc:
+        except USER_ERRORS as exc:
             raise _raised(f"looking up `{part}` in `{target.spec}`", exc, span) from exc
         walked.append(part)
     return obj
@@ -396,7 +459,7 @@ def _get_attr(module: ModuleType, target: _Target, span: Span | None) -> Any:
 def _call(fn: Callable[..., Any], spec: str, span: Span | None) -> Any:
     try:
         return fn()
-    except Exception as exc:
+    except USER_ERRORS as exc:
         help = None
         if isinstance(exc, TypeError):
             help = f"`{spec}` is called with no arguments; give its parameters defaults"
@@ -423,6 +486,10 @@ def _extra_sys_path(dirs: Iterable[Path]) -> Iterator[None]:
 
 # ---------------------------------------------------------------- diagnostics
 
+#: What user code may raise and still get a diagnostic: everything but Ctrl-C.  ``SystemExit``
+#: (``sys.exit()`` in a factory, ``builtins:exit`` as one) must not end memoplan with status 0.
+USER_ERRORS = (Exception, SystemExit, GeneratorExit, BaseExceptionGroup)
+
 
 def _error(code: str, message: str, span: Span | None, help: str | None = None) -> PlanError:
     return PlanError((Diagnostic(code, message, span, help),))
@@ -431,7 +498,14 @@ def _error(code: str, message: str, span: Span | None, help: str | None = None) 
 def _raised(
     action: str, exc: BaseException, span: Span | None, help: str | None = None
 ) -> PlanError:
-    return _error("MP504", f"{action} raised {type(exc).__name__}: {exc}", span, help)
+    return _error("MP504", f"{action} raised {describe_exception(exc)}", span, help)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``RuntimeError: message``; a ``SystemExit`` says its exit status."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (exit status {exc.code!r})" if not isinstance(exc.code, str) else f"SystemExit: {exc.code}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _real_span(span: Span | None) -> Span | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,6 +53,10 @@ class VerifyReport:
     rtol: float = 0.0
     #: CUDA ops that ran without a deterministic implementation: differences may be theirs.
     nondeterministic: tuple[str, ...] = ()
+    #: Wall time of each run's one step, under the memory meter (on the CPU its dispatch
+    #: hook slows both): a rough price of the plan, not a benchmark.
+    unplanned_seconds: float = 0.0
+    planned_seconds: float = 0.0
 
     @property
     def equivalent(self) -> bool:
@@ -75,6 +80,7 @@ class _Run:
     buffers: dict[str, torch.Tensor]
     rng: dict[str, torch.Tensor]  # "cpu", and the CUDA device's when the step ran there
     keys: list[str]
+    seconds: float = 0.0  # the step's wall time
 
 
 def verify(
@@ -118,7 +124,9 @@ def verify(
             () if before.keys == after.keys else ("keys differ",),
         ),
     )
-    return VerifyReport(resolved, before.memory, after.memory, checks, rtol, tuple(nondeterministic))
+    return VerifyReport(
+        resolved, before.memory, after.memory, checks, rtol, tuple(nondeterministic), before.seconds, after.seconds
+    )
 
 
 @contextlib.contextmanager
@@ -190,7 +198,9 @@ def _warm_up(reference: nn.Module, planned: nn.Module, example: Example, loss_fn
 
 def _run(model: nn.Module, example: Example, seed: int, loss_fn) -> _Run:
     torch.manual_seed(seed)
-    memory, output, _ = measured_step(model, example.args, example.kwargs, loss_fn=loss_fn)
+    start = time.perf_counter()
+    memory, output, _ = measured_step(model, example.args, example.kwargs, loss_fn=loss_fn)  # synchronizes CUDA
+    seconds = time.perf_counter() - start
     return _Run(
         memory=memory,
         output=output,
@@ -198,6 +208,7 @@ def _run(model: nn.Module, example: Example, seed: int, loss_fn) -> _Run:
         buffers=dict(model.named_buffers()),
         rng=_rng_states(memory.device),
         keys=list(model.state_dict().keys()),
+        seconds=seconds,
     )
 
 
@@ -217,6 +228,8 @@ def render_report(report: VerifyReport) -> str:
     lines = [
         f"peak memory ({u.method}, {u.device}): unplanned {mib(u.peak_bytes)} ({u.peak_bytes} B), "
         f"planned {mib(p.peak_bytes)} ({p.peak_bytes} B), {ratio:.3f}x, saved {mib(report.saved_bytes)}",
+        f"step time (one step each, under the memory meter): unplanned {report.unplanned_seconds * 1e3:.1f} ms, "
+        f"planned {report.planned_seconds * 1e3:.1f} ms",
     ]
     for check in report.checks:
         if not check.equal:

@@ -4,13 +4,17 @@
 ``memoplan compile`` would write into a user's repository.  The cache folder is
 ``$MEMOPLAN_CACHE_DIR`` or ``~/.cache/memoplan``; files are named by the hash of
 their content and written atomically, so concurrent processes (DDP ranks) agree.
+A written file gets the mode of the file it replaces, or else ``0o666`` less the
+umask, as ``open()`` would give it (the temporary file's own mode is ``0o600``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -38,11 +42,25 @@ def _write_atomic(path: Path, text: str) -> Path:
     data = text.encode("utf-8")
     if path.exists() and path.read_bytes() == data:
         return path
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: put straight back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def import_generated(code: GeneratedCode) -> ModuleType:

@@ -297,6 +297,7 @@ class TensorSpec:
     low: int | None = None
     high: int | None = None
     dtype: str | None = None
+    span: Span = _span()
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ _INT_RE = re.compile(r"[+-]?\d+")
 _ESCAPE_RE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})|(\\)')
 
 
+#: The largest size, in bytes, the language accepts anywhere (a budget, a block's sizes).
+MAX_SIZE_BYTES = 2**63 - 1
+
+
 def number(text: str) -> int | float:
     """An integer if written without a point or an exponent, else a float."""
     if _INT_RE.fullmatch(text):
@@ -211,10 +215,17 @@ class Builder(Transformer):
         return self.finite(number(children[0]), children[0])
 
     def size(self, children):
-        amount, symbol = _UNIT_RE.fullmatch(str(children[0])).groups()
+        """A size; wherever it stands, its byte count must fit in 64 bits (one rule for all)."""
+        token = children[0]
+        amount, symbol = _UNIT_RE.fullmatch(str(token)).groups()
         unit = ast.Unit[symbol]
-        value = self.finite(number(amount), children[0], unit.factor)
-        return None if value is None else ast.Size(value, unit)
+        value = number(amount)
+        if not (is_finite(value * unit.factor) and abs(value * unit.factor) <= MAX_SIZE_BYTES):
+            self.error(
+                "MP203", f"`{token}` is out of range", self.span(token), "a size is at most 2**63 - 1 bytes (8 EiB)"
+            )
+            return None
+        return ast.Size(value, unit)
 
     def percent(self, children):
         value = self.finite(number(str(children[0])[:-1]), children[0])
@@ -345,7 +356,7 @@ class Builder(Transformer):
                 "use `randint` for integer or bool tensors",
             )
         return ast.TensorSpec(
-            fn, tuple(shape), options.get("low"), options.get("high"), options.get("dtype")
+            fn, tuple(shape), options.get("low"), options.get("high"), options.get("dtype"), span=span
         )
 
     # ------------------------------------------------------------ selectors

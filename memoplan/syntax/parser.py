@@ -100,25 +100,41 @@ def parse(text: str, file: str = "<memory>") -> ast.Plan:
 
 def load(path: str | Path) -> ast.Plan:
     """Read and parse a ``.memplan`` file (UTF-8, a byte-order mark allowed)."""
+    return parse(read_plan(path), str(path))
+
+
+def read_plan(path: str | Path) -> str:
+    """The text of a ``.memplan`` file, as ``load`` and the CLI both read it: UTF-8, else
+    ``MP107`` with the line and column of the first bad byte (and a caret under it).
+
+    Line endings are left alone here; parsing reads ``\\n``, ``\\r\\n`` and ``\\r`` alike.
+    """
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: {exc.strerror or exc}"),)) from None
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        lines = _LINE_BREAK.split(data[: exc.start])
+        line, column = len(lines), len(lines[-1].decode("utf-8", "replace")) + 1
         span = Span(str(path), line, column, line, column + 1)
         message = f"plan `{path}` is not UTF-8 text: byte 0x{data[exc.start]:02x} ({exc.reason})"
-        raise PlanError((Diagnostic("MP107", message, span, "save the file as UTF-8"),)) from None
-    return parse(text, str(path))
+        shown = "\n".join(part.decode("utf-8", "replace") for part in _LINE_BREAK.split(data))
+        raise PlanError((Diagnostic("MP107", message, span, "save the file as UTF-8"),), shown) from None
+
+
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
 
 def parse_with_diagnostics(text: str, file: str = "<memory>") -> tuple[ast.Plan | None, list[Diagnostic]]:
-    """Parse plan text and return ``(plan or None, diagnostics)`` without raising."""
-    text = text.removeprefix("\ufeff").replace("\r\n", "\n")
+    """Parse plan text and return ``(plan or None, diagnostics)`` without raising.
+
+    Lines may end in ``\\n``, ``\\r\\n`` or ``\\r`` (each is one line break, as Python's
+    text files read them); the plan's ``source`` has ``\\n`` only.
+    """
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     missing = _missing_header(text, file)
     if missing:
         return None, [missing]
