@@ -177,3 +177,157 @@ def test_a_deep_copy_of_a_planned_model_is_planned_equivalent_and_independent():
     assert all(p.grad is None for p in original.parameters())
     memoplan.remove(clone)
     assert "forward" in vars(original.layer1[0]) and "forward" not in vars(clone.layer1[0])
+
+
+# ---------------------------------------------------------------- 5: `state = functional` on a container
+
+
+class Blocks(nn.Module):
+    """Blocks of a SpikingJelly multi-step conv and a LIFNode: what a user writes a container rule for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        neuron = pytest.importorskip("spikingjelly.activation_based.neuron")
+        from spikingjelly.activation_based import layer
+
+        torch.manual_seed(0)
+        self.blocks = nn.Sequential(
+            *(
+                nn.Sequential(
+                    layer.Conv2d(cin, 4, 3, padding=1, step_mode="m"),
+                    neuron.LIFNode(tau=2.0, v_threshold=0.3, step_mode="m"),
+                )
+                for cin in (2, 4)
+            )
+        )
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+SPIKES = (torch.rand(8, 2, 2, 5, 5, generator=torch.Generator().manual_seed(5)) < 0.4).float()
+
+
+def spiking_step(model: nn.Module) -> dict:
+    from spikingjelly.activation_based import functional
+
+    functional.reset_net(model)
+    model.zero_grad(set_to_none=True)
+    x = SPIKES.clone().requires_grad_()
+    out = model(x)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    nodes = {n: m.v.detach().clone() for n, m in model.named_modules() if hasattr(m, "v")}
+    return {"out": out.detach(), "dx": x.grad, "v": nodes, "grads": [p.grad for p in model.parameters()]}
+
+
+def test_state_functional_on_blocks_threads_the_neurons_inside_them():
+    """The plan of issue 16: was MP315 ("implement memoplan_state() on the container")."""
+    model = Blocks()
+    text = plan("module blocks.* { checkpoint; temporal_chunk 4 dim 0; state = functional }\n")
+    resolved = memoplan.resolve(memoplan.parse(text), model)
+    assert resolved.module("blocks.0").region_state == ("1",)
+    assert resolved.module("blocks.1.1").state is not None and resolved.module("blocks.0").state is None
+    ref, got = spiking_step(copy.deepcopy(model)), spiking_step(memoplan.apply(copy.deepcopy(model), text))
+    assert ref["out"].sum() > 0 and torch.equal(ref["out"], got["out"])
+    assert ref["v"].keys() == got["v"].keys() == {"blocks.0.1", "blocks.1.1"}
+    # Chunks run the conv on fewer rows: the documented chunk tolerance (docs/state.md).
+    for a, b in [(ref["dx"], got["dx"]), *zip(ref["grads"], got["grads"]), *zip(ref["v"].values(), got["v"].values())]:
+        assert (a - b).abs().max() <= 1e-5 * a.abs().max()
+
+
+def test_state_functional_on_a_checkpointed_block_is_bit_identical():
+    model = Blocks()
+    text = plan("module blocks.* { checkpoint; state = functional }\n")
+    ref, got = spiking_step(copy.deepcopy(model)), spiking_step(memoplan.apply(copy.deepcopy(model), text))
+    assert ref["out"].sum() > 0 and torch.equal(ref["out"], got["out"]) and torch.equal(ref["dx"], got["dx"])
+    assert all(torch.equal(a, b) for a, b in zip(ref["grads"], got["grads"], strict=True))
+    assert all(torch.equal(ref["v"][n], got["v"][n]) for n in ref["v"])  # advanced once
+
+
+def test_state_functional_on_a_module_with_nothing_stateful_inside_shows_the_rule_to_write():
+    with pytest.raises(PlanError) as caught:
+        memoplan.resolve(memoplan.parse(plan("module layer1.0 { state = functional }\n")), resnet())
+    assert caught.value.codes == ["MP315"]
+    assert "holds no module that does" in str(caught.value) and "state = functional }`" in str(caught.value)
+
+
+# ---------------------------------------------------------------- 6: a region that overwrites its input
+
+
+def test_checkpointing_an_in_place_relu_is_refused_by_the_resolver():
+    with pytest.raises(PlanError) as caught:
+        memoplan.resolve(memoplan.parse(plan("module layer1.0.relu { checkpoint }\n")), resnet())
+    assert caught.value.codes == ["MP323"]
+    assert caught.value.diagnostics[0].span.line == 2
+    assert "`layer1.0.relu` (ReLU, inplace=True)" in str(caught.value)
+    assert "module layer1.0 { checkpoint }" in caught.value.diagnostics[0].help
+
+
+def test_a_region_whose_first_child_is_in_place_is_refused_and_the_enclosing_block_is_fine():
+    seq = nn.Sequential(nn.Sequential(nn.ReLU(inplace=True), nn.Linear(3, 3)), nn.Linear(3, 1))
+    with pytest.raises(PlanError) as caught:
+        memoplan.resolve(memoplan.parse(plan("module 0 { checkpoint }\n")), seq)
+    assert caught.value.codes == ["MP323"] and "`0.0`" in str(caught.value)
+    memoplan.resolve(memoplan.parse(plan("module 0.1 { checkpoint }\n")), seq)
+    reference = resnet()
+    assert_same_step(reference, memoplan.apply(copy.deepcopy(reference), plan("module layer1.* { checkpoint }\n")), IMAGES)
+
+
+class Doubles(nn.Module):
+    """Overwrites its input in place, which no attribute tells the resolver."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("policy", ["checkpoint", "checkpoint; compress input = bit"])
+def test_a_region_that_overwrites_its_input_at_run_time_names_the_module(policy):
+    model = nn.Sequential(nn.Linear(3, 3), Doubles())
+    memoplan.apply(model, plan(f"module 1 {{ {policy} }}\n"))
+    with pytest.raises(PlanError) as caught:
+        model(torch.ones(2, 3, requires_grad=True))
+    assert caught.value.codes == ["MP407"]
+    assert "`1` overwrote its input in place" in str(caught.value)
+
+
+# ---------------------------------------------------------------- 7: HF gradient checkpointing on too
+
+
+def gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+@pytest.mark.parametrize("enable", ["gradient_checkpointing_enable", "activation_checkpointing_enable"])
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated")
+def test_a_plan_that_checkpoints_a_model_with_hf_gradient_checkpointing_on_is_warned(enable):
+    model = gpt2()
+    text = plan("# comment\nmodule transformer.h.* { checkpoint }\n")
+    assert memoplan.resolve(memoplan.parse(text), model).warnings == ()
+    getattr(model, enable)()
+    (warning,) = memoplan.resolve(memoplan.parse(text), model).warnings
+    assert warning.code == "MP322" and not warning.is_error and warning.span.line == 3
+    assert "`transformer.h.0` and 1 more" in warning.message
+    assert "gradient_checkpointing_disable()" in warning.help
+    # A plan that recomputes nothing does not duplicate it.
+    assert memoplan.resolve(memoplan.parse(plan("module transformer.h.* { keep }\n")), model).warnings == ()
+
+
+# ---------------------------------------------------------------- 10: temporal_chunk past the input's dims
+
+
+def test_temporal_chunk_past_the_input_dims_names_the_rule_module_and_shape():
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU())
+    memoplan.apply(model, plan("module 0 { temporal_chunk 2 dim 5 }\n"))
+    with pytest.raises(PlanError) as caught:
+        model(torch.randn(2, 3, 4, 4, requires_grad=True))
+    assert caught.value.codes == ["MP408"]
+    message = str(caught.value)
+    assert ":2)" in message and "`0`" in message and "(2, 3, 4, 4)" in message and "dim 5" in message

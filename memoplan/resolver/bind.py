@@ -157,6 +157,26 @@ def _match_rules(res: Resolution) -> None:
                     )
                     break
             res.decisions.setdefault(path, {})[aspect] = Decision(winner, found)
+    _spread_state(res)
+
+
+def _spread_state(res: Resolution) -> None:
+    """`state = functional` on a module that keeps no state of its own (a block, a container)
+    means the stateful modules inside it: each gets the rule's decision, unless a rule of its own
+    decides already.  With none inside, the decision stays and MP315 refuses it."""
+    for path in sorted(res.decisions, key=ir.path_key, reverse=True):  # inner rules first
+        decision = res.decisions[path].get("state")
+        module = res.index.modules[path]
+        if decision is None or is_stateful(module):
+            continue
+        inside = [f"{path}.{name}" for name, sub in module.named_modules() if name and is_stateful(sub)]
+        if not inside:
+            continue
+        del res.decisions[path]["state"]
+        for sub in inside:
+            res.decisions.setdefault(sub, {}).setdefault("state", decision)
+    for path in [p for p, aspects in res.decisions.items() if not aspects]:
+        del res.decisions[path]
 
 
 def _no_match(res: Resolution, rule: ast.ModuleRule) -> None:
@@ -313,6 +333,7 @@ def _batch_norm_in(module: nn.Module, path: str) -> str | None:
 
 
 def _check_policies(res: Resolution) -> None:
+    _check_model_checkpointing(res)
     for path, aspects in sorted(res.decisions.items(), key=lambda kv: ir.path_key(kv[0])):
         module = res.index.modules[path]
         recompute = _winner(res, path, RECOMPUTE)
@@ -325,12 +346,16 @@ def _check_policies(res: Resolution) -> None:
         if state is not None and not is_stateful(module):
             res.error(
                 "MP315",
-                f"`state = functional` on `{path}`, a {type(module).__qualname__} that does not expose its state",
+                f"`state = functional` on `{path}`, a {type(module).__qualname__} that does not expose its "
+                "state and holds no module that does",
                 state.span,
-                "implement `memoplan_state()` and `memoplan_load_state(state)` (see docs/state.md)",
+                "mark the stateful modules themselves (e.g. `module class LIFNode { state = functional }`), or "
+                f"implement `memoplan_state()` and `memoplan_load_state(state)` on {type(module).__qualname__} "
+                "(see docs/state.md)",
             )
         if isinstance(recompute, ast.Checkpoint) or chunk is not None:
             _check_region_state(res, path, module, recompute, _winner(res, path, "compress"), chunk)
+            _check_in_place(res, path, module, recompute, chunk)
         compress = _winner(res, path, "compress")
         if compress is not None and not isinstance(recompute, ast.Checkpoint) and chunk is None:
             res.error(
@@ -393,6 +418,47 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
         )
 
 
+def _check_in_place(res: Resolution, path: str, module: nn.Module, recompute, chunk) -> None:
+    """A region whose first module overwrites its input in place (``ReLU(inplace=True)``) would
+    recompute from the overwritten values; torch only notices in backward (a version error)."""
+    policy = recompute if isinstance(recompute, ast.Checkpoint) else chunk
+    groups = None
+    if isinstance(recompute, ast.Checkpoint) and chunk is None and type(module).forward is nn.Sequential.forward:
+        children = [n for n, child in module._modules.items() if child is not None]
+        if recompute.segments or all(n in children for n in recompute.split or ()):  # else MP319
+            groups = _split(module, recompute)
+    firsts = [("", module)] if not groups else [(g[0], module.get_submodule(g[0])) for g in groups if g]
+    for prefix, first in firsts:
+        inner = _overwrites_input(first)
+        if inner is None:
+            continue
+        where = ".".join(p for p in (path, prefix, inner) if p)
+        parent = path.rpartition(".")[0]
+        res.error(
+            "MP323",
+            f"the region of `{path}` starts with `{where}` ({type(res.index.modules[where]).__qualname__}, "
+            "inplace=True), which overwrites the region's input; the recompute in backward would read the "
+            "overwritten values",
+            policy.span,
+            (f"checkpoint the module that calls it instead (e.g. `module {parent} {{ checkpoint }}`), or " if parent
+             else "leave it out of the region, or ")
+            + f"build `{where}` with `inplace=False`",
+        )
+        return
+
+
+def _overwrites_input(module: nn.Module) -> str | None:
+    """The relative path ("" for itself) of the module that overwrites ``module``'s input in place
+    as the first thing it runs, seen through nn.Sequential's first children; None if none is known."""
+    name = ""
+    while getattr(module, "inplace", None) is not True:
+        first = next(((n, c) for n, c in module._modules.items() if c is not None), None)
+        if type(module).forward is not nn.Sequential.forward or first is None:
+            return None
+        name, module = (f"{name}.{first[0]}" if name else first[0]), first[1]
+    return name
+
+
 def _check_region_state(res: Resolution, path: str, module: nn.Module, recompute, compress, chunk) -> None:
     """Stateful modules inside a region must be marked; torch's checkpoint cannot carry them."""
     unmarked = [
@@ -438,6 +504,28 @@ def _region_state(res: Resolution, path: str, module: nn.Module) -> tuple[str, .
         if isinstance(_winner(res, full, "state"), ast.State):
             found.append(name)
     return tuple(sorted(found, key=ir.path_key))
+
+
+def _check_model_checkpointing(res: Resolution) -> None:
+    """A Hugging Face model whose own gradient checkpointing is on recomputes its layers already."""
+    regions = [p for p in res.decisions if _region_policy(res, p) is not None]
+    own = [p for p in res.index.paths if getattr(res.index.modules[p], "gradient_checkpointing", None) is True]
+    if not regions or not own:
+        return
+    spans = sorted((_region_policy(res, p).span for p in regions), key=lambda s: (s.line, s.column))
+    first = min(regions, key=lambda p: (_region_policy(res, p).span.line, ir.path_key(p)))
+    res.warn(
+        "MP322",
+        f"the model's own gradient checkpointing is on (`{own[0]}`"
+        + (f" and {len(own) - 1} more" if len(own) > 1 else "")
+        + f"), and the plan checkpoints `{first}`"
+        + (f" and {len(regions) - 1} more" if len(regions) > 1 else "")
+        + ": layers would be recomputed twice",
+        spans[0],
+        "keep one: call `model.gradient_checkpointing_disable()` (transformers 5: "
+        "`model.activation_checkpointing_disable()`) before applying the plan, so that the plan decides what "
+        "is recomputed, or drop the plan's `checkpoint` and `temporal_chunk` rules",
+    )
 
 
 def _check_checkpoint(res: Resolution, path: str, module: nn.Module, policy: ast.Checkpoint) -> None:

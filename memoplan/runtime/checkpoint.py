@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from memoplan.runtime import inplace
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.region import RegionOptions, run_region
@@ -43,7 +44,8 @@ def run_checkpointed(
     if not torch.is_grad_enabled():
         # Nothing will be saved for backward, so there is nothing to recompute.
         return forward_fn(module, *args, **kwargs)
-    return _region(partial(forward_fn, module), (module,), args, kwargs, preserve_rng)
+    where = module.__dict__.get(PATH_ATTR, "")
+    return _region(partial(forward_fn, module), (module,), args, kwargs, preserve_rng, where)
 
 
 def run_segmented(
@@ -82,7 +84,7 @@ def run_segmented(
     for index, group in enumerate(groups):
         children = tuple(module.get_submodule(name) for name in group)
         if region is None:
-            x = _region(partial(_chain, children), children, (x,), {}, preserve_rng)
+            x = _region(partial(_chain, children), children, (x,), {}, preserve_rng, f"{where}[{group[0]}..{group[-1]}]")
             continue
         options = replace(region, preserve_rng=preserve_rng, where=f"{where}[{group[0]}..{group[-1]}]")
         if index > 0 and region.codec != "none":
@@ -116,8 +118,11 @@ def _region(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     preserve_rng: bool,
+    where: str = "",
 ) -> Any:
-    """Run ``fn(*args, **kwargs)`` under non-reentrant checkpoint, guarding ``roots``' buffers."""
+    """Run ``fn(*args, **kwargs)`` under non-reentrant checkpoint, guarding ``roots``' buffers.
+
+    ``where`` (the module path) names the region in messages."""
     # Hand checkpoint every tensor as a top-level positional argument: it then saves
     # them with version checks (an in-place change before backward is an error, not a
     # silent wrong recompute) and sees their devices for RNG stashing.  The user's
@@ -133,10 +138,14 @@ def _region(
         # A compiled graph is functionalized: buffers mutate once, when the graph's
         # outputs are written back, and checkpoint only accepts dispatch-mode contexts.
         return checkpoint(call, *leaves, use_reentrant=False, preserve_rng_state=preserve_rng)
-    return checkpoint(
+    before = inplace.versions(leaves)
+    out = checkpoint(
         call,
         *leaves,
         use_reentrant=False,
         preserve_rng_state=preserve_rng,
         context_fn=BufferGuard(roots).contexts,
     )
+    # An input overwritten in place would be recomputed from in backward (MP407).
+    inplace.unchanged(leaves, before, roots, where)
+    return out

@@ -40,7 +40,7 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from memoplan.runtime import batchnorm, codecs, gradroot
+from memoplan.runtime import batchnorm, codecs, gradroot, inplace
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.state import get_state, load_state
@@ -169,6 +169,8 @@ def run_chunked(
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
+    for key in chunk_args:
+        inplace.check_chunk_dim(roots[0], args[key] if isinstance(key, int) else kwargs[key], chunks, dim, key, options.where)
     first = args[0] if args and chunk_args[0] == 0 else None
     sink = None
     if isinstance(first, torch.Tensor) and first.requires_grad:
@@ -782,8 +784,10 @@ class _RegionFunction(torch.autograd.Function):
         ctx.cpu_rng = torch.get_rng_state() if run.options.preserve_rng else None
         ctx.devices, ctx.device_rng = get_device_states(*arg_tensors) if run.options.preserve_rng else ([], [])
         forward_context, ctx.recompute_context = BufferGuard(run.roots).contexts()
+        before = inplace.versions(arg_tensors)
         with forward_context:
             out = run.call(list(arg_tensors))
+        inplace.unchanged(arg_tensors, before, run.roots, run.options.where)
         outputs = tuple(run.split_outputs(out, run.read_states()))
         # Keep the inputs: the first positional tensor as a codec payload, the rest as they are.
         ctx.payload = None
