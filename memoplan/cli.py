@@ -525,8 +525,7 @@ def _compile(args) -> int:
     from memoplan.api import compile as compile_plan
 
     plan = _load(args.plan)
-    if not args.check:
-        _output(args.output)
+    _output(args.output)
     model = _model(plan, args.plan, args.model, required=True)
     resolved = _resolve(plan, model)
     source = args.plan.as_posix()

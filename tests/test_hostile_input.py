@@ -516,3 +516,11 @@ def test_verify_prints_both_step_times(capsys, models, all_plan) -> None:
     assert code == 0, err
     (line,) = [line for line in out.splitlines() if line.startswith("step time")]
     assert "unplanned" in line and "planned" in line and " ms" in line
+
+
+def test_compile_check_against_a_directory_is_a_diagnostic(capsys, tmp_path, models, all_plan) -> None:
+    target = tmp_path / "out"
+    target.mkdir()
+    code, out, err = run(capsys, "compile", all_plan, "--model", f"{models}:build", "-o", target, "--check")
+    assert code == 1
+    assert "error[MP508]" in err and "is a directory" in err
