@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memoplan.runtime import inplace
+from memoplan.runtime.argstate import ArgumentGuard, combined
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.region import RegionOptions, run_region
@@ -112,6 +113,10 @@ def _sequential_input(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     raise TypeError("nn.Sequential.forward takes exactly one argument, `input`")
 
 
+def _contexts(buffers: BufferGuard, arguments: ArgumentGuard):
+    return combined(buffers.contexts(), arguments.contexts())
+
+
 def _region(
     fn: Callable[..., Any],
     roots: Sequence[nn.Module],
@@ -144,7 +149,8 @@ def _region(
         *leaves,
         use_reentrant=False,
         preserve_rng_state=preserve_rng,
-        context_fn=BufferGuard(roots).contexts,
+        # Buffers and argument objects (a transformers cache) as the forward saw them.
+        context_fn=partial(_contexts, BufferGuard(roots), ArgumentGuard(leaves)),
     )
     # An input overwritten in place would be recomputed from in backward (MP407).
     inplace.unchanged(leaves, before, roots, where)
