@@ -94,6 +94,14 @@ def escapes():
     return model
 
 
+def escapes_deep():
+    model = nn.Sequential()
+    for i in range(3):
+        block = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
+        model.add_module(f"\\x1b[3{i}mblock" + chr(0xDC80 + i), block)
+    return model
+
+
 def example_exits():
     raise SystemExit(0)
 
@@ -524,3 +532,12 @@ def test_compile_check_against_a_directory_is_a_diagnostic(capsys, tmp_path, mod
     code, out, err = run(capsys, "compile", all_plan, "--model", f"{models}:build", "-o", target, "--check")
     assert code == 1
     assert "error[MP508]" in err and "is a directory" in err
+
+
+def test_plan_progress_and_tables_escape_model_provided_names(capsys, tmp_path, models) -> None:
+    args = ["plan", "--model", f"{models}:escapes_deep", "--example", "randn(64, 64)", "--preset", "balanced"]
+    code, out, err = run(capsys, *args, "-o", tmp_path / "p.memplan")
+    assert code == 0, err
+    assert "\x1b" not in out + err and "\udc80" not in out + err
+    assert "\\x1b[30mblock" in out + err
+    memoplan.load(tmp_path / "p.memplan")  # the written plan quotes the names and parses back

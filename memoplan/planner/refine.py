@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 import memoplan
-from memoplan.diagnostics import PlanError
+from memoplan.diagnostics import PlanError, printable
 from memoplan.measure import measure_step
 from memoplan.planner.presets import ALL_LEVELS, Level, RefineOptions
 from memoplan.planner.profile import Snapshot
@@ -502,7 +502,7 @@ def refine(
 
     def say(message: str) -> None:
         if progress:
-            print(f"memoplan: {message}", file=out, flush=True)
+            print(f"memoplan: {printable(message)}", file=out, flush=True)  # names come from the model
 
     if baseline is None:
         say("refine: measuring the plan as given")
