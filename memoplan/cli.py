@@ -306,6 +306,12 @@ def _check(args) -> int:
     example = _example(plan, args.plan, getattr(args, "example", None), required=False)
     if example is not None:
         summary += f", example of {_inputs(example)}"
+        if model is not None:
+            from memoplan.resolver.shapes import check_example
+
+            found = check_example(plan, model, example.args, example.kwargs)  # MP324: a chunk dim past the input's
+            if found:
+                raise PlanError(tuple(found), plan.source)
     print(summary)
     return 0
 

@@ -273,6 +273,14 @@ def test_a_region_whose_first_child_is_in_place_is_refused_and_the_enclosing_blo
     assert_same_step(reference, memoplan.apply(copy.deepcopy(reference), plan("module layer1.* { checkpoint }\n")), IMAGES)
 
 
+def test_a_split_region_that_starts_with_an_in_place_module_is_refused():
+    model = nn.Sequential(nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1)))
+    with pytest.raises(PlanError) as caught:
+        memoplan.resolve(memoplan.parse(plan("module 0 { checkpoint split = [1] }\n")), model)
+    assert caught.value.codes == ["MP323"] and "`0.1`" in str(caught.value)
+    memoplan.resolve(memoplan.parse(plan("module 0 { checkpoint split = [2] }\n")), model)
+
+
 class Doubles(nn.Module):
     """Overwrites its input in place, which no attribute tells the resolver."""
 
@@ -331,3 +339,26 @@ def test_temporal_chunk_past_the_input_dims_names_the_rule_module_and_shape():
     assert caught.value.codes == ["MP408"]
     message = str(caught.value)
     assert ":2)" in message and "`0`" in message and "(2, 3, 4, 4)" in message and "dim 5" in message
+
+
+def test_check_with_an_example_refuses_a_chunk_dim_past_the_input_at_the_rule(tmp_path, capsys):
+    from memoplan import cli
+    from memoplan.resolver.shapes import check_example
+
+    text = plan(
+        """
+        model "memoplan.examples.cnn:build"
+        example randn(2, 3, 8, 8)
+        module features.1 { temporal_chunk 2 dim 5 }
+        """
+    )
+    path = tmp_path / "dims.memplan"
+    path.write_text(text)
+    assert cli.main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "dims.memplan:4:" in err and "error[MP324]" in err and "`features.1`" in err
+    assert "shape (2, 16, 8, 8)" in err  # what features.1 sees, not the model's input
+    from memoplan.examples import cnn
+
+    ok = memoplan.parse(plan("module features.1 { temporal_chunk 2 dim 3 }\n"))
+    assert check_example(ok, cnn.build(), (torch.randn(2, 3, 8, 8),), {}) == []
