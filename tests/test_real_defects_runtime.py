@@ -145,6 +145,23 @@ def test_a_planned_model_pickles_and_loads_planned():
     assert rt.installed_plan(planned) == plan_id  # the original is untouched
 
 
+def test_pickling_other_bound_methods_is_unchanged_and_a_local_forward_is_refused_at_save_time():
+    import pickle
+
+    planned = memoplan.apply(resnet(), plan("module layer1.* { checkpoint }\n"))
+    conv = pickle.loads(pickle.dumps(planned.layer1[0].conv1))
+    assert pickle.loads(pickle.dumps(conv.forward)).__func__ is nn.Conv2d.forward
+
+    def local_forward(self, *args, **kwargs):
+        return type(self).forward(self, *args, **kwargs)
+
+    model = resnet()
+    rt.install(model, [rt.Target("fc", rt.qualified_type_name(nn.Linear), local_forward)], plan_id="local")
+    with pytest.raises(PlanError) as caught:
+        torch.save(model, io.BytesIO())
+    assert caught.value.codes == ["MP409"] and "memoplan.remove(model)" in str(caught.value)
+
+
 def test_a_planned_model_loads_planned_in_a_fresh_process(tmp_path):
     """The generated module apply() imported from its cache is not importable there: its source travels."""
     from memoplan.examples import cnn

@@ -124,8 +124,15 @@ def _unpicklable(why: str) -> PlanError:
 _PREVIOUS = copyreg.dispatch_table.get(types.MethodType)
 
 
+def _installed(function: Any) -> bool:
+    try:
+        return function in _INSTALLED
+    except TypeError:  # unhashable: not one of ours
+        return False
+
+
 def _reduce_method(method: types.MethodType) -> Any:
-    if method.__func__ in _INSTALLED:
+    if _installed(method.__func__):
         return (bind, (portable(method.__func__), method.__self__))
     if _PREVIOUS is not None:
         return _PREVIOUS(method)
