@@ -404,3 +404,17 @@ def test_profile_prints_the_per_module_table_largest_saved_bytes_first(tmp_path,
     assert [row[0] for row in rows] == [m.name or "(root)" for m in expected]
     assert [int(row[2].replace(",", "")) for row in rows] == [m.saved_bytes for m in expected]
     assert lines[-1].startswith(f"wrote {path}: {len(prof.modules)} modules, unplanned peak {prof.peak_bytes} B")
+
+
+def test_a_hard_budget_whole_blocks_cannot_meet_widens_the_search_to_their_parts(tmp_path, capsys):
+    """The bundled transformer's blocks measure 1729432 B at the least (49.4%); their parts reach lower."""
+    out = tmp_path / "plan.memplan"
+    assert main(["plan", *TRANSFORMER, "--budget", "46%", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "budget met" in captured.out
+    assert "memoplan: parts of blocks and split regions offered: whole candidates measure" in captured.err
+    text = out.read_text()
+    assert "# widened: parts of blocks and split regions offered:" in text and "# planner: exact" in text
+    assert re.search(r"^module blocks\.\d\.\w+", text, re.M)  # a part of a block
+    assert main(["verify", str(out)]) == 0
+    assert "verdict: EQUIVALENT" in capsys.readouterr().out

@@ -10,6 +10,7 @@ Named presets of these choices are in :mod:`memoplan.planner.presets`.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from torch import nn
 import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner import search
-from memoplan.planner.presets import Planner, RefineOptions
+from memoplan.planner.presets import Level, Planner, RefineOptions
 from memoplan.planner.profile import Profile, chain, nested_candidates, profile
 from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.refine import refine as refine_plan
@@ -83,21 +84,73 @@ def make_plan(
     ``nested`` also offers every part of each block that saves memory (:func:`nested_candidates`):
     the optimal planner then solves the nested choice exactly (a MILP, with a time limit).
     Every measurement runs on a copy: ``model``, its buffers, states and the RNG are unchanged.
+
+    Before refusing a hard budget the search widens itself: when no set of whole candidates
+    measures within the limit, the parts of every candidate are offered too (``nested``, solved
+    exactly), with the ``split`` level (2, 3 or 4 segments) added to the refinement; the header
+    says so (``widened``).  MP601 only when no plan of that wider search meets the limit either.
     """
     if nested and (planner is not Planner.OPTIMAL or isinstance(budget, (search.Coverage, search.Preset))):
         raise ValueError("nested candidates need the optimal planner and a byte budget (bytes or a share of the peak)")
     prof = prof or profile(model, example, progress=progress)
+    args = (model, example, budget, planner, hard, prof, progress, refine, preset)
+    try:
+        return _make_plan(*args, nested=nested)
+    except BudgetMissed as missed:
+        if nested:
+            raise
+        widened = (
+            f"parts of blocks and split regions offered: whole candidates measure {missed.peak} B "
+            f"at the least, over the limit {missed.limit} B"
+        )
+        if progress:
+            print(f"memoplan: {widened}; searching again", file=sys.stderr, flush=True)
+        args = (model, example, budget, Planner.OPTIMAL, hard, prof, progress, _with_split(refine), preset)
+        try:
+            return _make_plan(*args, nested=True, widened=widened)
+        except BudgetMissed as also:
+            raise also if also.peak <= missed.peak else missed from None
+
+
+def _with_split(refine: RefineOptions | None) -> RefineOptions:
+    """``refine`` with the ``split`` level first (2, 3 or 4 segments) when it does not run it already."""
+    refine = refine or RefineOptions(levels=())
+    if Level.SPLIT in refine.levels:
+        return refine
+    return replace(refine, levels=(Level.SPLIT, *refine.levels), segments=(2, 3, 4))
+
+
+def _make_plan(
+    model: nn.Module,
+    example: Example,
+    budget: search.Budget,
+    planner: Planner,
+    hard: bool,
+    prof: Profile,
+    progress: bool,
+    refine: RefineOptions | None,
+    preset: str | None,
+    *,
+    nested: bool,
+    widened: str | None = None,
+) -> PlanResult:
+    """:func:`make_plan` over one set of candidates (``nested``: with their parts); ``widened``: why."""
     links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
     items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in links]
     base = search.unplanned_base(prof.peak_bytes, items)
     choice = _search(items, budget, planner, base)
     limit = choice.limit
-    searched = limit
-    if not choice.ok and hard:
-        choice, searched = _least_peak_if_it_fits(model, example, items, choice, planner, base)
-    after = _measure(model, example, _draft(choice, items, model, {}))
-    if hard and limit is not None:
-        choice, after = _calibrated(model, example, items, choice, after, limit, searched, planner, base)
+    least_set = False  # the plan is the least-peak set (refined): what MP601 then reports
+    try:
+        choice, after = _settled(model, example, items, choice, planner, base, hard)
+    except BudgetMissed as missed:
+        if not widened:
+            raise
+        # The widened search refines its least-peak set before refusing: split regions may reach the limit.
+        least = _search(items, search.Bytes(choice.minimum_peak), Planner.OPTIMAL, base)
+        note = f"no set measures within the limit; refined from the least-peak set ({missed.peak} B)"
+        choice = replace(least, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note)
+        after, least_set = missed.peak, True
     refined = None
     draft = _draft(choice, items, model, {})
     if refine is not None and refine.levels:
@@ -114,6 +167,7 @@ def make_plan(
         **({"preset": preset} if preset else {}),
         "budget mode": "hard (verified by measurement)" if hard else "hint",
         **search.describe(choice),
+        **({"widened": widened} if widened else {}),
         **(_refined_recompute(draft, choice, prof) if refined is not None else {}),
         **({"refinement": refined.summary()} if refined is not None else {}),
         "measured peak before": f"{prof.peak_bytes} B",
@@ -131,11 +185,22 @@ def make_plan(
     )
     result = PlanResult(plan, choice, prof.peak_bytes, after, limit, hard, refined)
     if hard and not result.met:
-        raise _missed(limit, after, choice.minimum_peak)
+        raise _missed(limit, after, choice.minimum_peak, least_measured=least_set)
     return result
 
 
 MAX_REFINEMENTS = 4
+
+
+def _settled(model, example, items, choice: search.Choice, planner: Planner, base: int, hard: bool):
+    """(choice, measured peak): the search's set, settled by measurement for a hard budget."""
+    limit = searched = choice.limit
+    if not choice.ok and hard:
+        choice, searched = _least_peak_if_it_fits(model, example, items, choice, planner, base)
+    after = _measure(model, example, _draft(choice, items, model, {}))
+    if hard and limit is not None:
+        choice, after = _calibrated(model, example, items, choice, after, limit, searched, planner, base)
+    return choice, after
 
 
 def _refined_recompute(plan: ast.Plan, choice: search.Choice, prof: Profile) -> dict[str, str]:
@@ -270,7 +335,15 @@ def _search(items, budget, planner: Planner, base: int) -> search.Choice:
     return search.optimal(items, budget, base_bytes=base)
 
 
-def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> PlanError:
+@dataclass
+class BudgetMissed(PlanError):
+    """MP601: no plan of the search measured within the hard ``limit``; ``peak``: the least it measured."""
+
+    limit: int = 0
+    peak: int = 0
+
+
+def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> BudgetMissed:
     """MP601 for a measured ``peak`` over ``limit``; ``least_measured``: ``peak`` is the least-peak plan's."""
     if least_measured:
         reach = (
@@ -279,14 +352,16 @@ def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> 
         )
     else:
         reach = f"the smallest peak reachable by checkpointing is about {minimum} B ({minimum / 2**20:.2f} MiB)"
-    return PlanError(
+    return BudgetMissed(
         (
             Diagnostic(
                 "MP601",
                 f"the hard budget {limit} B cannot be met: measured peak {peak} B",
                 help=f"{reach}; raise the budget or write it as `hint`",
             ),
-        )
+        ),
+        limit=limit,
+        peak=peak,
     )
 
 
