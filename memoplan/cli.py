@@ -293,7 +293,7 @@ def _check(args) -> int:
     from memoplan.resolver.effects import statement_effects
 
     plan = _load(args.plan)
-    effects = statement_effects(plan)  # refused before a model is loaded; notes say where the rest act
+    effects = statement_effects(plan, checking=True)  # refused before a model is loaded; notes say where the rest act
     if any(d.is_error for d in effects):
         raise PlanError(tuple(effects), plan.source)
     for note in effects:

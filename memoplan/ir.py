@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 
 from memoplan.diagnostics import Diagnostic
-from memoplan.syntax.ast import Budget, Codec, StateMode, Validate
+from memoplan.syntax.ast import Budget, Codec, Size, StateMode, Validate
 from memoplan.syntax.blocks import DtrConfig, MemongerConfig, MemoryConfig, SublinearConfig
 
 
@@ -118,7 +118,16 @@ class ResolvedPlan:
                     )
                 )
             )
+        if self.memory is not None:  # left out without a memory block, so earlier plan ids stay
+            rows.append(repr(("memory", self.memory, self.reserve_bytes)))
         return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+    @property
+    def reserve_bytes(self) -> int | None:
+        """The budget in bytes, which ``static_memory_policy`` 2 and 4 reserve; None for a share."""
+        if self.budget is not None and isinstance(self.budget.amount, Size):
+            return self.budget.amount.bytes
+        return None
 
 
 # Fields added after plan ids were first committed, with their defaults: left out of the

@@ -8,6 +8,7 @@ without an effect or a refusal fails here.
 from __future__ import annotations
 
 import pytest
+import torch
 
 import memoplan
 from memoplan import cli
@@ -38,12 +39,12 @@ VALUES = {
     "ordering": "longest_path",
 }
 
-# The code that refuses each block kind while its run-time part is not built.
+# The code that refuses each block kind while its run-time part is not built (`memory` acts:
+# tests/test_memory_block.py, and the walk below).
 REFUSED = {
     ast.BlockKind.DTR: "MP220",
     ast.BlockKind.MEMONGER: "MP221",
-    ast.BlockKind.MEMORY: "MP222",
-    ast.BlockKind.SUBLINEAR: "MP223",
+    ast.BlockKind.SUBLINEAR: "MP222",
 }
 
 # Rules over the spiking example whose effect shows in the resolved plan: (rules, path, field).
@@ -61,12 +62,12 @@ POLICIES = {
 
 def test_the_tables_cover_every_statement_and_key():
     assert set(VALUES) == {key for _, keys in SCHEMA.values() for key in keys}
-    assert set(REFUSED) == set(ast.BlockKind)
+    assert set(REFUSED) == set(ast.BlockKind) - {ast.BlockKind.MEMORY}
     assert set(POLICIES) == set(POLICY_NAMES)
     assert set(STATEMENT_NAMES) == {"model", "example", "module", "budget"} | {k.value for k in ast.BlockKind}
 
 
-@pytest.mark.parametrize("kind,key", [(kind, key) for kind, (_, keys) in SCHEMA.items() for key in keys])
+@pytest.mark.parametrize("kind,key", [(kind, key) for kind, (_, keys) in SCHEMA.items() for key in keys if kind in REFUSED])
 def test_every_config_key_is_refused_with_its_block_until_it_acts(kind, key):
     required = "" if key == "eviction_threshold" or kind is not ast.BlockKind.DTR else "eviction_threshold = 2 MiB; "
     text = HEAD + f"module features.* : ConvBlock {{ checkpoint }}\n{kind.value} {{ {required}{key} = {VALUES[key]} }}\n"
@@ -92,7 +93,8 @@ def test_every_policy_changes_the_resolved_plan(policy):
 def test_the_budget_acts_in_verify_and_check_says_so(tmp_path, capsys):
     plan = tmp_path / "p.memplan"
     plan.write_text(HEAD + "module features.* : ConvBlock { checkpoint }\nbudget 1 MiB hard\n")
-    (note,) = statement_effects(memoplan.load(plan))
+    (note,) = statement_effects(memoplan.load(plan), checking=True)
+    assert statement_effects(memoplan.load(plan)) == []  # resolve does not repeat it
     assert note.code == "MP224" and note.severity is Severity.NOTE and note.span.line == 5
     assert cli.main(["check", str(plan)]) == 0
     assert "note[MP224]" in capsys.readouterr().err
@@ -119,3 +121,25 @@ def test_check_refuses_a_block_that_cannot_act_without_a_model(tmp_path, capsys)
     assert cli.main(["check", str(plan)]) == 1
     err = capsys.readouterr().err
     assert f"{plan}:2:1: error[MP221]" in err and "1 error" in err
+
+
+def _storages(model) -> int:
+    return len({p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None})
+
+
+@pytest.mark.parametrize("policy,storages", [("0", 1), ("1", 17)])
+def test_atomic_clean_policy_decides_where_gradients_live(policy, storages):
+    model = memoplan.apply(build(), HEAD + f"memory {{ atomic_clean_policy = {policy} }}\n")
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert _storages(model) == storages
+
+
+@pytest.mark.parametrize("policy", [2, 3, 4])
+def test_static_memory_policy_acts_on_cuda_and_says_so_elsewhere(policy):
+    text = HEAD + f"budget 1 GiB\nmemory {{ static_memory_policy = {policy} }}\n"
+    resolved = memoplan.resolve(parse(text, "p.memplan"), build())
+    notes = [(d.code, d.span.line) for d in resolved.warnings if d.severity is Severity.NOTE]
+    if torch.cuda.is_available():  # acting there is tested by tests/test_memory_block.py
+        assert notes == []
+    else:
+        assert notes == [("MP228", 5)]

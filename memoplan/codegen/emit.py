@@ -15,7 +15,7 @@ from memoplan.codegen.render import pyrepr, render
 from memoplan.ir import ModulePlan, ResolvedPlan
 
 # Names the template defines itself.
-RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "_rt", "self", "args", "kwargs", "torch")
+RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "MEMORY", "_rt", "self", "args", "kwargs", "torch")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ def emit(plan: ResolvedPlan, *, source: str | None = None, module_name: str = "p
         "targets": [
             {"path": m.path, "type_name": m.type_name, "forward": wrappers[p].name} for m, p in targets
         ],
+        "memory": _memory_call(plan),
     }
     text = render("plan_module.py.j2", **context)
     return GeneratedCode(plan.digest, (GeneratedFile(f"{module_name}.py", text),))
@@ -93,6 +94,19 @@ class _Policy:
     def own_region(self) -> bool:
         """Whether memoplan's region runs it (torch's checkpoint cannot compress, chunk or carry state)."""
         return self.codec is not None or self.chunks is not None or bool(self.stateful)
+
+
+def _memory_call(plan: ResolvedPlan) -> str | None:
+    """The ``memory`` block as the ``MemorySettings`` the generated module passes to install."""
+    if plan.memory is None:
+        return None
+    fields = [
+        f"static_memory_policy={pyrepr(plan.memory.static_memory_policy)}",
+        f"atomic_clean_policy={pyrepr(plan.memory.atomic_clean_policy)}",
+    ]
+    if plan.memory.static_memory_policy in (2, 4):
+        fields.append(f"reserve_bytes={pyrepr(plan.reserve_bytes)}")
+    return f"_rt.MemorySettings({', '.join(fields)})"
 
 
 def _policy_of(m: ModulePlan) -> _Policy | None:

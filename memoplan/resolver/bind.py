@@ -110,8 +110,9 @@ def resolve(plan: ast.Plan, model: nn.Module) -> ir.ResolvedPlan:
 def analyse(plan: ast.Plan, model: nn.Module) -> Resolution:
     """Match rules, pick winners and run the legality checks, collecting diagnostics."""
     resolution = Resolution(plan, ModelIndex(model))
-    # Plan-wide statements that cannot act are refused here, so nothing `apply` runs drops them.
-    resolution.diagnostics.extend(d for d in statement_effects(plan) if d.is_error)
+    # Plan-wide statements that cannot act are refused here, so nothing `apply` runs drops them;
+    # the notes (what cannot act on this machine) are printed with the warnings.
+    resolution.diagnostics.extend(statement_effects(plan))
     _match_rules(resolution)
     _check_shared(resolution)
     _check_regions(resolution)

@@ -10,8 +10,11 @@ by ``memoplan verify``, not by ``apply``) gets a note saying where.
 
 from __future__ import annotations
 
+import torch
+
 from memoplan.diagnostics import Diagnostic, Severity
 from memoplan.syntax import ast
+from memoplan.syntax.blocks import config_of
 
 # Config blocks this version parses and validates but cannot carry out yet: each one is
 # refused with its reason and what to write instead, never accepted and dropped.
@@ -26,21 +29,19 @@ _NOT_BUILT = {
         "static buffer sharing is not built in this version of memoplan",
         "remove the block",
     ),
-    ast.BlockKind.MEMORY: (
-        "MP222",
-        "allocator and gradient-buffer settings are not built in this version of memoplan",
-        "remove the block",
-    ),
     ast.BlockKind.SUBLINEAR: (
-        "MP223",
+        "MP222",
         "the sublinear search reads its settings from the command line in this version of memoplan",
         "remove the block and run `memoplan plan --planner sublinear`",
     ),
 }
 
 
-def statement_effects(plan: ast.Plan) -> list[Diagnostic]:
-    """Refusals (errors) for statements that cannot act, notes for those that act elsewhere."""
+def statement_effects(plan: ast.Plan, *, checking: bool = False) -> list[Diagnostic]:
+    """Refusals (errors) for statements that cannot act, notes for those that act elsewhere.
+
+    ``checking``: for ``memoplan check``, which also notes where the budget is measured.
+    """
     found: list[Diagnostic] = []
     for statement in plan.statements:
         if isinstance(statement, ast.ConfigBlock) and statement.kind in _NOT_BUILT:
@@ -48,7 +49,9 @@ def statement_effects(plan: ast.Plan) -> list[Diagnostic]:
             found.append(
                 Diagnostic(code, f"the `{statement.kind.value}` block cannot act: {why}", _head(statement), help)
             )
-        elif isinstance(statement, ast.Budget):
+        elif isinstance(statement, ast.ConfigBlock) and statement.kind is ast.BlockKind.MEMORY:
+            found.extend(_memory_effects(plan, statement))
+        elif isinstance(statement, ast.Budget) and checking:
             found.append(
                 Diagnostic(
                     "MP224",
@@ -58,6 +61,40 @@ def statement_effects(plan: ast.Plan) -> list[Diagnostic]:
                     Severity.NOTE,
                 )
             )
+    return found
+
+
+def _memory_effects(plan: ast.Plan, block: ast.ConfigBlock) -> list[Diagnostic]:
+    """``static_memory_policy`` needs CUDA, and policies 2 and 4 a budget in bytes to reserve."""
+    config = config_of(block)
+    policy = config.static_memory_policy
+    entry = next((e for e in block.entries if e.key == "static_memory_policy"), None)
+    if policy == 0 or entry is None:
+        return []
+    found = []
+    budget = plan.budget
+    if policy in (2, 4) and (budget is None or not isinstance(budget.amount, ast.Size)):
+        found.append(
+            Diagnostic(
+                "MP227",
+                f"`static_memory_policy = {policy}` reserves the plan's budget before the first step, "
+                "but the plan has no budget in bytes",
+                entry.span,
+                "add a budget with a size, e.g. `budget 4 GiB` (a share of the unplanned peak is not known "
+                "when the plan is applied)",
+            )
+        )
+    if not torch.cuda.is_available():
+        found.append(
+            Diagnostic(
+                "MP228",
+                f"`static_memory_policy = {policy}` configures the CUDA caching allocator; "
+                "there is no CUDA device here, so it changes nothing on this machine",
+                entry.span,
+                "it acts where the plan is applied in a process with CUDA",
+                Severity.NOTE,
+            )
+        )
     return found
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from memoplan.runtime.checkpoint import run_checkpointed, run_segmented
 from memoplan.runtime.region import RegionOptions, run_chunked, run_planned, run_region
+from memoplan.runtime.memory import MemorySettings
 from memoplan.runtime.install import (
     InstalledPlan,
     PlanMismatchError,
@@ -24,6 +25,7 @@ from memoplan.runtime.install import (
 
 __all__ = [
     "InstalledPlan",
+    "MemorySettings",
     "PlanMismatchError",
     "RegionOptions",
     "Target",

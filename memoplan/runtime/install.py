@@ -32,6 +32,7 @@ from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError, did_you_mean
 from memoplan.runtime import pickling
+from memoplan.runtime.memory import MemorySettings, install_memory, uninstall_memory
 
 __all__ = [
     "InstalledPlan",
@@ -140,8 +141,8 @@ def installed_plan(model: nn.Module) -> str | None:
     return record.plan_id if isinstance(record, InstalledPlan) else None
 
 
-def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str) -> None:
-    """Patch every target's forward, or raise :class:`PlanMismatchError` and change nothing."""
+def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str, memory: MemorySettings | None = None) -> None:
+    """Patch every target's forward and put the ``memory`` block in place, or raise and change nothing."""
     targets = tuple(targets)
     modules = _validate(model, targets)
     done: list[tuple[nn.Module, types.MethodType]] = []
@@ -171,6 +172,12 @@ def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str) -> Non
         module.__dict__[PATH_ATTR] = target.path  # named in runtime messages
         done.append((module, bound))
         pickling.register(target.forward)
+    if memory is not None:
+        try:
+            install_memory(model, memory)
+        except BaseException:
+            _undo(done)
+            raise
     model.__dict__[_PLAN_ATTR] = InstalledPlan(
         plan_id=plan_id, forwards=tuple((t.path, t.forward) for t in targets)
     )
@@ -189,6 +196,7 @@ def uninstall(model: nn.Module) -> None:
     record = model.__dict__.pop(_PLAN_ATTR, None)
     if not isinstance(record, InstalledPlan):
         return
+    uninstall_memory(model)
     for path, function in record.forwards:
         try:
             module = model.get_submodule(path)
