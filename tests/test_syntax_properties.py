@@ -20,6 +20,10 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 # Any text but ".", surrogates (from "\udXXX" escapes) included.
 segment_text = st.text(st.characters(exclude_characters=".", exclude_categories=()), min_size=1, max_size=8)
+# Glob segments: word characters with `*` or `?` among them, never `**` (MP211).
+globs = st.from_regex(r"[a-z0-9_]{0,3}(\?|[a-z0-9_]\*|\*[a-z0-9_])[a-z0-9_*?]{0,3}", fullmatch=True).filter(
+    lambda text: "**" not in text
+)
 identifier = st.from_regex(r"[A-Za-z_\u00e9\u540d][A-Za-z0-9_\u00e9\u540d]{0,7}", fullmatch=True)
 comment = st.text(st.characters(exclude_characters="\n\r", exclude_categories=("Cs",)), max_size=15).map(
     lambda s: ("#" + s).rstrip()
@@ -39,6 +43,7 @@ def segments():
         segment_text.map(ast.Name),
         st.just(ast.Star()),
         st.just(ast.DoubleStar()),
+        globs.map(ast.Glob),
         small_int.map(ast.Index),
         st.builds(ast.Slice, st.none() | small_int, st.none() | small_int, st.none() | small_int.filter(bool)),
     ]
@@ -121,8 +126,10 @@ units = st.sampled_from(list(ast.Unit))
 
 @st.composite
 def sizes(draw) -> ast.Size:
-    amount = draw(st.integers(1, 10**15) | st.floats(min_value=1.0, max_value=1e12))
-    return ast.Size(amount, draw(units))
+    unit = draw(units)
+    most = min(10**15, (2**63 - 1) // unit.factor)  # a size is at most 2**63 - 1 bytes
+    amount = draw(st.integers(1, most) | st.floats(min_value=1.0, max_value=min(1e12, float(most))))
+    return ast.Size(amount, unit)
 
 
 budgets = st.builds(
