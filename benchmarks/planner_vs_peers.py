@@ -484,7 +484,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for mode in args.memoplan:
         nested = mode == "nested"
         links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
-        items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in links]
+        items = [search.Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds) for l in links]
         base = search.unplanned_base(prof.peak_bytes, items)
         minimum_estimate = search.minimum_peak(items, base_bytes=base)[0]
         candidates[mode] = [l.name for l in links]

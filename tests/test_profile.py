@@ -459,3 +459,54 @@ def test_merge_of_differing_inputs_is_order_independent(gelu_profile: Profile) -
     )
     assert merge([small, gelu_profile]).inputs == gelu_profile.inputs
     assert merge([gelu_profile, small]) == merge([small, gelu_profile])
+
+
+# ---------------------------------------------------------------- what the output keeps
+
+
+class _Cache:
+    """A returned cache as transformers' DynamicCache is: an object pytree does not open."""
+
+    def __init__(self, layers: list) -> None:
+        self.layers = layers
+
+
+class _Attends(nn.Module):
+    """Saves ``k`` for backward (a matmul's operand) and returns it in a cache too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor, cache: list) -> torch.Tensor:
+        k = self.k(x)
+        cache.append({"keys": k})
+        return torch.tanh(x @ k.transpose(0, 1)) @ k
+
+
+class _Keeps(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_Attends(), _Attends()])
+
+    def forward(self, x: torch.Tensor):
+        cache: list = []
+        for block in self.blocks:
+            x = block(x, cache)
+        return x, _Cache(cache)
+
+
+def test_saved_bytes_the_output_keeps_are_counted_and_a_checkpoint_keeps_them_too() -> None:
+    torch.manual_seed(0)
+    prof = _profile(_Keeps(), (torch.randn(BATCH, WIDTH),))
+    k_bytes = BATCH * WIDTH * F32
+    assert [prof[f"blocks.{i}"].kept_bytes for i in range(2)] == [k_bytes, k_bytes]
+    assert all(prof[f"blocks.{i}"].saved_bytes > k_bytes for i in range(2))  # k and tanh's output
+    assert prof["blocks.0.k"].kept_bytes == 0  # the Linear saves its input, not k
+    links = {link.name: link for link in chain(prof, ["blocks.0", "blocks.1"])}
+    assert links["blocks.1"].kept_bytes == prof.subtree_kept_bytes("blocks.1") == k_bytes
+    # Profiles written before kept bytes were measured still load, with none kept.
+    data = json.loads(prof.to_json())
+    for module in data["modules"]:
+        del module["kept_bytes"]
+    assert all(m.kept_bytes == 0 for m in Profile.from_dict(data).modules)

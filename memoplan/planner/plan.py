@@ -136,7 +136,8 @@ def _make_plan(
 ) -> PlanResult:
     """:func:`make_plan` over one set of candidates (``nested``: with their parts); ``widened``: why."""
     links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
-    items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in links]
+    # A checkpoint keeps its input, and what the model's output keeps of the region's saved bytes.
+    items = [search.Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds) for l in links]
     base = search.unplanned_base(prof.peak_bytes, items)
     choice = _search(items, budget, planner, base)
     limit = choice.limit

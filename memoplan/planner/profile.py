@@ -139,6 +139,9 @@ class ModuleProfile:
     packed_input_bytes: int
     output_bytes: int
     input_binary: bool
+    # Of ``saved_bytes``, the storages the model's output still holds after the step (a returned
+    # KV cache, an output that autograd saved too): a checkpoint of the module cannot free them.
+    kept_bytes: int = 0
 
     @property
     def is_container(self) -> bool:
@@ -199,6 +202,10 @@ class Profile:
         self[name]
         prefix = f"{name}." if name else ""
         return tuple(m for m in self.modules if m.name != name and m.name.startswith(prefix))
+
+    def subtree_kept_bytes(self, name: str) -> int:
+        """Of :meth:`subtree_saved_bytes`, what the model's output keeps alive (``kept_bytes``)."""
+        return self[name].kept_bytes + sum(m.kept_bytes for m in self.descendants(name))
 
     def subtree_saved_bytes(self, name: str) -> int:
         """Saved-activation bytes of ``name`` and all its descendants while it runs."""
@@ -273,6 +280,7 @@ class ChainLink:
     output_bytes: int
     input_binary: bool
     packed_input_bytes: int
+    kept_bytes: int = 0  # of saved_bytes, what the output keeps: a checkpoint keeps it too
 
 
 # ---------------------------------------------------------------- profile()
@@ -324,7 +332,9 @@ def profile(
         bar.step("probe")
         probe = _Probe(model, target)
         with probe:
-            training_step(model, example.args, dict(example.kwargs), loss_fn)
+            output, _ = training_step(model, example.args, dict(example.kwargs), loss_fn)
+            probe.kept_by(output)
+            del output
         restored.reset()
 
         timings: list[dict[int, float]] = []
@@ -363,6 +373,7 @@ def profile(
                 packed_input_bytes=packed,
                 output_bytes=record.output_bytes,
                 input_binary=record.binary,
+                kept_bytes=record.kept_bytes,
             )
         )
     return Profile(
@@ -552,6 +563,7 @@ def chain(prof: Profile, candidates: Iterable[str] | None = None, *, nested: boo
             output_bytes=m.output_bytes,
             input_binary=m.input_binary,
             packed_input_bytes=m.packed_input_bytes,
+            kept_bytes=prof.subtree_kept_bytes(m.name),
         )
         for m in ran
     ]
@@ -570,6 +582,7 @@ class _Record:
     packed_bytes: int = 0
     output_bytes: int = 0
     binary: bool = False  # a module that never ran has nothing to compress
+    kept_bytes: int = 0
 
 
 class _Hooks:
@@ -619,6 +632,7 @@ class _Probe(_Hooks):
         self._calls = 0
         # Storages already counted this step: id -> weak reference (the id alone may be reused).
         self._seen: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._saver: dict[int, int] = {}  # storage id -> the module that saved it
         self._state_ptrs = {
             s.data_ptr()
             for t in (*model.parameters(), *model.buffers())
@@ -637,6 +651,13 @@ class _Probe(_Hooks):
         finally:
             super().__exit__(*exc_info)
             self._seen.clear()
+
+    def kept_by(self, output: Any) -> None:
+        """Count, per module, the saved storages ``output`` still holds (a cache, a saved output)."""
+        for storage in _held_storages(output):
+            key, ref = self._saver.get(id(storage)), self._seen.get(id(storage))
+            if key is not None and ref is not None and ref() is storage:
+                self.records[key].kept_bytes += storage.nbytes()
 
     def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         record = self.records.get(id(module))
@@ -679,6 +700,8 @@ class _Probe(_Hooks):
             nbytes = _tensor_bytes(tensor)
         if self._stack:
             self.records[self._stack[-1]].saved_bytes += nbytes
+            if tensor.layout is torch.strided:
+                self._saver[id(storage)] = self._stack[-1]
         else:
             self.unattributed += nbytes
         return tensor
@@ -686,6 +709,33 @@ class _Probe(_Hooks):
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+def _held_storages(value: Any) -> list[torch.UntypedStorage]:
+    """Each distinct storage a model's output holds: in containers and in plain objects' attributes.
+
+    A returned cache (transformers' ``DynamicCache``: layers holding ``keys``/``values``) is an
+    object pytree does not open, so attributes are walked too (modules are not: their parameters
+    are not activations).  Every object is visited once.
+    """
+    storages: dict[int, torch.UntypedStorage] = {}
+    seen: set[int] = set()
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen or isinstance(item, (nn.Module, str, bytes, int, float, bool, type(None))):
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if item.layout is torch.strided:
+                storages.setdefault(id(item.untyped_storage()), item.untyped_storage())
+        elif isinstance(item, Mapping):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            todo.extend(item)
+        elif hasattr(item, "__dict__") and not isinstance(item, type):
+            todo.extend(vars(item).values())
+    return list(storages.values())
 
 
 class _Timer(_Hooks):
@@ -1007,8 +1057,9 @@ _MODULE_FLOATS = ("forward_seconds", "recompute_seconds")
 def _module_from_dict(data: Any) -> ModuleProfile:
     if not isinstance(data, Mapping):
         raise ValueError(f"a module profile is a JSON object, not {type(data).__name__}")
-    _check_keys("module profile", data, [f.name for f in fields(ModuleProfile)])
     body = dict(data)
+    body.setdefault("kept_bytes", 0)  # profiles written before it was measured
+    _check_keys("module profile", body, [f.name for f in fields(ModuleProfile)])
     for key in _MODULE_FLOATS:
         body[key] = float(body[key])
     return ModuleProfile(**body)
