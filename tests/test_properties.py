@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import memoplan
+from memoplan.compare import compare
 from memoplan.syntax.formatter import format_path
 from memoplan.syntax import ast
 
@@ -122,6 +123,10 @@ def planned_models(draw):
     return model, shape, seed, "\n".join(lines) + "\n"
 
 
+def _grads(model: nn.Module) -> dict:
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
 def _step(model: nn.Module, x: torch.Tensor, weight: torch.Tensor, seed: int):
     x = x.clone().requires_grad_()
     torch.manual_seed(seed)
@@ -144,14 +149,14 @@ def test_planned_step_equals_unplanned(case, input_seed):
     out_a, dx_a, rng_a = _step(reference, x, weight, seed)
     out_b, dx_b, rng_b = _step(planned, x, weight, seed)
 
-    assert torch.equal(out_a, out_b), text
-    assert torch.equal(dx_a, dx_b), text
-    for (name, p), q in zip(reference.named_parameters(), planned.parameters()):
-        assert (p.grad is None) == (q.grad is None), name
-        assert p.grad is None or torch.equal(p.grad, q.grad), f"{name}\n{text}"
-    for (name, a), b in zip(reference.named_buffers(), planned.buffers()):
-        assert torch.equal(a, b), f"{name}\n{text}"
-    assert torch.equal(rng_a, rng_b), text
+    # memoplan.compare, as `memoplan verify` compares: every leaf bit for bit, named by its path.
+    for check in (
+        compare("outputs", {"outputs": out_a, "input grad": dx_a}, {"outputs": out_b, "input grad": dx_b}),
+        compare("gradients", _grads(reference), _grads(planned)),
+        compare("buffers", dict(reference.named_buffers()), dict(planned.named_buffers())),
+        compare("rng state", {"cpu": rng_a}, {"cpu": rng_b}),
+    ):
+        assert check.exact, f"{check.name}: {check.differences[:3]} {check.within[:3]}\n{text}"
     assert list(reference.state_dict()) == list(planned.state_dict())
 
     memoplan.remove(planned)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import memoplan
+from memoplan.compare import compare
 from memoplan.neurons import LIF, reset
 from memoplan.verify import CHUNK_RTOL
 
@@ -129,21 +130,11 @@ def _step(model: nn.Module, x: torch.Tensor, weight: torch.Tensor):
 
 
 def _close(a: list, b: list, exact: bool) -> bool:
-    """Tensors of one category equal, or (under chunks) within CHUNK_RTOL of the category's scale."""
-    a = [torch.as_tensor(t) for t in a]
-    b = [torch.as_tensor(t) for t in b]
-    if exact:
-        return all(torch.equal(s, t) for s, t in zip(a, b))
-    scale = max((s.abs().max().item() for s in a if s.is_floating_point() and s.numel()), default=0.0)
-    for s, t in zip(a, b):
-        if s.shape != t.shape:
-            return False
-        if not s.is_floating_point():
-            if not torch.equal(s, t):
-                return False
-        elif s.numel() and (s - t).abs().max().item() > CHUNK_RTOL * scale + 1e-12:
-            return False
-    return True
+    """Tensors of one category equal, or (under chunks) within CHUNK_RTOL of the category's scale:
+    memoplan.compare, as `memoplan verify` compares."""
+    named = [{str(i): torch.as_tensor(t) for i, t in enumerate(ts)} for ts in (a, b)]
+    check = compare("category", *named, rtol=0.0 if exact else CHUNK_RTOL)
+    return check.exact if exact else check.equal
 
 
 @settings(
