@@ -85,7 +85,8 @@ def run_segmented(
     for index, group in enumerate(groups):
         children = tuple(module.get_submodule(name) for name in group)
         if region is None:
-            x = _region(partial(_chain, children), children, (x,), {}, preserve_rng, f"{where}[{group[0]}..{group[-1]}]")
+            part = f"{where}[{group[0]}..{group[-1]}]"
+            x = _region(partial(_chain, children), children, (x,), {}, preserve_rng, part)
             continue
         options = replace(region, preserve_rng=preserve_rng, where=f"{where}[{group[0]}..{group[-1]}]")
         if index > 0 and region.codec != "none":

@@ -169,8 +169,9 @@ def run_chunked(
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    for key in chunk_args:
-        inplace.check_chunk_dim(roots[0], args[key] if isinstance(key, int) else kwargs[key], chunks, dim, key, options.where)
+    for key in chunk_args:  # MP408 before torch's IndexError
+        tensor = args[key] if isinstance(key, int) else kwargs[key]
+        inplace.check_chunk_dim(roots[0], tensor, chunks, dim, key, options.where)
     first = args[0] if args and chunk_args[0] == 0 else None
     sink = None
     if isinstance(first, torch.Tensor) and first.requires_grad:
