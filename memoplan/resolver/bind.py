@@ -435,11 +435,12 @@ def _check_in_place(res: Resolution, path: str, module: nn.Module, recompute, ch
             continue
         where = ".".join(p for p in (path, prefix, inner) if p)
         parent = path.rpartition(".")[0]
+        named = f"`{where}` ({type(res.index.modules[where]).__qualname__}, inplace=True)"
         res.error(
             "MP323",
-            f"the region of `{path}` starts with `{where}` ({type(res.index.modules[where]).__qualname__}, "
-            "inplace=True), which overwrites the region's input; the recompute in backward would read the "
-            "overwritten values",
+            (f"{named} overwrites its input in place" if where == path
+             else f"the region of `{path}` starts with {named}, which overwrites the region's input in place")
+            + "; the recompute in backward would read the overwritten values",
             policy.span,
             (f"checkpoint the module that calls it instead (e.g. `module {parent} {{ checkpoint }}`), or " if parent
              else "leave it out of the region, or ")
