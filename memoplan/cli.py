@@ -450,13 +450,15 @@ def _profile(args) -> int:
 def _first_step(run):
     """``run()``, the first training step of the user's model; MP504 (as `verify` says it) when it
     raises anything but KeyboardInterrupt (``SystemExit`` too)."""
-    from memoplan.specs import USER_ERRORS, describe_exception
+    from memoplan.specs import describe_exception
 
     try:
         return run()
     except PlanError:
         raise
-    except USER_ERRORS as exc:  # the user's model or example failed: a diagnostic, not a traceback
+    except BaseException as exc:  # the user's model or example failed: a diagnostic, not a traceback
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         message = describe_exception(exc).split("\n", 1)[0]
         raise PlanError(
             (

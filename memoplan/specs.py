@@ -182,9 +182,12 @@ def _check_sizes(tensors: tuple[TensorSpec, ...], span: Span | None) -> None:
         at = _real_span(t.span) or span
         elements = math.prod(t.shape)
         nbytes = elements * _bytes_per_element(t)
-        if max(t.shape, default=0) > INT64_MAX or nbytes > INT64_MAX:
+        if max(t.shape, default=0) > INT64_MAX:
+            raise _error("MP507", f"{where}: a size over 2**63 - 1 overflows 64 bits", at, "use a smaller example")
+        if nbytes > INT64_MAX:
             raise _error(
-                "MP507", f"{where}: {elements} elements overflow a 64-bit size", at, "use a smaller example"
+                "MP507", f"{where}: {elements} elements ({nbytes} bytes) overflow a 64-bit size", at,
+                "use a smaller example",
             )
         total += nbytes
         if memory is not None and total > memory:
@@ -370,7 +373,9 @@ def _import_module(target: _Target, base_dir: Path | None, span: Span | None) ->
                 message += f" (importing `{name}`)"
             help = _similar_modules(missing)
             raise _error("MP502", message, span, help) from None
-        except USER_ERRORS as exc:
+        except BaseException as exc:  # user code: anything but Ctrl-C is a diagnostic
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             raise _raised(f"importing module `{name}`", exc, span) from exc
 
 
@@ -412,8 +417,10 @@ def _load_file(target: _Target, base_dir: Path | None, span: Span | None) -> Mod
     try:
         with _extra_sys_path([path.parent]):
             module_spec.loader.exec_module(module)
-    except USER_ERRORS as exc:
+    except BaseException as exc:  # user code: anything but Ctrl-C is a diagnostic
         del sys.modules[name]
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         raise _raised(f"running `{target.location}`", exc, span) from exc
     _FILE_MODULES[path] = module
     return module
@@ -450,7 +457,9 @@ def _get_attr(module: ModuleType, target: _Target, span: Span | None) -> Any:
             public = [n for n in dir(obj) if not n.startswith("_")]
             raise _error("MP503", f"`{owner}` has no attribute `{part}`", span,
                          did_you_mean(part, public)) from None
-        except USER_ERRORS as exc:
+        except BaseException as exc:  # a property's code
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             raise _raised(f"looking up `{part}` in `{target.spec}`", exc, span) from exc
         walked.append(part)
     return obj
@@ -459,7 +468,9 @@ def _get_attr(module: ModuleType, target: _Target, span: Span | None) -> Any:
 def _call(fn: Callable[..., Any], spec: str, span: Span | None) -> Any:
     try:
         return fn()
-    except USER_ERRORS as exc:
+    except BaseException as exc:  # user code: anything but Ctrl-C is a diagnostic
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         help = None
         if isinstance(exc, TypeError):
             help = f"`{spec}` is called with no arguments; give its parameters defaults"
@@ -486,9 +497,9 @@ def _extra_sys_path(dirs: Iterable[Path]) -> Iterator[None]:
 
 # ---------------------------------------------------------------- diagnostics
 
-#: What user code may raise and still get a diagnostic: everything but Ctrl-C.  ``SystemExit``
-#: (``sys.exit()`` in a factory, ``builtins:exit`` as one) must not end memoplan with status 0.
-USER_ERRORS = (Exception, SystemExit, GeneratorExit, BaseExceptionGroup)
+# User code (importing, calling a factory) is caught as BaseException: whatever it raises but
+# KeyboardInterrupt is a diagnostic.  ``SystemExit`` (``sys.exit()`` in a factory, ``builtins:exit``
+# as one) must not end memoplan silently with status 0.
 
 
 def _error(code: str, message: str, span: Span | None, help: str | None = None) -> PlanError:

@@ -541,3 +541,9 @@ def test_plan_progress_and_tables_escape_model_provided_names(capsys, tmp_path, 
     assert "\x1b" not in out + err and "\udc80" not in out + err
     assert "\\x1b[30mblock" in out + err
     memoplan.load(tmp_path / "p.memplan")  # the written plan quotes the names and parses back
+
+
+def test_factory_raising_its_own_base_exception(capsys, tmp_path, all_plan) -> None:
+    path = write(tmp_path, "own.py", "class Stop(BaseException):\n    pass\n\ndef build():\n    raise Stop('no')\n")
+    code, out, err = run(capsys, "check", all_plan, "--model", f"{path}:build")
+    assert code == 1 and "error[MP504]" in err and "Stop: no" in err
