@@ -94,6 +94,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import memoplan  # noqa: E402
+from memoplan.compare import compare as compare_results  # noqa: E402
 from memoplan.diagnostics import PlanError  # noqa: E402
 from memoplan.examples import cnn  # noqa: E402
 from memoplan.measure import LiveStorageMeter, default_loss, measured_step, training_step  # noqa: E402
@@ -349,31 +350,19 @@ def compiled_peak(step: Callable[[], torch.Tensor], model: nn.Module, device: st
 def compare(
     ref_loss: torch.Tensor, ref_grads: dict[str, torch.Tensor | None], loss: torch.Tensor, model: nn.Module, rtol: float
 ) -> dict[str, Any]:
-    """Loss and every gradient against the unplanned step: max |diff| / max |unplanned| per tensor."""
+    """Loss and every gradient against the unplanned step: max |diff| / max |unplanned| per tensor
+    (memoplan.compare on each tensor alone, so each is its own scale)."""
     grads = {name: p.grad for name, p in model.named_parameters()}
-    worst, differ, exact = 0.0, [], True
-    pairs = [("loss", ref_loss, loss)] + [(n, ref_grads.get(n), grads.get(n)) for n in sorted(set(ref_grads) | set(grads))]
-    for name, a, b in pairs:
-        if a is None or b is None:
-            if (a is None) != (b is None):
-                differ.append(name)
-                worst = math.inf
-            continue
-        if torch.equal(a, b):
-            continue
-        exact = False
-        scale = a.detach().double().abs().max().item()
-        diff = (a.detach().double() - b.detach().double()).abs().max().item()
-        rel = diff / scale if scale else math.inf
-        worst = max(worst, rel)
-        if rel > rtol:
-            differ.append(name)
+    expected = {"loss": ref_loss, **{n: ref_grads.get(n) for n in sorted(set(ref_grads) | set(grads))}}
+    actual = {"loss": loss, **{n: grads.get(n) for n in expected if n != "loss"}}
+    checks = [compare_results(name, {name: expected[name]}, {name: actual[name]}, rtol) for name in expected]
+    worst = max((c.largest for c in checks), default=0.0)
     return {
-        "matches": not differ,
-        "exact": exact,
+        "matches": all(c.equal for c in checks),
+        "exact": all(c.exact for c in checks),
         "max_rel_diff": worst if math.isfinite(worst) else None,
-        "compared": len(pairs),
-        "differing": differ,
+        "compared": len(checks),
+        "differing": [c.name for c in checks if not c.equal],
     }
 
 

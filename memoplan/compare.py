@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +54,9 @@ class Check:
     compared: int
     differences: tuple[str, ...] = ()
     within: tuple[str, ...] = ()  # tensors that differ, but within the tolerance
+    #: The largest max |planned - unplanned| / max |unplanned| of the category over its differing
+    #: leaves: 0.0 when all are bit for bit, inf where a difference has no size (a shape, a None).
+    largest: float = 0.0
 
     @property
     def equal(self) -> bool:
@@ -92,15 +96,19 @@ def compare(name: str, expected: Mapping[str, Any], actual: Mapping[str, Any], r
     )
     differences: list[str] = []
     within: list[str] = []
+    largest = 0.0
     for key in list(a) + [k for k in b if k not in a]:
         if key not in a or key not in b:
             differences.append(f"{key}: only in the {'planned' if key in b else 'unplanned'} run")
+            largest = math.inf
             continue
         line, close = _difference(a[key], b[key], scale, name)
-        if line is not None:
-            (within if close is not None and close <= rtol * scale else differences).append(f"{key}: {line}")
+        if line is None:
+            continue
+        largest = max(largest, math.inf if close is None or not scale else close / scale)
+        (within if close is not None and close <= rtol * scale else differences).append(f"{key}: {line}")
     compared = sum(1 for v in a.values() if not isinstance(v, _Kind))
-    return Check(name, compared, tuple(differences), tuple(within))
+    return Check(name, compared, tuple(differences), tuple(within), largest)
 
 
 def _difference(x: Any, y: Any, scale: float, category: str) -> tuple[str | None, float | None]:

@@ -80,6 +80,9 @@ def test_tolerance_is_relative_to_the_largest_magnitude_of_the_category():
     big, small = torch.tensor([100.0]), torch.tensor([1.0])
     check = compare("g", {"big": big, "small": small}, {"big": big, "small": small + 1e-3}, rtol=2e-5)
     assert check.equal and not check.exact and check.within[0].startswith("small: max abs difference 0.001")
+    assert check.largest == pytest.approx(1e-5, rel=1e-3)
+    assert compare("g", {"w": big}, {"w": big}).largest == 0.0
+    assert compare("g", {"w": big}, {"w": None}).largest == float("inf")
     assert not compare("g", {"big": big, "small": small}, {"big": big, "small": small + 1e-2}, rtol=2e-5).equal
 
 
