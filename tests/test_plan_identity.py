@@ -145,3 +145,14 @@ def test_a_script_run_as_main_applies_a_plan_compiled_from_its_file(tmp_path, mo
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["__main__", "True"]
+
+
+def test_a_profile_names_classes_of_a_file_model_by_their_importable_name(tmp_path, monkeypatch):
+    import json
+
+    root = _repo(tmp_path / "repo", "class_net_ident_f")
+    monkeypatch.chdir(root)
+    assert main(["profile", "--model", "class_net_ident_f.py:build", "--example", "randn(2, 4)", "--repeats", "1", "-o", "p.json"]) == 0
+    text = (root / "p.json").read_text()
+    assert "_memoplan_file" not in text
+    assert "class_net_ident_f.Blk" in {m["type"] for m in json.loads(text)["modules"]}

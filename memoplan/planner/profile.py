@@ -75,6 +75,7 @@ import memoplan
 
 from memoplan.measure import LossFn, measure_step, step_device, training_step
 from memoplan.runtime import codecs
+from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import get_state, is_stateful, load_state
 from memoplan.specs import Example
 
@@ -1015,7 +1016,7 @@ def _itemsize(dtype: str) -> int:
 
 
 def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return qualified_type_name(cls)  # the plan's class identity: never a private module name or a path
 
 
 def _parent(name: str) -> str:
