@@ -88,7 +88,7 @@ def compare(name: str, expected: Mapping[str, Any], actual: Mapping[str, Any], r
     a, b = flatten(expected), flatten(actual)
     scale = max(
         (
-            v.detach().double().abs().max().item()
+            v.detach().double().abs().nan_to_num(nan=0.0).max().item()
             for v in a.values()
             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()
         ),
@@ -130,7 +130,8 @@ def _difference(x: Any, y: Any, scale: float, category: str) -> tuple[str | None
             x, y = x.masked_fill(nan, 0), y.masked_fill(nan, 0)
             if torch.equal(x, y):
                 return None, None
-        diff = (x - y).abs().double().max().item()
+        wide = torch.complex128 if x.is_complex() else torch.float64  # no overflow in half precision
+        diff = (x.to(wide) - y.to(wide)).abs().max().item()
         ratio = f"{diff / scale:.2g}" if scale else "inf"
         return f"max abs difference {diff:.3g} ({ratio} x max |unplanned {category}|)", diff
     if _same(x, y):

@@ -76,6 +76,12 @@ def test_shape_dtype_and_integer_values():
     assert not compare("g", {"w": torch.zeros(2)}, {"w": torch.zeros(2, dtype=torch.float64)}).equal
 
 
+def test_half_precision_differences_do_not_overflow_and_nan_leaves_the_scale_alone():
+    a = torch.tensor([60000.0, float("nan")], dtype=torch.float16)
+    b = torch.tensor([-60000.0, float("nan")], dtype=torch.float16)
+    assert compare("o", {"o": a}, {"o": b}).differences == ("o: max abs difference 1.2e+05 (2 x max |unplanned o|)",)
+
+
 def test_tolerance_is_relative_to_the_largest_magnitude_of_the_category():
     big, small = torch.tensor([100.0]), torch.tensor([1.0])
     check = compare("g", {"big": big, "small": small}, {"big": big, "small": small + 1e-3}, rtol=2e-5)
