@@ -17,6 +17,9 @@ chunked module's potentials and the gradients of it and of every module before i
 memoplan verify's tolerance (its layer runs on fewer rows at a time, and its weight
 gradients are summed chunk by chunk; those also within max|diff| <= 1e-5 * max|g|
 per tensor), the rest bit for bit.
+The planned and chunked comparisons are made twice: with the native kernels, and with both
+ranks under MKL's generic code path (``MKL_CBWR=COMPATIBLE``), where a chunk's smaller
+matrix product rounds otherwise than the whole one, as it does on some AVX-512 CPUs (issue 16).
 A DDP "marked ready twice" or unused-parameter error would make a worker exit non-zero.
 Under FSDP2 the parameters are freed after each child's forward and gathered again before
 its backward, where memoplan's regions recompute with them.
@@ -49,8 +52,25 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
     """Run both ranks once (about 10 s) and load what each saved."""
-    folder = tmp_path_factory.mktemp("ddp")
-    env = dict(os.environ)
+    return _run_ranks(tmp_path_factory.mktemp("ddp"), {})
+
+
+@pytest.fixture(scope="module")
+def results_generic_blas(tmp_path_factory) -> list[dict]:
+    """The same under MKL's generic code path (``MKL_CBWR=COMPATIBLE``, as on a CPU MKL has no
+    tuned kernels for): another matrix kernel for another shape, as on some AVX-512 CPUs, so
+    chunked layers round otherwise than whole ones (issue 16).  Other BLAS libraries ignore it."""
+    return _run_ranks(tmp_path_factory.mktemp("ddp_generic_blas"), {"MKL_CBWR": "COMPATIBLE"})
+
+
+@pytest.fixture(params=["native", "generic"])
+def any_blas(request) -> list[dict]:
+    """``results``, then ``results_generic_blas``: for what must hold whatever kernels run."""
+    return request.getfixturevalue("results" if request.param == "native" else "results_generic_blas")
+
+
+def _run_ranks(folder: Path, extra_env: dict[str, str]) -> list[dict]:
+    env = dict(os.environ, **extra_env)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("MEMOPLAN_CACHE_DIR", str(folder / "cache"))
     env["OMP_NUM_THREADS"] = "1"
@@ -109,7 +129,8 @@ def test_the_ranks_saw_different_data_and_ddp_averaged_their_gradients(results):
 
 
 @pytest.mark.parametrize("scenario", ["planned", "planned_find_unused", "planned_static_graph"])
-def test_planned_ddp_step_is_bit_identical_to_unplanned(results, scenario):
+def test_planned_ddp_step_is_bit_identical_to_unplanned(any_blas, scenario):
+    results = any_blas
     for rank in range(WORLD):
         ref, got = results[rank]["unplanned"], results[rank][scenario]
         for step in range(2):
@@ -129,7 +150,8 @@ def test_find_unused_parameters_changes_nothing_unplanned(results):
 
 
 @pytest.mark.parametrize("scenario", ["fsdp_planned", "fsdp_planned_keep_gathered"])
-def test_planned_fsdp_step_is_bit_identical_to_unplanned_fsdp(results, scenario):
+def test_planned_fsdp_step_is_bit_identical_to_unplanned_fsdp(any_blas, scenario):
+    results = any_blas
     for rank in range(WORLD):
         ref, got = results[rank]["fsdp_unplanned"], results[rank][scenario]
         assert all(g is not None for g in ref["grads"][0].values())
@@ -160,7 +182,8 @@ def test_state_dict_keys_are_the_unplanned_ones_under_ddp_and_fsdp(results):
 
 
 @pytest.mark.parametrize("scenario", ["chunked", "fsdp_chunked"])
-def test_temporal_chunks_equal_the_unplanned_step(results, scenario):
+def test_temporal_chunks_equal_the_unplanned_step(any_blas, scenario):
+    results = any_blas
     for rank in range(WORLD):
         ref = results[rank]["fsdp_unplanned" if scenario.startswith("fsdp") else "unplanned"]
         got = results[rank][scenario]
