@@ -80,7 +80,6 @@ class _Run:
     buffers: dict[str, torch.Tensor]
     rng: dict[str, torch.Tensor]  # "cpu", and the CUDA device's when the step ran there
     keys: list[str]
-    seconds: float = 0.0  # the step's wall time
 
 
 def verify(
