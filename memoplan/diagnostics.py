@@ -111,8 +111,8 @@ _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\
 
 
 def printable(text: str) -> str:
-    """``text`` safe to print to a terminal: control characters (C0, DEL, C1), lone
-    surrogates and bidirectional overrides become Python-style escapes (``\\x1b``,
+    """``text`` safe to print to a terminal: control characters (C0, DEL, C1), line and
+    paragraph separators, lone surrogates and bidirectional overrides become Python-style escapes (``\\x1b``,
     ``\\udc80``); everything else, other scripts included, is kept as it is.
 
     Module names come from the user's model and may hold any character; every place
@@ -125,7 +125,7 @@ def printable(text: str) -> str:
 
 def _escape(ch: str) -> str:
     code = ord(ch)
-    if not (unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI):
+    if not (unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp") or ch in _BIDI):
         return ch
     if code < 0x100:
         return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{code:02x}")

@@ -288,6 +288,7 @@ def test_printable_escapes_controls_and_lone_surrogates() -> None:
     assert diagnostics.printable("a\nb\tc\x7f") == "a\\nb\\tc\\x7f"
     assert diagnostics.printable("lone\udc80") == "lone\\udc80"
     assert diagnostics.printable("\u202eevil") == "\\u202eevil"  # a bidi override reorders what follows
+    assert diagnostics.printable("ls\u2028x\u2029") == "ls\\u2028x\\u2029"  # line and paragraph separators
 
 
 def test_explain_escapes_model_provided_names(capsys, models, all_plan) -> None:
@@ -303,6 +304,8 @@ def test_verify_escapes_model_provided_names(capsys, models, all_plan) -> None:
     assert code == 0, err
     assert "\x1b" not in out + err and "\udc80" not in out + err
     assert "\\x1b[31mred" in out
+    header, first, second = out.splitlines()[1:4]  # the plan table's columns line up
+    assert header.index("class") == first.index("Linear") == second.index("Linear")
 
 
 def test_diagnostics_escape_model_provided_names(capsys, models, tmp_path) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from memoplan import __version__
 from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
+from memoplan.diagnostics import printable
 from memoplan.ir import ModulePlan, ResolvedPlan
 
 # Names the template defines itself.
@@ -179,11 +180,12 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
 
 
 def plan_table(plan: ResolvedPlan) -> list[str]:
-    """The resolved plan as aligned text rows: module, class, policy, rule."""
+    """The resolved plan as aligned text rows: module, class, policy, rule (names escaped
+    with ``printable``, so the columns line up on a terminal too)."""
     rows = [("module", "class", "policy", "rule")]
     for m in plan.modules:
         for policy, origin in _decisions(m):
-            rows.append((m.path, m.type_name.rsplit(".", 1)[-1], policy, str(origin)))
+            rows.append((printable(m.path), printable(m.type_name.rsplit(".", 1)[-1]), policy, printable(str(origin))))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
