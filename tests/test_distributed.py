@@ -189,9 +189,9 @@ def test_temporal_chunks_equal_the_unplanned_step(any_blas, scenario):
         got = results[rank][scenario]
         # First step, same weights.  `recur.fc` runs on 8 or 4 rows per chunk instead of 24
         # at once, and BLAS may take another kernel for another shape (it does on some
-        # AVX-512 CPUs), so the potential `recur.lif` ends with and the gradients of `recur`
-        # and of everything before it (they flow through recur's input gradient) agree
-        # within memoplan verify's tolerance.  The modules before `recur` run the same
+        # AVX-512 CPUs), so `recur.lif`'s final potential and the gradients of `recur` and
+        # of everything before it (they flow through recur's input gradient) agree within
+        # memoplan verify's tolerance.  The modules before `recur` run the same
         # forward: bit for bit.  recur's spikes are thresholded and equal, so `head` after
         # them computes the same arithmetic on the same values: its gradients and the
         # output bit for bit.  recur's weight gradients, summed chunk by chunk, also
