@@ -128,6 +128,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="use this profile.json instead of measuring; several (one per rank) are merged, so every rank plans the same",
     )
+    knobs = plan.add_argument_group(
+        "sublinear search (with --planner sublinear; ranges and defaults as the `sublinear` block's keys)"
+    )
+    for key, metavar in SUBLINEAR_OPTIONS.items():
+        knobs.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar=metavar)
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
     _device_option(plan)
     plan.set_defaults(run=_plan)
@@ -471,6 +476,40 @@ def _first_step(run):
         ) from None
 
 
+# The sublinear search's settings on the command line: the `sublinear` block's keys.
+SUBLINEAR_OPTIONS = {
+    "thresh_nr_try": "N",
+    "genetic_nr_iter": "N",
+    "genetic_pool_size": "N",
+    "lb_memory": "SIZE",
+    "num_worker": "N",
+}
+
+
+def _sublinear_config(args):
+    """The ``--thresh-nr-try`` ... options as a SublinearConfig (None when none is given).
+
+    They are read as the entries of a `sublinear` block, so the types, ranges and defaults are
+    the language's (`grammar/README.md`), and a bad value is the same diagnostic.
+    """
+    from memoplan.syntax import ast, parse_with_diagnostics
+    from memoplan.syntax.blocks import config_of
+
+    given = {key: getattr(args, key) for key in SUBLINEAR_OPTIONS if getattr(args, key) is not None}
+    if not given:
+        return None
+    for key, value in given.items():  # one value each: nothing that would start another entry
+        if any(c in value for c in ";{}#=\\\n\r"):
+            raise PlanError((Diagnostic("MP202", f"`--{key.replace('_', '-')} {value}` is not one value"),))
+    entries = "; ".join(f"{key} = {value}" for key, value in given.items())
+    text = f"memplan 1\nsublinear {{ {entries} }}\n"
+    plan, diagnostics = parse_with_diagnostics(text, "<command line>")
+    if plan is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), text)
+    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
+    return config_of(block)
+
+
 def _plan(args) -> int:
     """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
     from memoplan.planner import search
@@ -488,6 +527,11 @@ def _plan(args) -> int:
     preset = (PRESETS[args.preset] if args.preset else DEFAULT).with_overrides(
         planner=Planner(args.planner) if args.planner else None, budget=budget, hard=hard
     )
+    sublinear = _sublinear_config(args)
+    if sublinear is not None and preset.planner is not Planner.SUBLINEAR:
+        given = ", ".join(f"--{k.replace('_', '-')}" for k in SUBLINEAR_OPTIONS if getattr(args, k) is not None)
+        print(f"memoplan plan: error: {given} set the sublinear search: add --planner sublinear", file=sys.stderr)
+        return 2
     _output(args.output)
     model, example = _model_and_example(args)
     try:
@@ -511,7 +555,9 @@ def _plan(args) -> int:
         return 2
     if prof is None:
         prof = _first_step(lambda: profile(model, example))
-    result = preset.run(model, example, prof=prof, named=args.preset is not None, nested=args.nested)
+    result = preset.run(
+        model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear
+    )
     # The specs as given, so `explain` and `verify` of the written plan need no flags.
     plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
     with _writing(args.output):

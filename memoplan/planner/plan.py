@@ -27,6 +27,7 @@ from memoplan.planner.refine import refine as refine_plan
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
 from memoplan.syntax import ast
+from memoplan.syntax.blocks import SublinearConfig
 from memoplan.syntax.formatter import format_selector
 
 
@@ -72,6 +73,7 @@ def make_plan(
     refine: RefineOptions | None = None,
     preset: str | None = None,
     nested: bool = False,
+    sublinear: SublinearConfig | None = None,
 ) -> PlanResult:
     """Plan ``model`` for ``budget``; raise :class:`PlanError` (MP601) when a hard budget is missed.
 
@@ -89,11 +91,18 @@ def make_plan(
     measures within the limit, the parts of every candidate are offered too (``nested``, solved
     exactly), with the ``split`` level (2, 3 or 4 segments) added to the refinement; the header
     says so (``widened``).  MP601 only when no plan of that wider search meets the limit either.
+
+    ``sublinear``: the settings of the sublinear search (``planner=Planner.SUBLINEAR``; default:
+    MegEngine's defaults); the header says what its genetic refinement gained over the best
+    threshold.
     """
     if nested and (planner is not Planner.OPTIMAL or isinstance(budget, (search.Coverage, search.Preset))):
         raise ValueError("nested candidates need the optimal planner and a byte budget (bytes or a share of the peak)")
+    if sublinear is not None and planner is not Planner.SUBLINEAR:
+        raise ValueError("sublinear settings need the sublinear planner")
     prof = prof or profile(model, example, progress=progress)
-    args = (model, example, budget, planner, hard, prof, progress, refine, preset)
+    how = Search(planner, sublinear or SublinearConfig())
+    args = (model, example, budget, how, hard, prof, progress, refine, preset)
     try:
         return _make_plan(*args, nested=nested)
     except BudgetMissed as missed:
@@ -105,7 +114,7 @@ def make_plan(
         )
         if progress:
             print(f"memoplan: {widened}; searching again", file=sys.stderr, flush=True)
-        args = (model, example, budget, Planner.OPTIMAL, hard, prof, progress, _with_split(refine), preset)
+        args = (model, example, budget, Search(Planner.OPTIMAL), hard, prof, progress, _with_split(refine), preset)
         try:
             return _make_plan(*args, nested=True, widened=widened)
         except BudgetMissed as also:
@@ -124,7 +133,7 @@ def _make_plan(
     model: nn.Module,
     example: Example,
     budget: search.Budget,
-    planner: Planner,
+    planner: Search,
     hard: bool,
     prof: Profile,
     progress: bool,
@@ -139,7 +148,7 @@ def _make_plan(
     # A checkpoint keeps its input, and what the model's output keeps of the region's saved bytes.
     items = [search.Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds) for l in links]
     base = search.unplanned_base(prof.peak_bytes, items)
-    choice = _search(items, budget, planner, base)
+    choice = planner(items, budget, base)
     limit = choice.limit
     least_set = False  # the plan is the least-peak set (refined): what MP601 then reports
     try:
@@ -148,7 +157,7 @@ def _make_plan(
         if not widened:
             raise
         # The widened search refines its least-peak set before refusing: split regions may reach the limit.
-        least = _search(items, search.Bytes(choice.minimum_peak), Planner.OPTIMAL, base)
+        least = Search(Planner.OPTIMAL)(items, search.Bytes(choice.minimum_peak), base)
         note = f"no set measures within the limit; refined from the least-peak set ({missed.peak} B)"
         choice = replace(least, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note)
         after, least_set = missed.peak, True
@@ -193,7 +202,7 @@ def _make_plan(
 MAX_REFINEMENTS = 4
 
 
-def _settled(model, example, items, choice: search.Choice, planner: Planner, base: int, hard: bool):
+def _settled(model, example, items, choice: search.Choice, planner: Search, base: int, hard: bool):
     """(choice, measured peak): the search's set, settled by measurement for a hard budget."""
     limit = searched = choice.limit
     if not choice.ok and hard:
@@ -222,7 +231,7 @@ def _refined_recompute(plan: ast.Plan, choice: search.Choice, prof: Profile) -> 
 
 
 def _calibrated(
-    model, example, items, choice: search.Choice, after: int, limit: int, searched: int, planner: Planner, base: int
+    model, example, items, choice: search.Choice, after: int, limit: int, searched: int, planner: Search, base: int
 ):
     """(choice, measured peak) once measurements, not the estimate, have settled the set.
 
@@ -247,7 +256,7 @@ def _calibrated(
         if after <= limit:
             break
         tighter = max(1, searched - (after - limit))
-        retry = _search(items, search.Bytes(tighter), planner, base)
+        retry = planner(items, search.Bytes(tighter), base)
         if not retry.ok:
             break
         choice, searched = retry, tighter
@@ -264,7 +273,7 @@ def _calibrated(
         trial = low + (limit - after) if high is None else (low + high) // 2
         if trial <= low:
             break
-        retry = _search(items, search.Bytes(trial), planner, base)
+        retry = planner(items, search.Bytes(trial), base)
         if retry.ok and retry.recompute_seconds < choice.recompute_seconds:
             if measured(retry) <= limit:
                 choice, searched, after, low = retry, trial, measured(retry), trial
@@ -285,7 +294,7 @@ def _calibrated(
 
 
 def _least_peak_if_it_fits(
-    model, example, items, choice: search.Choice, planner: Planner, base: int
+    model, example, items, choice: search.Choice, planner: Search, base: int
 ) -> tuple[search.Choice, int]:
     """The estimate says no set fits: measure the least-peak set before refusing (MP601).
 
@@ -300,7 +309,7 @@ def _least_peak_if_it_fits(
         limit, choice.minimum_peak, items, base, lambda c: _measure(model, example, _draft(c, items, model, {}))
     )
     wider = limit + max(0, least.estimated_peak - measured)
-    retry = _search(items, search.Bytes(wider), planner, base)
+    retry = planner(items, search.Bytes(wider), base)
     found, searched = (retry, wider) if retry.ok else (least, choice.minimum_peak)
     note = f"the estimated least peak {least.estimated_peak} B is over the limit {limit} B, but measures {measured} B"
     return replace(found, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note), searched
@@ -308,7 +317,7 @@ def _least_peak_if_it_fits(
 
 def _least_peak_within(limit: int, minimum: int, items, base: int, measure) -> tuple[search.Choice, int]:
     """The least-peak set and its peak by ``measure``; MP601 with that measurement when it is over ``limit``."""
-    least = _search(items, search.Bytes(minimum), Planner.OPTIMAL, base)
+    least = Search(Planner.OPTIMAL)(items, search.Bytes(minimum), base)
     peak = measure(least)
     if peak > limit:
         raise _missed(limit, peak, minimum, least_measured=True)
@@ -324,16 +333,47 @@ def _measure(model: nn.Module, example: Example, plan: ast.Plan) -> int:
     return measure_plan(model, example, plan)
 
 
-def _search(items, budget, planner: Planner, base: int) -> search.Choice:
-    if isinstance(budget, (search.Coverage, search.Preset)):
-        return search.greedy_coverage(items, budget, base_bytes=base)
-    if planner is Planner.GREEDY:
-        return search.greedy_bytes(items, budget, base_bytes=base)
-    if planner is Planner.SUBLINEAR:
-        from memoplan.syntax.blocks import SublinearConfig
+@dataclass(frozen=True)
+class Search:
+    """The search that chooses a set of checkpoints for a budget: the planner and its settings."""
 
-        return search.sublinear(items, budget, SublinearConfig(), base_bytes=base).choice
-    return search.optimal(items, budget, base_bytes=base)
+    planner: Planner
+    sublinear: SublinearConfig = SublinearConfig()
+
+    def __call__(self, items, budget, base: int) -> search.Choice:
+        if isinstance(budget, (search.Coverage, search.Preset)):
+            return search.greedy_coverage(items, budget, base_bytes=base)
+        if self.planner is Planner.GREEDY:
+            return search.greedy_bytes(items, budget, base_bytes=base)
+        if self.planner is Planner.SUBLINEAR:
+            found = search.sublinear(items, budget, self.sublinear, base_bytes=base)
+            return replace(found.choice, planner=sublinear_summary(self.sublinear, found.report))
+        return search.optimal(items, budget, base_bytes=base)
+
+
+def sublinear_summary(config: SublinearConfig, report: search.GeneticReport) -> str:
+    """The header's ``planner`` line of a sublinear search: its settings and what the genetic
+    refinement gained over the best threshold (bytes and recompute time), or that it gained nothing."""
+    settings = (
+        f"thresh_nr_try {config.thresh_nr_try}, genetic_nr_iter {config.genetic_nr_iter}, "
+        f"genetic_pool_size {config.genetic_pool_size}, lb_memory {config.lb_memory} B, "
+        f"num_worker {config.workers}"
+    )
+    if not report.generations:
+        gain = "no genetic refinement (genetic_nr_iter 0)"
+    elif report.improved:
+        gain = (
+            f"the genetic refinement's set against the best threshold's: peak {_change(report.bytes_saved, 'B')}, "
+            f"recompute {_change(report.seconds_saved * 1e3, 'ms', '.3f')} ({report.evaluations} candidates evaluated)"
+        )
+    else:
+        gain = f"the genetic refinement gained nothing over the best threshold ({report.evaluations} candidates evaluated)"
+    return f"sublinear ({settings}); {gain}"
+
+
+def _change(saved: float, unit: str, spec: str = "") -> str:
+    """``1024 B less``, ``512 B more``: a saving in words, whatever its sign."""
+    return f"{abs(saved):{spec}} {unit} {'less' if saved >= 0 else 'more'}"
 
 
 @dataclass

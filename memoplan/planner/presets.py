@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memoplan.planner import search
+from memoplan.syntax.blocks import SublinearConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from memoplan.planner.plan import PlanResult
@@ -151,12 +152,21 @@ class PlannerPreset:
         return replace(self, **changes) if changes else self
 
     def run(
-        self, model, example, *, prof=None, progress: bool = True, named: bool = True, nested: bool = False
+        self,
+        model,
+        example,
+        *,
+        prof=None,
+        progress: bool = True,
+        named: bool = True,
+        nested: bool = False,
+        sublinear: SublinearConfig | None = None,
     ) -> PlanResult:
         """Plan ``model`` on ``example`` with this preset (:func:`memoplan.planner.plan.make_plan`).
 
         ``named``: write ``# preset: NAME`` in the plan's header (not when the preset is only
         the defaults under explicit options).  ``nested``: offer each block's children too.
+        ``sublinear``: the sublinear search's settings (with ``planner`` sublinear).
         """
         from memoplan.planner.plan import make_plan
 
@@ -171,6 +181,7 @@ class PlannerPreset:
             refine=self.refine,
             preset=self.name if named else None,
             nested=nested,
+            sublinear=sublinear,
         )
 
 

@@ -1,0 +1,84 @@
+"""`memoplan plan --planner sublinear` takes the `sublinear` block's five settings, and they reach
+the search: the header says what ran and what the genetic refinement gained."""
+
+from __future__ import annotations
+
+import pytest
+
+import memoplan
+from memoplan.cli import main
+from memoplan.planner.plan import sublinear_summary
+from memoplan.planner.search import Estimate, GeneticReport
+from memoplan.syntax.blocks import SublinearConfig
+
+TRANSFORMER = ["--model", "memoplan.examples.transformer:build", "--example", "randint(4, 32, high=100)"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMOPLAN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> str:
+    """One profile for every run, so the timings behind the search are the same each time."""
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    assert main(["profile", *TRANSFORMER, "-o", str(path)]) == 0
+    return str(path)
+
+
+def _plan(tmp_path, measured, name: str, *knobs: str) -> str:
+    out = tmp_path / name
+    args = ["plan", *TRANSFORMER, "--profile", measured, "--budget", "60%", "--planner", "sublinear", *knobs]
+    assert main([*args, "-o", str(out)]) == 0
+    return out.read_text()
+
+
+def test_the_settings_reach_the_search_and_the_header_says_what_the_genetic_search_did(tmp_path, measured):
+    text = _plan(
+        tmp_path, measured, "a.memplan", "--thresh-nr-try", "3", "--genetic-nr-iter", "4",
+        "--genetic-pool-size", "5", "--lb-memory", "64 KiB", "--num-worker", "1",
+    )
+    (line,) = [l for l in text.splitlines() if l.startswith("# planner:")]
+    assert (
+        "sublinear (thresh_nr_try 3, genetic_nr_iter 4, genetic_pool_size 5, lb_memory 65536 B, num_worker 1)"
+        in line
+    )
+    assert "the genetic refinement" in line and "candidates evaluated" in line
+    plain = _plan(tmp_path, measured, "b.memplan", "--num-worker", "1")
+    (line,) = [l for l in plain.splitlines() if l.startswith("# planner:")]
+    assert "genetic_nr_iter 0" in line and "no genetic refinement" in line
+
+
+def test_one_and_two_workers_write_the_same_plan(tmp_path, measured):
+    knobs = ("--genetic-nr-iter", "3", "--genetic-pool-size", "4")
+    one = _plan(tmp_path, measured, "one.memplan", *knobs, "--num-worker", "1")
+    two = _plan(tmp_path, measured, "two.memplan", *knobs, "--num-worker", "2")
+    assert one.replace("num_worker 1", "num_worker 2") == two
+    memoplan.parse(one)
+
+
+def test_settings_without_the_sublinear_planner_or_out_of_range_are_refused(tmp_path, capsys):
+    out = tmp_path / "p.memplan"
+    assert main(["plan", *TRANSFORMER, "--budget", "60%", "--genetic-nr-iter", "3", "-o", str(out)]) == 2
+    assert "--genetic-nr-iter set the sublinear search: add --planner sublinear" in capsys.readouterr().err
+    args = ["plan", *TRANSFORMER, "--budget", "60%", "--planner", "sublinear", "--genetic-pool-size", "1"]
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "<command line>:2:13: error[MP203]: `genetic_pool_size` must be >= 2" in err and "^^^" in err
+    assert not out.exists()
+    assert main([*args[:-2], "--genetic-nr-iter", "3; thresh_nr_try = 5", "-o", str(out)]) == 1
+    assert "error[MP202]: `--genetic-nr-iter 3; thresh_nr_try = 5` is not one value" in capsys.readouterr().err
+
+
+def _report(bytes_saved: int, seconds_saved: float, improved: bool, generations: int = 5) -> GeneticReport:
+    est = Estimate(100, 1.0)
+    return GeneticReport((1,), 1, (), est, est, improved, seconds_saved, bytes_saved, generations, 42)
+
+
+def test_the_summary_says_more_or_less_and_when_nothing_was_gained():
+    config = SublinearConfig(num_worker=1)
+    assert "peak 512 B less, recompute 2.000 ms more" in sublinear_summary(config, _report(512, -0.002, True))
+    assert "peak 128 B more, recompute 1.500 ms less" in sublinear_summary(config, _report(-128, 0.0015, True))
+    assert "gained nothing over the best threshold (42 candidates" in sublinear_summary(config, _report(0, 0.0, False))
+    assert "no genetic refinement" in sublinear_summary(config, _report(0, 0.0, False, generations=0))
