@@ -99,7 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     from memoplan.planner.presets import PRESETS, Planner  # pure Python: no torch for the parser
 
     plan = sub.add_parser("plan", help="write a plan that meets a memory budget")
-    _spec_options(plan)
+    plan.add_argument(
+        "start",
+        nargs="?",
+        type=Path,
+        metavar="PLAN",
+        help="a hand-written plan to complete: its model, example, budget and sublinear block are the "
+        "defaults of the options, its rules stay as written and the planner adds rules for the rest",
+    )
+    _spec_options(plan, required=False)
     plan.add_argument(
         "--budget",
         metavar="B",
@@ -139,10 +147,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spec_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="SPEC", required=True, help="pkg.module:factory or path/file.py:factory")
+def _spec_options(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    also = "" if required else "; default: the plan's `model` statement"
     parser.add_argument(
-        "--example", metavar="SPEC", required=True, help="pkg.module:inputs, path/file.py:inputs, or 'randn(4, 3, 32, 32)'"
+        "--model", metavar="SPEC", required=required, help=f"pkg.module:factory or path/file.py:factory{also}"
+    )
+    parser.add_argument(
+        "--example",
+        metavar="SPEC",
+        required=required,
+        help="pkg.module:inputs, path/file.py:inputs, or 'randn(4, 3, 32, 32)'" + also.replace("model", "example"),
     )
 
 
@@ -425,6 +439,17 @@ def _device(text: str | None):
     return device
 
 
+def _start_model_and_example(start, args):
+    """The model and example of ``memoplan plan PLAN``: the options', else the plan's, on ``--device``."""
+    device = _device(args.device)
+    model = _model(start, args.start, args.model, required=True)
+    example = _example(start, args.start, args.example, required=True)
+    if device is not None:
+        model.to(device)
+        example = example.to(device)
+    return model, example
+
+
 def _model_and_example(args):
     """The model and example named by --model and --example (no plan involved), on ``--device``.
 
@@ -486,18 +511,22 @@ SUBLINEAR_OPTIONS = {
 }
 
 
-def _sublinear_config(args):
-    """The ``--thresh-nr-try`` ... options as a SublinearConfig (None when none is given).
+def _sublinear_config(args, block=None):
+    """The sublinear search's settings: a plan's `sublinear` block with the ``--thresh-nr-try``
+    ... options over it (None when there is neither).
 
-    They are read as the entries of a `sublinear` block, so the types, ranges and defaults are
-    the language's (`grammar/README.md`), and a bad value is the same diagnostic.
+    The options are read as the entries of a `sublinear` block, so the types, ranges and
+    defaults are the language's (`grammar/README.md`), and a bad value is the same diagnostic.
     """
     from memoplan.syntax import ast, parse_with_diagnostics
     from memoplan.syntax.blocks import config_of
 
+    from dataclasses import replace
+
+    base = None if block is None else config_of(block)
     given = {key: getattr(args, key) for key in SUBLINEAR_OPTIONS if getattr(args, key) is not None}
     if not given:
-        return None
+        return base
     for key, value in given.items():  # one value each: nothing that would start another entry
         if any(c in value for c in ";{}#=\\\n\r"):
             raise PlanError((Diagnostic("MP202", f"`--{key.replace('_', '-')} {value}` is not one value"),))
@@ -507,7 +536,8 @@ def _sublinear_config(args):
     if plan is None or any(d.is_error for d in diagnostics):
         raise PlanError(tuple(diagnostics), text)
     (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
-    return config_of(block)
+    options = config_of(block)
+    return options if base is None else replace(base, **{key: getattr(options, key) for key in given})
 
 
 def _plan(args) -> int:
@@ -516,24 +546,41 @@ def _plan(args) -> int:
     from memoplan.planner.plan import Planner, with_sources
     from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
     from memoplan.planner.profile import Profile, merge, profile
-    from memoplan.syntax import format_plan, parse_example_spec
+    from memoplan.syntax import ast, format_plan, parse_example_spec
 
-    if args.budget is None and args.preset is None:
+    start = _load(args.start) if args.start is not None else None
+    if start is None and (args.model is None or args.example is None):
+        print("memoplan plan: error: give --model and --example, or a plan to complete", file=sys.stderr)
+        return 2
+    if args.budget is None and args.preset is None and (start is None or start.budget is None):
         print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
         return 2
     budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
+    if args.budget is None and start is not None and start.budget is not None:
+        budget, hard = search.budget_from_ast(start.budget), start.budget.mode is not ast.BudgetMode.HINT
     if args.hint:
         hard = False
-    preset = (PRESETS[args.preset] if args.preset else DEFAULT).with_overrides(
-        planner=Planner(args.planner) if args.planner else None, budget=budget, hard=hard
-    )
-    sublinear = _sublinear_config(args)
+    block = None if start is None else start.block(ast.BlockKind.SUBLINEAR)
+    planner = Planner(args.planner) if args.planner else (Planner.SUBLINEAR if block is not None else None)
+    preset = (PRESETS[args.preset] if args.preset else DEFAULT).with_overrides(planner=planner, budget=budget, hard=hard)
+    sublinear = _sublinear_config(args, block)
     if sublinear is not None and preset.planner is not Planner.SUBLINEAR:
         given = ", ".join(f"--{k.replace('_', '-')}" for k in SUBLINEAR_OPTIONS if getattr(args, k) is not None)
+        given = given or f"the `sublinear` block of {args.start}"
         print(f"memoplan plan: error: {given} set the sublinear search: add --planner sublinear", file=sys.stderr)
         return 2
+    if start is not None and preset.levels:
+        print(
+            f"memoplan plan: error: preset {preset.name} refines by measurement, which could edit the rules of "
+            f"{args.start}; complete a plan with --budget (and --planner) instead",
+            file=sys.stderr,
+        )
+        return 2
     _output(args.output)
-    model, example = _model_and_example(args)
+    if start is None:
+        model, example = _model_and_example(args)
+    else:
+        model, example = _start_model_and_example(start, args)
     try:
         prof = merge([Profile.load(path) for path in args.profile]) if args.profile else None
     except ValueError as exc:  # profiles of different models
@@ -556,10 +603,17 @@ def _plan(args) -> int:
     if prof is None:
         prof = _first_step(lambda: profile(model, example))
     result = preset.run(
-        model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear
+        model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
     )
-    # The specs as given, so `explain` and `verify` of the written plan need no flags.
-    plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
+    plan = result.plan
+    if start is None or args.model is not None or args.example is not None or start.model is None:
+        # The specs as given, so `explain` and `verify` of the written plan need no flags.
+        plan = with_sources(
+            plan,
+            args.model or start.model.spec,
+            parse_example_spec(args.example, "--example") if args.example else start.example,
+            args.output.parent,
+        )
     with _writing(args.output):
         args.output.write_text(format_plan(plan), encoding="utf-8")
     verdict = "met" if result.met else "NOT met (hint)"

@@ -39,12 +39,12 @@ VALUES = {
     "ordering": "longest_path",
 }
 
-# The code that refuses each block kind while its run-time part is not built (`memory` acts:
-# tests/test_memory_block.py, and the walk below).
+# The code that refuses each block kind while its run-time part is not built.  `memory` acts
+# (tests/test_memory_block.py and the walk below); `sublinear` sets the search of `memoplan plan
+# PLAN` (tests/test_plan_complete.py walks its keys), with a note from `check` (below).
 REFUSED = {
     ast.BlockKind.DTR: "MP220",
     ast.BlockKind.MEMONGER: "MP221",
-    ast.BlockKind.SUBLINEAR: "MP222",
 }
 
 # Rules over the spiking example whose effect shows in the resolved plan: (rules, path, field).
@@ -62,7 +62,7 @@ POLICIES = {
 
 def test_the_tables_cover_every_statement_and_key():
     assert set(VALUES) == {key for _, keys in SCHEMA.values() for key in keys}
-    assert set(REFUSED) == set(ast.BlockKind) - {ast.BlockKind.MEMORY}
+    assert set(REFUSED) == set(ast.BlockKind) - {ast.BlockKind.MEMORY, ast.BlockKind.SUBLINEAR}
     assert set(POLICIES) == set(POLICY_NAMES)
     assert set(STATEMENT_NAMES) == {"model", "example", "module", "budget"} | {k.value for k in ast.BlockKind}
 
@@ -143,3 +143,11 @@ def test_static_memory_policy_acts_on_cuda_and_says_so_elsewhere(policy):
         assert notes == []
     else:
         assert notes == [("MP228", 5)]
+
+
+def test_check_says_where_a_sublinear_block_acts(tmp_path, capsys):
+    plan = tmp_path / "p.memplan"
+    plan.write_text(HEAD + "sublinear { genetic_nr_iter = 3 }\n")
+    assert cli.main(["check", str(plan)]) == 0
+    assert f"{plan}:4:1: note[MP222]: the `sublinear` block sets the search of `memoplan plan`" in capsys.readouterr().err
+    memoplan.apply(build(), memoplan.load(plan))  # applying uses the rules; the block needs nothing of it

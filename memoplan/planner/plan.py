@@ -74,6 +74,7 @@ def make_plan(
     preset: str | None = None,
     nested: bool = False,
     sublinear: SublinearConfig | None = None,
+    start: ast.Plan | None = None,
 ) -> PlanResult:
     """Plan ``model`` for ``budget``; raise :class:`PlanError` (MP601) when a hard budget is missed.
 
@@ -95,6 +96,16 @@ def make_plan(
     ``sublinear``: the settings of the sublinear search (``planner=Planner.SUBLINEAR``; default:
     MegEngine's defaults); the header says what its genetic refinement gained over the best
     threshold.
+
+    ``start``: a hand-written plan to complete (``memoplan plan PLAN``).  Its rules are fixed:
+    no candidate overlaps a module it checkpoints, compresses, chunks or marks ``keep`` (the
+    module, its ancestors and its descendants: recomputing a part of a kept module recomputes it);
+    every measurement is of its rules together with the planner's, and the base of the cost
+    model is the measured peak of its rules alone.  The result is ``start`` with the planner's
+    rules after its own and the planner's header after its header comments, or ``start``
+    itself when its rules already meet the budget (so planning its output again changes
+    nothing).  Measured refinement does not run on a completed plan (it could edit the fixed
+    rules); a widened search offers parts of blocks without ``split``.
     """
     if nested and (planner is not Planner.OPTIMAL or isinstance(budget, (search.Coverage, search.Preset))):
         raise ValueError("nested candidates need the optimal planner and a byte budget (bytes or a share of the peak)")
@@ -102,6 +113,10 @@ def make_plan(
         raise ValueError("sublinear settings need the sublinear planner")
     prof = prof or profile(model, example, progress=progress)
     how = Search(planner, sublinear or SublinearConfig())
+    if start is not None:
+        if refine is not None and refine.levels:
+            raise ValueError("measured refinement does not run on a completed plan")
+        how = _fixed_by(start, model, how)
     args = (model, example, budget, how, hard, prof, progress, refine, preset)
     try:
         return _make_plan(*args, nested=nested)
@@ -114,7 +129,8 @@ def make_plan(
         )
         if progress:
             print(f"memoplan: {widened}; searching again", file=sys.stderr, flush=True)
-        args = (model, example, budget, Search(Planner.OPTIMAL), hard, prof, progress, _with_split(refine), preset)
+        wider = None if start is not None else _with_split(refine)  # split could edit the fixed rules
+        args = (model, example, budget, replace(how, planner=Planner.OPTIMAL), hard, prof, progress, wider, preset)
         try:
             return _make_plan(*args, nested=True, widened=widened)
         except BudgetMissed as also:
@@ -146,8 +162,17 @@ def _make_plan(
     """:func:`make_plan` over one set of candidates (``nested``: with their parts); ``widened``: why."""
     links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
     # A checkpoint keeps its input, and what the model's output keeps of the region's saved bytes.
-    items = [search.Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds) for l in links]
-    base = search.unplanned_base(prof.peak_bytes, items)
+    items = [
+        search.Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds)
+        for l in links
+        if not planner.blocks(l.name)
+    ]
+    peak = prof.peak_bytes
+    if planner.fixed:  # what the hand-written rules leave is what the search works from
+        peak = _measure(model, example, _draft(None, items, model, {}, planner))
+        if _within(budget, peak, prof.peak_bytes):
+            return PlanResult(planner.start, _empty_choice(budget, peak, prof.peak_bytes), prof.peak_bytes, peak, _limit(budget, prof.peak_bytes), hard)
+    base = search.unplanned_base(peak, items)
     choice = planner(items, budget, base)
     limit = choice.limit
     least_set = False  # the plan is the least-peak set (refined): what MP601 then reports
@@ -162,7 +187,7 @@ def _make_plan(
         choice = replace(least, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note)
         after, least_set = missed.peak, True
     refined = None
-    draft = _draft(choice, items, model, {})
+    draft = _draft(choice, items, model, {}, planner)
     if refine is not None and refine.levels:
         weights = {name: prof.subtree_saved_bytes(name) for name in prof.names}
         refined = refine_plan(model, example, draft, refine, baseline=after, weights=weights, progress=progress)
@@ -185,9 +210,11 @@ def _make_plan(
     }
     if limit is not None:
         header["budget limit"] = f"{limit} B"
-    plan = _draft(choice, items, model, header)
+    plan = _draft(choice, items, model, header, planner)
     # The (refined) rules, under the provenance header and the notes refinement added to it.
     notes = draft.header_comments.leading
+    if planner.start is not None:  # the draft starts with the completed plan's own header
+        notes = notes[len(planner.start.header_comments.leading) :]
     plan = replace(
         plan,
         statements=draft.statements,
@@ -207,7 +234,7 @@ def _settled(model, example, items, choice: search.Choice, planner: Search, base
     limit = searched = choice.limit
     if not choice.ok and hard:
         choice, searched = _least_peak_if_it_fits(model, example, items, choice, planner, base)
-    after = _measure(model, example, _draft(choice, items, model, {}))
+    after = _measure(model, example, _draft(choice, items, model, {}, planner))
     if hard and limit is not None:
         choice, after = _calibrated(model, example, items, choice, after, limit, searched, planner, base)
     return choice, after
@@ -249,7 +276,7 @@ def _calibrated(
 
     def measured(c: search.Choice) -> int:
         if c.checkpointed not in peaks:
-            peaks[c.checkpointed] = _measure(model, example, _draft(c, items, model, {}))
+            peaks[c.checkpointed] = _measure(model, example, _draft(c, items, model, {}, planner))
         return peaks[c.checkpointed]
 
     for _ in range(MAX_REFINEMENTS):
@@ -306,7 +333,7 @@ def _least_peak_if_it_fits(
     """
     limit = choice.limit
     least, measured = _least_peak_within(
-        limit, choice.minimum_peak, items, base, lambda c: _measure(model, example, _draft(c, items, model, {}))
+        limit, choice.minimum_peak, items, base, lambda c: _measure(model, example, _draft(c, items, model, {}, planner))
     )
     wider = limit + max(0, least.estimated_peak - measured)
     retry = planner(items, search.Bytes(wider), base)
@@ -324,8 +351,20 @@ def _least_peak_within(limit: int, minimum: int, items, base: int, measure) -> t
     return least, peak
 
 
-def _draft(choice: search.Choice, items, model: nn.Module, header: dict[str, str]) -> ast.Plan:
-    return _with_state_rules(search.to_plan(choice, items, header=header, allow_over_budget=True), model)
+def _draft(choice: search.Choice | None, items, model: nn.Module, header: dict[str, str], how: Search) -> ast.Plan:
+    """The plan of ``choice`` (None: no rule of the planner's), after the fixed rules of ``how``."""
+    if choice is None:
+        plan = ast.Plan(1, ())
+    else:
+        plan = search.to_plan(choice, items, header=header, allow_over_budget=True)
+    plan = _with_state_rules(plan, model, skip=how.stateful)
+    if how.start is None:
+        return plan
+    start = how.start
+    header_comments = replace(
+        start.header_comments, leading=(*start.header_comments.leading, *plan.header_comments.leading)
+    )
+    return replace(start, statements=(*start.statements, *plan.statements), header_comments=header_comments)
 
 
 def _measure(model: nn.Module, example: Example, plan: ast.Plan) -> int:
@@ -335,10 +374,24 @@ def _measure(model: nn.Module, example: Example, plan: ast.Plan) -> int:
 
 @dataclass(frozen=True)
 class Search:
-    """The search that chooses a set of checkpoints for a budget: the planner and its settings."""
+    """The search that chooses a set of checkpoints for a budget: the planner, its settings, and
+    the hand-written plan it completes (``start``) with what that plan fixes."""
 
     planner: Planner
     sublinear: SublinearConfig = SublinearConfig()
+    start: ast.Plan | None = None
+    regions: frozenset[str] = frozenset()  # checkpointed, compressed or chunked by ``start``
+    kept: frozenset[str] = frozenset()  # marked `keep` by ``start``: never recomputed, nor any part
+    stateful: frozenset[str] = frozenset()  # modules whose state ``start`` already threads
+
+    @property
+    def fixed(self) -> bool:
+        return self.start is not None and bool(self.start.rules)
+
+    def blocks(self, name: str) -> bool:
+        """Whether a candidate would touch what ``start`` fixed."""
+        inside = lambda a, b: a == b or b.startswith(a + ".") or a == ""  # noqa: E731  a contains b
+        return any(inside(name, p) or inside(p, name) for p in self.regions | self.kept)
 
     def __call__(self, items, budget, base: int) -> search.Choice:
         if isinstance(budget, (search.Coverage, search.Preset)):
@@ -349,6 +402,39 @@ class Search:
             found = search.sublinear(items, budget, self.sublinear, base_bytes=base)
             return replace(found.choice, planner=sublinear_summary(self.sublinear, found.report))
         return search.optimal(items, budget, base_bytes=base)
+
+
+def _fixed_by(start: ast.Plan, model: nn.Module, how: Search) -> Search:
+    """``how`` completing ``start``: which modules its rules fix (resolved against ``model``)."""
+    resolved = memoplan.resolve(start, model)
+    return replace(
+        how,
+        start=start,
+        regions=frozenset(m.path for m in resolved.modules if m.changes_forward),
+        kept=frozenset(m.path for m in resolved.modules if m.keep is not None),
+        stateful=frozenset(m.path for m in resolved.modules if m.state is not None),
+    )
+
+
+def _limit(budget, unplanned: int) -> int | None:
+    if isinstance(budget, search.Bytes):
+        return budget.amount
+    if isinstance(budget, search.FractionOfPeak):
+        return budget.limit(unplanned)
+    return None
+
+
+def _within(budget, peak: int, unplanned: int) -> bool:
+    """Whether a measured ``peak`` meets a byte budget (a coverage budget always asks for rules)."""
+    limit = _limit(budget, unplanned)
+    return limit is not None and peak <= limit
+
+
+def _empty_choice(budget, peak: int, unplanned: int) -> search.Choice:
+    return search.Choice(
+        "none: the plan's own rules meet the budget", budget, (), (), peak, unplanned, 0.0,
+        _limit(budget, unplanned), search.Status.OK, peak,
+    )
 
 
 def sublinear_summary(config: SublinearConfig, report: search.GeneticReport) -> str:
@@ -435,11 +521,11 @@ def _relative_spec(spec: str, folder: Path | str) -> str:
     return f"{location}:{attr}"
 
 
-def _with_state_rules(plan: ast.Plan, model: nn.Module) -> ast.Plan:
-    """Mark every stateful module `state = functional`, so regions around it are legal."""
+def _with_state_rules(plan: ast.Plan, model: nn.Module, skip: frozenset[str] = frozenset()) -> ast.Plan:
+    """Mark every stateful module `state = functional` (but those in ``skip``), so regions around it are legal."""
     rules = []
     for path, module in model.named_modules():
-        if path and is_stateful(module):
+        if path and path not in skip and is_stateful(module):
             term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in path.split("."))))
             comments = ast.NO_COMMENTS
             if not rules:

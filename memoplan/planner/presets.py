@@ -161,12 +161,14 @@ class PlannerPreset:
         named: bool = True,
         nested: bool = False,
         sublinear: SublinearConfig | None = None,
+        start=None,
     ) -> PlanResult:
         """Plan ``model`` on ``example`` with this preset (:func:`memoplan.planner.plan.make_plan`).
 
         ``named``: write ``# preset: NAME`` in the plan's header (not when the preset is only
         the defaults under explicit options).  ``nested``: offer each block's children too.
-        ``sublinear``: the sublinear search's settings (with ``planner`` sublinear).
+        ``sublinear``: the sublinear search's settings (with ``planner`` sublinear).  ``start``:
+        a hand-written plan (``memoplan.syntax.ast.Plan``) to complete, its rules kept as written.
         """
         from memoplan.planner.plan import make_plan
 
@@ -182,6 +184,7 @@ class PlannerPreset:
             preset=self.name if named else None,
             nested=nested,
             sublinear=sublinear,
+            start=start,
         )
 
 

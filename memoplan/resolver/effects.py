@@ -5,7 +5,8 @@ the resolver and the runtime; the plan-wide statements (``budget`` and the confi
 blocks) act in particular commands.  This module is the one place that says, for
 each of them, where it acts: a statement that cannot act anywhere in this version is
 refused with an error at its line, and one that acts elsewhere (a budget is measured
-by ``memoplan verify``, not by ``apply``) gets a note saying where.
+by ``memoplan verify``, the ``sublinear`` block sets ``memoplan plan PLAN``'s search, and
+neither acts in ``apply``) gets a note saying where.
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ _NOT_BUILT = {
         "static buffer sharing is not built in this version of memoplan",
         "remove the block",
     ),
-    ast.BlockKind.SUBLINEAR: (
-        "MP222",
-        "the sublinear search reads its settings from the command line in this version of memoplan",
-        "remove the block and run `memoplan plan --planner sublinear`",
-    ),
 }
 
 
@@ -51,6 +47,17 @@ def statement_effects(plan: ast.Plan, *, checking: bool = False) -> list[Diagnos
             )
         elif isinstance(statement, ast.ConfigBlock) and statement.kind is ast.BlockKind.MEMORY:
             found.extend(_memory_effects(plan, statement))
+        elif isinstance(statement, ast.ConfigBlock) and statement.kind is ast.BlockKind.SUBLINEAR and checking:
+            found.append(
+                Diagnostic(
+                    "MP222",
+                    "the `sublinear` block sets the search of `memoplan plan` on this plan",
+                    _head(statement),
+                    "`memoplan plan THIS.memplan -o OUT.memplan` completes the plan with the sublinear search; "
+                    "applying the plan uses its rules",
+                    Severity.NOTE,
+                )
+            )
         elif isinstance(statement, ast.Budget) and checking:
             found.append(
                 Diagnostic(
