@@ -18,29 +18,17 @@ import torch
 
 from memoplan import cli
 
+from _cli import TRACEBACK, run, write
+
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))
 assert PLANS, "plans/ holds the bundled example plans"
 
-TRACEBACK = "Traceback (most recent call last)"
 
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMOPLAN_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert TRACEBACK not in out + err
-    return code, out, err
-
-
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 # ---------------------------------------------------------------- the command set is frozen

@@ -19,6 +19,8 @@ from torch import nn
 
 import memoplan
 from memoplan import cli
+
+from _cli import TRACEBACK, run, write
 from memoplan import diagnostics
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.resolver import explain, render_explain
@@ -26,25 +28,11 @@ from memoplan.resolver.selectors import ModelIndex, Specificity, select, specifi
 from memoplan.syntax import format_plan, parse, parse_example_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACEBACK = "Traceback (most recent call last)"
 
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMOPLAN_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert TRACEBACK not in out + err
-    return code, out, err
-
-
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 MODELS_PY = '''
