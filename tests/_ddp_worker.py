@@ -231,23 +231,21 @@ def rendezvous(rank: int, world: int, folder: Path) -> dist.Store:
     return dist.TCPStore("127.0.0.1", int(portfile.read_text()), world, is_master=False, timeout=TIMEOUT)
 
 
-def main() -> int:
-    rank, world, folder, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+def serve(rank: int, world: int, folder: Path, out: Path, work) -> int:
+    """Join the gloo group of ``world`` ranks, save ``work(rank)`` as ``out/rank{rank}.pt``, leave."""
     torch.set_num_threads(1)
     store = rendezvous(rank, world, folder)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
     try:
-        torch.manual_seed(0)
-        base = Net()  # same seed on every rank: the same initial weights
-        results = {name: run(rank, base, *scenario) for name, scenario in SCENARIOS.items()}
-        torch.save(results, out / f"rank{rank}.pt")
+        torch.save(work(rank), out / f"rank{rank}.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
 
 
-if __name__ == "__main__":
+def entry(main) -> None:
+    """Run a worker's ``main``; on any error print it and exit at once, not waiting on a peer."""
     try:
         code = main()
     except BaseException:
@@ -255,3 +253,18 @@ if __name__ == "__main__":
         sys.stderr.flush()
         os._exit(1)  # do not wait on a peer that may never answer
     sys.exit(code)
+
+
+def main() -> int:
+    rank, world, folder, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+
+    def work(rank: int) -> dict:
+        torch.manual_seed(0)
+        base = Net()  # same seed on every rank: the same initial weights
+        return {name: run(rank, base, *scenario) for name, scenario in SCENARIOS.items()}
+
+    return serve(rank, world, folder, out, work)
+
+
+if __name__ == "__main__":
+    entry(main)

@@ -7,20 +7,17 @@ Run as ``python _memory_worker.py RANK WORLD FOLDER``; writes ``FOLDER/rank{RANK
 from __future__ import annotations
 
 import copy
-import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import memoplan
 from memoplan.diagnostics import PlanError
 
-from _ddp_worker import TIMEOUT, rendezvous
+from _ddp_worker import entry, serve
 
 PLAN = "memplan 1\nmodule body.1 { checkpoint }\nmemory { atomic_clean_policy = 0 }\n"
 
@@ -61,34 +58,19 @@ def refused(base: Net, wrap) -> str | None:
     return None
 
 
-def main() -> int:
-    rank, world, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    torch.set_num_threads(1)
-    store = rendezvous(rank, world, folder)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
-    try:
-        from torch.distributed.fsdp import fully_shard
+def work(rank: int) -> dict:
+    from torch.distributed.fsdp import fully_shard
 
-        torch.manual_seed(0)
-        base = Net()
-        record = {
-            "unplanned": train(base, rank, False),
-            "planned": train(base, rank, True),
-            "bucket_view": refused(base, lambda m: DDP(m, gradient_as_bucket_view=True)),
-            "fsdp": refused(base, fully_shard),
-        }
-        torch.save(record, folder / f"rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    return 0
+    torch.manual_seed(0)
+    base = Net()
+    return {
+        "unplanned": train(base, rank, False),
+        "planned": train(base, rank, True),
+        "bucket_view": refused(base, lambda m: DDP(m, gradient_as_bucket_view=True)),
+        "fsdp": refused(base, fully_shard),
+    }
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.exit(code)
+    rank, world, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    entry(lambda: serve(rank, world, folder, folder, work))

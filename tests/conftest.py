@@ -16,3 +16,17 @@ def pytest_addoption(parser):
 @pytest.fixture
 def update_goldens(request) -> bool:
     return bool(request.config.getoption("--update-goldens"))
+
+
+TRANSFORMER = ("--model", "memoplan.examples.transformer:build", "--example", "randint(4, 32, high=100)")
+
+
+@pytest.fixture(scope="session")
+def transformer_profile(tmp_path_factory) -> str:
+    """A profile of the bundled transformer (`memoplan profile`), measured once: planning runs
+    that reuse it (`--profile`) search over the same timings, so their plans can be compared."""
+    from memoplan.cli import main
+
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    assert main(["profile", *TRANSFORMER, "-o", str(path)]) == 0
+    return str(path)

@@ -19,24 +19,16 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMOPLAN_CACHE_DIR", str(tmp_path / "cache"))
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> str:
-    """One profile for every run, so the timings behind the search are the same each time."""
-    path = tmp_path_factory.mktemp("profile") / "profile.json"
-    assert main(["profile", *TRANSFORMER, "-o", str(path)]) == 0
-    return str(path)
-
-
-def _plan(tmp_path, measured, name: str, *knobs: str) -> str:
+def _plan(tmp_path, transformer_profile, name: str, *knobs: str) -> str:
     out = tmp_path / name
-    args = ["plan", *TRANSFORMER, "--profile", measured, "--budget", "60%", "--planner", "sublinear", *knobs]
+    args = ["plan", *TRANSFORMER, "--profile", transformer_profile, "--budget", "60%", "--planner", "sublinear", *knobs]
     assert main([*args, "-o", str(out)]) == 0
     return out.read_text()
 
 
-def test_the_settings_reach_the_search_and_the_header_says_what_the_genetic_search_did(tmp_path, measured):
+def test_the_settings_reach_the_search_and_the_header_says_what_the_genetic_search_did(tmp_path, transformer_profile):
     text = _plan(
-        tmp_path, measured, "a.memplan", "--thresh-nr-try", "3", "--genetic-nr-iter", "4",
+        tmp_path, transformer_profile, "a.memplan", "--thresh-nr-try", "3", "--genetic-nr-iter", "4",
         "--genetic-pool-size", "5", "--lb-memory", "64 KiB", "--num-worker", "1",
     )
     (line,) = [l for l in text.splitlines() if l.startswith("# planner:")]
@@ -45,15 +37,15 @@ def test_the_settings_reach_the_search_and_the_header_says_what_the_genetic_sear
         in line
     )
     assert "the genetic refinement" in line and "candidates evaluated" in line
-    plain = _plan(tmp_path, measured, "b.memplan", "--num-worker", "1")
+    plain = _plan(tmp_path, transformer_profile, "b.memplan", "--num-worker", "1")
     (line,) = [l for l in plain.splitlines() if l.startswith("# planner:")]
     assert "genetic_nr_iter 0" in line and "no genetic refinement" in line
 
 
-def test_one_and_two_workers_write_the_same_plan(tmp_path, measured):
+def test_one_and_two_workers_write_the_same_plan(tmp_path, transformer_profile):
     knobs = ("--genetic-nr-iter", "3", "--genetic-pool-size", "4")
-    one = _plan(tmp_path, measured, "one.memplan", *knobs, "--num-worker", "1")
-    two = _plan(tmp_path, measured, "two.memplan", *knobs, "--num-worker", "2")
+    one = _plan(tmp_path, transformer_profile, "one.memplan", *knobs, "--num-worker", "1")
+    two = _plan(tmp_path, transformer_profile, "two.memplan", *knobs, "--num-worker", "2")
     assert one.replace("num_worker 1", "num_worker 2") == two
     memoplan.parse(one)
 
