@@ -23,8 +23,8 @@ the first forward then stops with an error that says so (``MP421``, ``MP422``) r
 than leave the buffer unused.
 
 ``static_memory_policy`` configures PyTorch's CUDA caching allocator (2: reserve the
-plan's byte budget before the first step, 3: expandable segments, 4: both).  It acts
-only where the model runs on CUDA; :func:`allocator_plan` decides, from what the
+plan's byte budget at the first forward on CUDA, 3: expandable segments, 4: both).  It
+acts only in a process with CUDA; :func:`allocator_plan` decides, from what the
 allocator has already done, whether it can act, and says why not.
 """
 
