@@ -543,7 +543,7 @@ def _sublinear_config(args, block=None):
 def _plan(args) -> int:
     """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
     from memoplan.planner import search
-    from memoplan.planner.plan import Planner, with_sources
+    from memoplan.planner.plan import Planner, rebased, with_sources
     from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
     from memoplan.planner.profile import Profile, merge, profile
     from memoplan.syntax import ast, format_plan, parse_example_spec
@@ -606,12 +606,16 @@ def _plan(args) -> int:
         model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
     )
     plan = result.plan
-    if start is None or args.model is not None or args.example is not None or start.model is None:
-        # The specs as given, so `explain` and `verify` of the written plan need no flags.
+    if start is not None and args.model is None and args.example is None and start.model is not None:
+        plan = rebased(plan, args.start.parent, args.output.parent)  # its specs, seen from where it is written
+    else:
+        # The specs as given (a completed plan's own, seen from here), so `explain` and `verify`
+        # of the written plan need no flags.
+        own = rebased(start, args.start.parent, ".") if start is not None else None
         plan = with_sources(
             plan,
-            args.model or start.model.spec,
-            parse_example_spec(args.example, "--example") if args.example else start.example,
+            args.model or own.model.spec,
+            parse_example_spec(args.example, "--example") if args.example else own.example,
             args.output.parent,
         )
     with _writing(args.output):

@@ -507,13 +507,28 @@ def with_sources(plan: ast.Plan, model: str, example: ast.ExampleStmt, folder: P
     return replace(plan, statements=(*stmts, *rest))
 
 
-def _relative_spec(spec: str, folder: Path | str) -> str:
-    """A file spec's path as seen from ``folder`` (``memoplan.specs``' rule: ``.py`` or a separator)."""
+def rebased(plan: ast.Plan, base: Path | str, folder: Path | str) -> ast.Plan:
+    """``plan`` with the file specs of its `model` and `example` statements, written relative to
+    ``base`` (the folder it was read from), rewritten relative to ``folder`` (where it is written).
+    Module specs, inline tensors, comments and the order of statements are kept."""
+
+    def move(spec: str | None) -> str | None:
+        return None if spec is None else _relative_spec(spec, folder, base)
+
+    statements = tuple(
+        replace(s, spec=move(s.spec)) if isinstance(s, (ast.ModelStmt, ast.ExampleStmt)) else s
+        for s in plan.statements
+    )
+    return replace(plan, statements=statements)
+
+
+def _relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str:
+    """A file spec (relative to ``base``) as seen from ``folder`` (``memoplan.specs``' rule: ``.py`` or a separator)."""
     text = spec.strip()
     location, colon, attr = text.rpartition(":")
     if not colon or not (location.endswith(".py") or "/" in location or "\\" in location):
         return text
-    path = Path(location).expanduser().resolve()
+    path = (Path(base) / Path(location).expanduser()).resolve()
     try:
         location = Path(os.path.relpath(path, Path(folder).resolve())).as_posix()
     except ValueError:  # another drive on Windows: only the absolute path reaches it
