@@ -100,5 +100,5 @@ def test_a_completed_plan_written_elsewhere_keeps_reaching_its_files(tmp_path):
     text = 'memplan 1\n\n# the net\nmodel "../net.py:build"\nexample "../net.py:example"\n'
     moved = rebased(memoplan.parse(text), tmp_path / "plans", tmp_path / "out" / "deep")
     assert memoplan.format_plan(moved) == text.replace("../net.py", "../../net.py")
-    inline = 'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(2, 3, 32, 32)\n'
+    inline = 'memplan 1\n\nmodel "memoplan.examples.cnn:build"\nexample randn(2, 3, 32, 32)\n'
     assert memoplan.format_plan(rebased(memoplan.parse(inline), tmp_path / "a", tmp_path / "b")) == inline
