@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -59,7 +59,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from memoplan.runtime.install import PATH_ATTR
 
-__all__ = ["Mark", "Sink", "Split", "held_alone", "result_unread", "root_only", "stand_in", "takes_root_only", "vouched"]
+__all__ = ["Mark", "Sink", "Split", "held_alone", "result_unread", "root_only", "set_probe_region", "stand_in", "takes_root_only", "vouched"]
 
 _LOCAL = threading.local()
 
@@ -186,6 +186,17 @@ def held_alone(grads: Sequence[torch.Tensor | None], site: str = "region") -> li
 
 _ALONE: dict[str, tuple[tuple[int, ...], ...]] = {}
 
+# The region the probe differentiates through, ``(site, x) -> output``.  Gradient routing does
+# not import the region runtime (the dependency is one-way: memoplan.runtime.region imports this
+# module); the region registers it with :func:`set_probe_region` when it is imported.
+_PROBE_REGION: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+
+
+def set_probe_region(run: Callable[[str, torch.Tensor], torch.Tensor]) -> None:
+    """Register the region :func:`held_alone`'s probe runs: ``run(site, x)`` for ``site`` ``"region"`` or ``"place"``."""
+    global _PROBE_REGION
+    _PROBE_REGION = run
+
 
 def _alone_counts(site: str) -> tuple[tuple[int, ...], ...]:
     if site not in _ALONE:
@@ -200,12 +211,12 @@ def _probe(site: str) -> tuple[tuple[int, ...], ...]:
     reshape of one (from a view's backward), into a region, or into two time
     chunks' joined output.
     """
-    from memoplan.runtime.region import RegionOptions, run_chunked, run_region
+    if _PROBE_REGION is None:  # pragma: no cover - memoplan.runtime imports the region, which registers it
+        raise RuntimeError("memoplan: no probe region registered (import memoplan.runtime)")
+    probe_region = _PROBE_REGION
 
     def region(x: torch.Tensor) -> torch.Tensor:
-        if site == "region":
-            return run_region((nn.Module(),), lambda t: t * 2, [x], {}, RegionOptions())
-        return run_chunked((nn.Module(),), lambda t: t * 2, [x], {}, RegionOptions(), (), chunks=2, dim=0, chunk_args=(0,))
+        return probe_region(site, x)
 
     seen: list[tuple[int, ...]] = []
     _LOCAL.probing = (site, seen)

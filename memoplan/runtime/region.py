@@ -891,3 +891,13 @@ class _RegionFunction(torch.autograd.Function):
         elif run.sink is not None and run.primary == 0 and grads_in and run.sink[0].add_into(run.sink[1], grads_in[0]):
             grads_in[0] = None
         return (None, *grads_in)
+
+
+def _probe_region(site: str, x: torch.Tensor) -> torch.Tensor:
+    """The region :func:`gradroot.held_alone`'s probe differentiates through at ``site``."""
+    if site == "region":
+        return run_region((nn.Module(),), lambda t: t * 2, [x], {}, RegionOptions())
+    return run_chunked((nn.Module(),), lambda t: t * 2, [x], {}, RegionOptions(), (), chunks=2, dim=0, chunk_args=(0,))
+
+
+gradroot.set_probe_region(_probe_region)
