@@ -13,7 +13,7 @@ import difflib
 import sys
 from pathlib import Path
 
-from memoplan import __version__
+from memoplan.version import __version__
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memoplan import __version__
+from memoplan.version import __version__
 from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
 from memoplan.diagnostics import printable

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from memoplan import __version__
+from memoplan.version import __version__
 from memoplan.codegen.render import render
 
 __all__ = [
