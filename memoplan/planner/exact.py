@@ -1,6 +1,6 @@
 """Exact planner for nested candidates: a mixed-integer linear program, with a greedy fallback.
 
-The chain planner :func:`memoplan.planner.search.optimal` is a fast special-purpose search for
+The chain planner :func:`memoplan.planner.optimal.optimal` is a fast special-purpose search for
 disjoint candidates.  When candidates nest (``layers.3`` and ``layers.3.mlp``, a forest by
 module path), :func:`exact` states the same question -- the least recompute time whose
 estimated peak is within the limit, under the cost model of :mod:`memoplan.planner.search`
@@ -42,7 +42,7 @@ The answer is ``proven_optimal=False``, with :attr:`Choice.reason` saying why, w
 not installed, when a byte count is too large to be exact in the solver's floating point
 (above 2**53, where the program cannot state the cost model exactly), when the time limit stops
 HiGHS, or when the solver fails.  The set is then the better of the solver's best set (if it
-found one) and the greedy set (:func:`memoplan.planner.search.greedy_bytes`, or, where greedy
+found one) and the greedy set (:func:`memoplan.planner.greedy.greedy_bytes`, or, where greedy
 misses, the set of least estimated peak), so a budget that some set meets is always met.  Only
 a run stopped by its time limit depends on the machine.
 """
@@ -56,7 +56,10 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from memoplan.planner.search import ByteBudget, Choice, Item, _byte_limit, _Chain, _choice, _greedy, _settled
+from memoplan.planner.budgets import ByteBudget, byte_limit
+from memoplan.planner.chain import Chain, Item
+from memoplan.planner.choice import Choice, make_choice, settled_choice
+from memoplan.planner.greedy import greedy_set
 
 __all__ = ["DEFAULT_TIME_LIMIT", "exact"]
 
@@ -88,35 +91,35 @@ def exact(
 ) -> Choice:
     """The least recompute time within the budget, for nested (or disjoint) candidates.
 
-    Reports like :func:`memoplan.planner.search.optimal`: when no legal set is within the
+    Reports like :func:`memoplan.planner.optimal.optimal`: when no legal set is within the
     limit the status is ``INFEASIBLE`` (proven: the least reachable peak is exact) and the set
     is one that reaches ``minimum_peak``.  Otherwise the status is ``OK`` and, where HiGHS
     proved its set least within ``time_limit`` seconds, ``proven_optimal`` holds and the
     planner is ``"exact"``; see the module docstring for the fallback and its
-    :attr:`~memoplan.planner.search.Choice.reason`.
+    :attr:`~memoplan.planner.choice.Choice.reason`.
     """
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
         raise ValueError(f"time_limit is a number of seconds > 0, got {time_limit!r}")
-    chain = _Chain(items, base_bytes, nested_ok=True)
-    limit = _byte_limit(budget, chain.unplanned)
-    settled, floor, floor_set = _settled(chain, "exact", budget, limit)
+    chain = Chain(items, base_bytes, nested_ok=True)
+    limit = byte_limit(budget, chain.unplanned)
+    settled, floor, floor_set = settled_choice(chain, "exact", budget, limit)
     if settled is not None:
         return settled
 
     solved = _solve(chain, limit, float(time_limit))
     if solved.proven:
-        return _choice(chain, "exact", budget, solved.chosen, limit, floor, proven=True)
-    fallback = _greedy(chain, limit)
+        return make_choice(chain, "exact", budget, solved.chosen, limit, floor, proven=True)
+    fallback = greedy_set(chain, limit)
     if chain.peak(fallback) > limit:  # greedy missed; the least-peak set is within the limit
         fallback = list(floor_set)
     if solved.chosen is not None and chain.seconds(solved.chosen) < chain.seconds(fallback):
         reason = f"{solved.reason}; the best set it found is used, not proven least"
-        return _choice(chain, "exact", budget, solved.chosen, limit, floor, reason=reason)
+        return make_choice(chain, "exact", budget, solved.chosen, limit, floor, reason=reason)
     reason = f"{solved.reason}; greedy fallback, not proven least"
-    return _choice(chain, "greedy", budget, fallback, limit, floor, reason=reason)
+    return make_choice(chain, "greedy", budget, fallback, limit, floor, reason=reason)
 
 
-def _solve(chain: _Chain, limit: int, time_limit: float) -> _Solved:
+def _solve(chain: Chain, limit: int, time_limit: float) -> _Solved:
     """Build the program of the module docstring for ``chain`` and ``limit``, and run HiGHS."""
     try:
         import numpy as np

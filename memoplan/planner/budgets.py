@@ -1,0 +1,167 @@
+"""Typed budgets of the planner: bytes, a share of the unplanned peak, a share of the candidates.
+
+Also the byte and duration formats that budgets, results and plan comments print.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Union
+
+from memoplan.syntax import ast
+
+__all__ = [
+    "Budget",
+    "ByteBudget",
+    "Bytes",
+    "Coverage",
+    "FractionOfPeak",
+    "Preset",
+    "budget_from_ast",
+    "byte_limit",
+    "format_duration",
+    "format_size",
+]
+
+
+# ---------------------------------------------------------------- budgets
+
+
+def _exact_fraction(value) -> Fraction:
+    """A number as an exact fraction; floats are read as the decimal they print as (0.6 -> 3/5)."""
+    if isinstance(value, bool):
+        raise TypeError("a budget amount is a number, not a bool")
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return Fraction(repr(value))
+    raise TypeError(f"not a finite number: {value!r}")
+
+
+def _share(value, what: str) -> Fraction:
+    """``value`` as an exact fraction in (0, 1], or ValueError naming ``what`` it is."""
+    exact = _exact_fraction(value)
+    if not 0 < exact <= 1:
+        raise ValueError(f"{what} is in (0, 1], got {value!r}")
+    return exact
+
+
+def _percent(share: Fraction) -> str:
+    """``share`` as a percentage: whole numbers exactly, others as ``%g`` prints them."""
+    pct = share * 100
+    return str(pct.numerator) if pct.denominator == 1 else f"{float(pct):g}"
+
+
+def format_size(n: int) -> str:
+    """Bytes for people: ``12.0 MiB``."""
+    if n < 1024:
+        return f"{n} B"
+    for unit, factor in (("KiB", 1024), ("MiB", 1024**2), ("GiB", 1024**3)):
+        if n < 1024 * factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n / 1024**4:.1f} TiB"
+
+
+def format_duration(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """A byte budget: the estimated peak must be at most ``amount`` bytes."""
+
+    amount: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.amount, bool) or not isinstance(self.amount, int) or self.amount < 0:
+            raise ValueError(f"a byte budget is an integer >= 0, got {self.amount!r}")
+
+    def limit(self, unplanned_peak: int) -> int:
+        return self.amount
+
+    def describe(self, unplanned_peak: int) -> str:
+        return f"{format_size(self.amount)} ({self.amount} B)"
+
+
+@dataclass(frozen=True)
+class FractionOfPeak:
+    """A share of the unplanned estimated peak, in (0, 1]: ``budget 60%`` or ``budget 0.6``.
+
+    The limit is ``floor(fraction * unplanned)`` bytes, computed exactly (0.6 is 3/5, not the
+    binary float just below it).
+    """
+
+    fraction: Fraction
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fraction", _share(self.fraction, "a fraction of the unplanned peak"))
+
+    @classmethod
+    def percent(cls, value: int | float | Fraction) -> FractionOfPeak:
+        return cls(_exact_fraction(value) / 100)
+
+    def limit(self, unplanned_peak: int) -> int:
+        return math.floor(unplanned_peak * self.fraction)
+
+    def describe(self, unplanned_peak: int) -> str:
+        return f"{_percent(self.fraction)}% of the unplanned peak = {format_size(self.limit(unplanned_peak))}"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """A share of the candidates, in (0, 1], taken largest ``saved_bytes`` first.
+
+    ``count(n) = ceil(share * n)``: at least that share of the candidates is covered.
+    """
+
+    share: Fraction
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "share", _share(self.share, "a coverage share"))
+
+    def count(self, candidates: int) -> int:
+        return math.ceil(candidates * self.share)
+
+    def describe(self, unplanned_peak: int) -> str:
+        return f"{_percent(self.share)}% of the candidates, largest activations first"
+
+
+class Preset(enum.Enum):
+    """SpikingJelly's selective budgets: the share of candidates checkpointed."""
+
+    SPEED = Fraction(1, 2)
+    BALANCED = Fraction(3, 4)
+    MEMORY = Fraction(1)
+
+    @property
+    def coverage(self) -> Coverage:
+        return Coverage(self.value)
+
+
+ByteBudget = Union[Bytes, FractionOfPeak]
+Budget = Union[Bytes, FractionOfPeak, Coverage]
+
+
+def budget_from_ast(budget: ast.Budget) -> ByteBudget:
+    """The typed budget of a plan's ``budget`` statement (its hard/hint mode is the caller's)."""
+    amount = budget.amount
+    if isinstance(amount, ast.Size):
+        return Bytes(amount.bytes)
+    if isinstance(amount, ast.Percent):
+        return FractionOfPeak.percent(amount.value)
+    return FractionOfPeak(amount)
+
+
+def byte_limit(budget: ByteBudget, unplanned: int) -> int:
+    if not isinstance(budget, (Bytes, FractionOfPeak)):
+        raise TypeError(f"this planner needs a byte budget (Bytes or FractionOfPeak), got {type(budget).__name__}")
+    return budget.limit(unplanned)
