@@ -20,7 +20,7 @@ from torch import nn
 import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner import search
-from memoplan.planner.presets import Level, Planner, RefineOptions
+from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import Profile, chain, nested_candidates, profile
 from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.refine import refine as refine_plan

@@ -1,12 +1,15 @@
-"""Planner stage: the planner's typed configs and the named presets of ``memoplan plan --preset NAME``.
+"""Planner stage: the named presets of ``memoplan plan --preset NAME``.
 
-A :class:`PlannerPreset` fixes everything ``memoplan plan`` decides besides the model:
-which :class:`Planner` searches, the budget used when none is given, whether it is hard, and
-which measured refinement levels (:class:`RefineOptions`, run by
-:mod:`memoplan.planner.refine`) run with how many trials.  :data:`PRESETS` is the registry
-(the CLI's ``--preset`` choices come from it); explicit options override fields with
-:meth:`PlannerPreset.with_overrides`.  This module is pure Python (no torch), so the command
-line can build its parser without importing torch.
+A :class:`PlannerPreset` fixes everything ``memoplan plan`` decides besides the model: which
+:class:`~memoplan.planner.config.Planner` searches, the budget used when none is given, whether
+it is hard, and which measured refinement levels
+(:class:`~memoplan.planner.config.RefineOptions`, run by :mod:`memoplan.planner.refine`) run
+with how many trials.  :data:`PRESETS` is the registry (the CLI's ``--preset`` choices come
+from it); explicit options override fields with :meth:`PlannerPreset.with_overrides`.  This
+module is pure Python (no torch), so the command line can build its parser without importing
+torch.  The typed configs live in :mod:`memoplan.planner.config` (re-exported here), so
+:mod:`memoplan.planner.plan` and :mod:`memoplan.planner.refine` never import this module: the
+one edge between them is :meth:`PlannerPreset.run`'s call of the planner's entry point.
 
 The presets and the coverage budgets
 ====================================
@@ -32,11 +35,11 @@ equivalent up to float reassociation (``memoplan verify`` checks it to 5e-5).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memoplan.planner import search
+from memoplan.planner.config import ALL_LEVELS, Level, Planner, RefineOptions
 from memoplan.syntax.blocks import SublinearConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,56 +55,6 @@ __all__ = [
     "RefineOptions",
     "parse_budget",
 ]
-
-
-class Planner(enum.Enum):
-    """Which search chooses the checkpoints for a byte budget (:mod:`memoplan.planner.search`)."""
-
-    OPTIMAL = "optimal"
-    GREEDY = "greedy"
-    SUBLINEAR = "sublinear"
-
-
-class Level(enum.Enum):
-    """A measured refinement level (:mod:`memoplan.planner.refine`)."""
-
-    SPLIT = "split"  # checkpointed nn.Sequential regions -> `checkpoint segments = N`
-    TEMPORAL = "temporal"  # checkpointed regions with stateful modules -> `temporal_chunk N dim 0`
-    NARROW = "narrow"  # a checkpointed module -> its heaviest child, when the peak does not rise
-    UNWRAP = "unwrap"  # drop region rules whose removal does not raise the peak
-
-
-ALL_LEVELS: tuple[Level, ...] = (Level.SPLIT, Level.TEMPORAL, Level.NARROW, Level.UNWRAP)
-
-
-@dataclass(frozen=True)
-class RefineOptions:
-    """Which refinement levels run, in order, and how many trials each may take.
-
-    ``max_trials`` bounds the measured trials of each level (``None``: no bound; an edit the
-    resolver refuses costs no measurement and does not count);
-    ``segments`` are the region counts the ``split`` level tries, ``chunks`` the chunk counts
-    of ``temporal``.
-    """
-
-    levels: tuple[Level, ...] = ALL_LEVELS
-    max_trials: int | None = 8
-    segments: tuple[int, ...] = (2,)
-    chunks: tuple[int, ...] = (2, 4)
-
-    def __post_init__(self) -> None:
-        levels = tuple(self.levels)
-        if not all(isinstance(level, Level) for level in levels) or len(set(levels)) != len(levels):
-            raise ValueError(f"levels must be distinct Level values, got {self.levels!r}")
-        object.__setattr__(self, "levels", levels)
-        trials = self.max_trials
-        if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):
-            raise ValueError(f"max_trials must be a positive integer or None, got {trials!r}")
-        for name in ("segments", "chunks"):
-            values = tuple(getattr(self, name))
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 2 for v in values):
-                raise ValueError(f"{name} must be integers >= 2, got {values!r}")
-            object.__setattr__(self, name, values)
 
 
 BudgetLike = search.Budget | search.Preset

@@ -55,7 +55,7 @@ from torch import nn
 import memoplan
 from memoplan.diagnostics import PlanError, printable
 from memoplan.measure import measure_step
-from memoplan.planner.presets import ALL_LEVELS, Level, RefineOptions
+from memoplan.planner.config import ALL_LEVELS, Level, RefineOptions
 from memoplan.planner.profile import Snapshot
 from memoplan.runtime.state import get_state, is_stateful, load_state
 from memoplan.specs import Example
