@@ -21,7 +21,8 @@ import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner import search
 from memoplan.planner.config import Level, Planner, RefineOptions
-from memoplan.planner.profile import Profile, chain, nested_candidates, profile
+from memoplan.planner.profile import profile
+from memoplan.planner.schema import Profile, chain, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.runtime.state import is_stateful

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memoplan.planner.profile import Profile
+from memoplan.planner.schema import Profile
 
 COLUMNS = ("module", "type", "saved", "input", "output", "calls", "forward")
 
