@@ -20,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from planner_speed import CHAINS  # noqa: E402
 
-from memoplan.planner.search import Bytes, Item, minimum_peak, sublinear, unplanned_base  # noqa: E402
+from memoplan.planner.budgets import Bytes  # noqa: E402
+from memoplan.planner.chain import Item, minimum_peak, unplanned_base  # noqa: E402
+from memoplan.planner.sublinear import sublinear  # noqa: E402
 from memoplan.syntax.blocks import SublinearConfig  # noqa: E402
 
 BUNDLED = {

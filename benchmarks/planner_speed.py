@@ -44,16 +44,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memoplan.planner.search import (  # noqa: E402
-    Bytes,
-    Item,
-    Preset,
-    greedy_bytes,
-    greedy_coverage,
-    minimum_peak,
-    optimal,
-    sublinear,
-)
+from memoplan.planner.budgets import Bytes, Preset  # noqa: E402
+from memoplan.planner.chain import Item, minimum_peak  # noqa: E402
+from memoplan.planner.greedy import greedy_bytes, greedy_coverage  # noqa: E402
+from memoplan.planner.optimal import optimal  # noqa: E402
+from memoplan.planner.sublinear import sublinear  # noqa: E402
 from memoplan.syntax.blocks import SublinearConfig  # noqa: E402
 
 MiB = 1024**2

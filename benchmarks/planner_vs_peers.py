@@ -98,10 +98,12 @@ from memoplan.compare import compare as compare_results  # noqa: E402
 from memoplan.diagnostics import PlanError  # noqa: E402
 from memoplan.examples import cnn  # noqa: E402
 from memoplan.measure import LiveStorageMeter, default_loss, measured_step, training_step  # noqa: E402
-from memoplan.planner import search  # noqa: E402
-from memoplan.planner.plan import Planner, make_plan  # noqa: E402
-from memoplan.planner.presets import Level, RefineOptions  # noqa: E402
-from memoplan.planner.profile import chain, nested_candidates, profile  # noqa: E402
+from memoplan.planner.budgets import FractionOfPeak  # noqa: E402
+from memoplan.planner.chain import Item, minimum_peak, unplanned_base  # noqa: E402
+from memoplan.planner.config import Level, Planner, RefineOptions  # noqa: E402
+from memoplan.planner.plan import make_plan  # noqa: E402
+from memoplan.planner.profile import profile  # noqa: E402
+from memoplan.planner.schema import chain, nested_candidates  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 from memoplan.verify import verify  # noqa: E402
 
@@ -473,9 +475,9 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for mode in args.memoplan:
         nested = mode == "nested"
         links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
-        items = [search.Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds) for l in links]
-        base = search.unplanned_base(prof.peak_bytes, items)
-        minimum_estimate = search.minimum_peak(items, base_bytes=base)[0]
+        items = [Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds) for l in links]
+        base = unplanned_base(prof.peak_bytes, items)
+        minimum_estimate = minimum_peak(items, base_bytes=base)[0]
         candidates[mode] = [l.name for l in links]
         minimum_estimates[mode] = minimum_estimate
         for fraction in args.budgets:
@@ -550,7 +552,7 @@ def _memoplan_config(
 ) -> dict[str, Any]:
     """Plan for one hard budget, verify the plan and register its step; the configuration's entry."""
     refine = RefineOptions(levels=tuple(Level(level) for level in args.refine)) if args.refine else None
-    budget = search.FractionOfPeak(Fraction(str(fraction)))
+    budget = FractionOfPeak(Fraction(str(fraction)))
     limit = budget.limit(prof.peak_bytes)
     label = f"memoplan optimal{' --nested' if nested else ''}, hard budget {fraction:g}"
     entry: dict[str, Any] = {

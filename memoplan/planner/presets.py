@@ -14,7 +14,7 @@ one edge between them is :meth:`PlannerPreset.run`'s call of the planner's entry
 The presets and the coverage budgets
 ====================================
 
-``search.Preset`` (``--budget speed|balanced|memory``) is a *budget*: the share of the
+``budgets.Preset`` (``--budget speed|balanced|memory``) is a *budget*: the share of the
 candidate modules checkpointed, 50/75/100%, largest activations first.  A planner preset is a
 *strategy*; its default budget is one of those coverage budgets, named alike where they agree:
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from memoplan.planner import search
+from memoplan.planner.budgets import Budget, Bytes, Coverage, FractionOfPeak, Preset, budget_from_ast
 from memoplan.planner.config import ALL_LEVELS, Level, Planner, RefineOptions
 from memoplan.syntax.blocks import SublinearConfig
 
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-BudgetLike = search.Budget | search.Preset
+BudgetLike = Budget | Preset
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,14 @@ class PlannerPreset:
     name: str
     summary: str  # one line, for --help and the docs
     planner: Planner = Planner.OPTIMAL
-    budget: BudgetLike = search.Preset.BALANCED  # used when no --budget is given
+    budget: BudgetLike = Preset.BALANCED  # used when no --budget is given
     hard: bool = True  # a hard budget is verified by measurement; False: a hint
     refine: RefineOptions = RefineOptions(levels=())
 
     def __post_init__(self) -> None:
         if not isinstance(self.planner, Planner):
             raise TypeError(f"planner must be a Planner, got {self.planner!r}")
-        if not isinstance(self.budget, (search.Bytes, search.FractionOfPeak, search.Coverage, search.Preset)):
+        if not isinstance(self.budget, (Bytes, FractionOfPeak, Coverage, Preset)):
             raise TypeError(
                 f"budget must be search.Bytes, FractionOfPeak, Coverage or Preset, got {self.budget!r}"
             )
@@ -144,24 +144,24 @@ class PlannerPreset:
 SAFE = PlannerPreset(
     "safe",
     "plain checkpoints of the largest half of the candidates, no refinement (bit-exact)",
-    budget=search.Preset.SPEED,
+    budget=Preset.SPEED,
 )
 BALANCED = PlannerPreset(
     "balanced",
     "checkpoints, then narrow or drop each one that does not lower the measured peak (bit-exact)",
-    budget=search.Preset.BALANCED,
+    budget=Preset.BALANCED,
     refine=RefineOptions(levels=(Level.NARROW, Level.UNWRAP), max_trials=8),
 )
 MEMORY = PlannerPreset(
     "memory",
     "the smallest measured peak: split regions, chunk time, narrow or drop useless checkpoints",
-    budget=search.Preset.MEMORY,
+    budget=Preset.MEMORY,
     refine=RefineOptions(levels=ALL_LEVELS, max_trials=8, segments=(2,), chunks=(2, 4)),
 )
 EXHAUSTIVE = PlannerPreset(
     "exhaustive",
     "as memory, with more segment and chunk counts and no limit on trials (slow)",
-    budget=search.Preset.MEMORY,
+    budget=Preset.MEMORY,
     refine=RefineOptions(levels=ALL_LEVELS, max_trials=None, segments=(2, 3, 4), chunks=(2, 4, 8)),
 )
 
@@ -181,9 +181,9 @@ def parse_budget(text: str) -> tuple[BudgetLike, bool | None]:
     from memoplan.syntax import ast, parse
 
     word = text.strip().lower()
-    for coverage in search.Preset:
+    for coverage in Preset:
         if coverage.name.lower() == word:
             return coverage, None
     stmt = parse(f"memplan 1\nbudget {text}\n", "--budget").budget
     hard = None if stmt.mode is None else stmt.mode is ast.BudgetMode.HARD
-    return search.budget_from_ast(stmt), hard
+    return budget_from_ast(stmt), hard
