@@ -20,7 +20,7 @@ from torch import nn
 import memoplan
 from memoplan.measure import LiveStorageMeter
 from memoplan.neurons import LIF, reset
-from memoplan.runtime import gradroot, region
+from memoplan.runtime import gradroot, recompute, region
 
 STEPS, BATCH, WIDTH = 8, 64, 32  # one time step: 8 KiB in float32; the sequence 64 KiB
 
@@ -148,7 +148,7 @@ def test_recompute_boundaries_keep_about_twice_the_square_root_of_the_chunks(mon
         pass
 
     replays: list[int] = []
-    monkeypatch.setattr(region, "_replay", lambda ctx, state, where: replays.append(ctx.i) or [torch.tensor(ctx.i + 1.0)])
+    monkeypatch.setattr(recompute, "_replay", lambda ctx, state, where: replays.append(ctx.i) or [torch.tensor(ctx.i + 1.0)])
     nodes = [Node() for _ in range(8)]
     boundaries = region._Boundaries("layer")
     for i, node in enumerate(nodes):
