@@ -35,6 +35,7 @@ from memoplan.compare import Check, compare
 from memoplan.diagnostics import Diagnostic, Severity
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, measured_step, step_device, training_step
+from memoplan.planner.budgets import budget_from_ast
 from memoplan.resolver import resolve
 from memoplan.specs import Example
 from memoplan.syntax import ast
@@ -245,14 +246,12 @@ def _rng_states(device: str) -> dict[str, torch.Tensor]:
 
 
 def render_report(report: VerifyReport) -> str:
-    def mib(n: int) -> str:
-        return f"{n / 2**20:.2f} MiB"
 
     u, p = report.unplanned, report.planned
     ratio = p.peak_bytes / u.peak_bytes if u.peak_bytes else 1.0
     lines = [
-        f"peak memory ({u.method}, {u.device}): unplanned {mib(u.peak_bytes)} ({u.peak_bytes} B), "
-        f"planned {mib(p.peak_bytes)} ({p.peak_bytes} B), {ratio:.3f}x, saved {mib(report.saved_bytes)}",
+        f"peak memory ({u.method}, {u.device}): unplanned {_mib(u.peak_bytes)} ({u.peak_bytes} B), "
+        f"planned {_mib(p.peak_bytes)} ({p.peak_bytes} B), {ratio:.3f}x, saved {_mib(report.saved_bytes)}",
         f"step time (one unmetered step each): unplanned {report.unplanned_seconds * 1e3:.1f} ms, "
         f"planned {report.planned_seconds * 1e3:.1f} ms",
     ]
@@ -283,20 +282,12 @@ def render_report(report: VerifyReport) -> str:
     return "\n".join(lines)
 
 
-def budget_limit(budget: ast.Budget, unplanned_peak: int) -> int:
-    """The budget in bytes: a size as written, a percentage or fraction of the unplanned peak."""
-    amount = budget.amount
-    if isinstance(amount, ast.Size):
-        return amount.bytes
-    fraction = amount.fraction if isinstance(amount, ast.Percent) else float(amount)
-    return int(fraction * unplanned_peak)
-
-
 def budget_check(budget: ast.Budget, report: VerifyReport) -> tuple[str, Diagnostic | None]:
     """The plan's ``budget`` against the measured planned peak: a line for the report, and a
     diagnostic at the ``budget`` line when it is missed (an error for ``hard``, the default;
     a warning for ``hint``)."""
-    limit = budget_limit(budget, report.unplanned.peak_bytes)
+    # The planner's reading of a budget (exact shares: 60% of the peak is 3/5 of it, floored).
+    limit = budget_from_ast(budget).limit(report.unplanned.peak_bytes)
     peak = report.planned.peak_bytes
     hard = budget.mode is not ast.BudgetMode.HINT
     mode = "hard" if hard else "hint"

@@ -172,7 +172,8 @@ def _make_plan(
     if planner.fixed:  # what the hand-written rules leave is what the search works from
         peak = _measure(model, example, _draft(None, items, model, {}, planner))
         if _within(budget, peak, prof.peak_bytes):
-            return PlanResult(planner.start, _empty_choice(budget, peak, prof.peak_bytes), prof.peak_bytes, peak, _limit(budget, prof.peak_bytes), hard)
+            limit = _limit(budget, prof.peak_bytes)
+            return PlanResult(planner.start, _empty_choice(budget, peak, prof.peak_bytes), prof.peak_bytes, peak, limit, hard)
     base = search.unplanned_base(peak, items)
     choice = planner(items, budget, base)
     limit = choice.limit
@@ -418,11 +419,8 @@ def _fixed_by(start: ast.Plan, model: nn.Module, how: Search) -> Search:
 
 
 def _limit(budget, unplanned: int) -> int | None:
-    if isinstance(budget, search.Bytes):
-        return budget.amount
-    if isinstance(budget, search.FractionOfPeak):
-        return budget.limit(unplanned)
-    return None
+    """The byte limit of a byte budget; None for a coverage budget, which has none."""
+    return budget.limit(unplanned) if isinstance(budget, (search.Bytes, search.FractionOfPeak)) else None
 
 
 def _within(budget, peak: int, unplanned: int) -> bool:
