@@ -315,9 +315,11 @@ def _check(args) -> int:
     effects = statement_effects(plan, checking=True)  # refused before a model is loaded; notes say where the rest act
     if any(d.is_error for d in effects):
         raise PlanError(tuple(effects), plan.source)
-    for note in effects:
-        print(note.render(plan.source), file=sys.stderr)
     model = _model(plan, args.plan, args.model, required=False)
+    printed_by_resolve = statement_effects(plan) if model is not None else []  # _resolve prints those
+    for note in effects:
+        if note not in printed_by_resolve:
+            print(note.render(plan.source), file=sys.stderr)
     summary = f"{args.plan}: ok, {len(plan.rules)} rule{'s' if len(plan.rules) != 1 else ''}"
     if model is not None:
         resolved = _resolve(plan, model)

@@ -151,3 +151,12 @@ def test_check_says_where_a_sublinear_block_acts(tmp_path, capsys):
     assert cli.main(["check", str(plan)]) == 0
     assert f"{plan}:4:1: note[MP222]: the `sublinear` block sets the search of `memoplan plan`" in capsys.readouterr().err
     memoplan.apply(build(), memoplan.load(plan))  # applying uses the rules; the block needs nothing of it
+
+
+def test_check_with_a_model_prints_each_note_once(tmp_path, capsys):
+    plan = tmp_path / "p.memplan"
+    plan.write_text(HEAD + "budget 1 GiB\nmemory { static_memory_policy = 3 }\n")
+    assert cli.main(["check", str(plan)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("note[MP224]") == 1
+    assert err.count("note[MP228]") == (0 if torch.cuda.is_available() else 1)
