@@ -34,8 +34,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = [
     "LiveStorageMeter",
     "StepMemory",
+    "Timeline",
     "default_loss",
     "measure_step",
+    "timeline_step",
     "training_step",
 ]
 
@@ -49,12 +51,19 @@ class LiveStorageMeter(TorchDispatchMode):
 
     Use as a context manager.  Storages that existed before entering are never
     counted, so the figures are "above what was live at the start".
+
+    With ``record=True`` it also keeps ``samples``: the live bytes after every
+    allocation and every free, in order (``samples[0]`` is 0, the start), and
+    ``marks``: ``(index into samples, label)`` pairs made by :meth:`mark`.
+    ``max(samples) == peak_bytes``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, record: bool = False) -> None:
         super().__init__()
         self.current_bytes = 0
         self.peak_bytes = 0
+        self.samples: list[int] | None = [0] if record else None
+        self.marks: list[tuple[int, str]] = []
         # id(storage) -> (bytes counted for it, finalizer); the finalizer removes the
         # entry before the id can be reused, and holds no reference to the storage.
         self._live: dict[int, tuple[int, weakref.finalize[[int], torch.UntypedStorage]]] = {}
@@ -62,6 +71,15 @@ class LiveStorageMeter(TorchDispatchMode):
     def reset_peak(self) -> None:
         """Start a new peak from the bytes live now."""
         self.peak_bytes = self.current_bytes
+
+    def mark(self, label: str) -> None:
+        """Note ``label`` at this point of the recorded samples (after the latest one)."""
+        if self.samples is not None:
+            self.marks.append((len(self.samples) - 1, label))
+
+    def _changed(self) -> None:
+        if self.samples is not None:
+            self.samples.append(self.current_bytes)
 
     def __exit__(
         self,
@@ -98,15 +116,18 @@ class LiveStorageMeter(TorchDispatchMode):
             if entry[0] != nbytes:
                 self.current_bytes += nbytes - entry[0]
                 self._live[key] = (nbytes, entry[1])
+                self._changed()
             return
         if known:
             return  # aliases an input that existed before the meter (a view, an in-place op)
         self._live[key] = (nbytes, weakref.finalize(storage, self._freed, key))
         self.current_bytes += nbytes
+        self._changed()
 
     def _freed(self, key: int) -> None:
         nbytes, _ = self._live.pop(key)
         self.current_bytes -= nbytes
+        self._changed()
 
 
 def _storages(tree: Any) -> Iterator[torch.UntypedStorage]:
@@ -197,6 +218,57 @@ def measured_step(
     with _gc_paused(), LiveStorageMeter() as meter:
         output, loss = training_step(model, args, kwargs, loss_fn)
     return StepMemory(peak_bytes=meter.peak_bytes, device=str(device), method="live-storage"), output, loss
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Live bytes over one training step (CPU meter): one sample after every allocation and free.
+
+    ``samples[0]`` is 0, the start of the step; ``backward`` is the index of the last sample
+    before ``loss.backward()`` began (forward and loss before it); ``marks`` are
+    ``(sample index, label)`` pairs made while the step ran.
+    """
+
+    samples: tuple[int, ...]
+    backward: int
+    marks: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.samples)
+
+
+def timeline_step(
+    model: nn.Module,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+    marks: Callable[[Callable[[str], None]], contextlib.AbstractContextManager[Any]] | None = None,
+) -> tuple[StepMemory, Timeline]:
+    """One :func:`training_step` under a recording meter: its peak (as :func:`measure_step`
+    measures it, to the byte) and its :class:`Timeline`.
+
+    ``marks``, when given, is called with the meter's ``mark(label)`` and returns a context
+    manager held around the step (hooks that mark module boundaries, say).  CPU only: the
+    CUDA allocator is not seen allocation by allocation.
+    """
+    device = step_device(model, args, kwargs)
+    if device.type != "cpu":
+        raise ValueError(f"a memory timeline is measured on the CPU, not on {device}")
+    model.zero_grad(set_to_none=True)
+    _warm_up()
+    meter = LiveStorageMeter(record=True)
+    with _gc_paused(), meter, (marks(meter.mark) if marks is not None else contextlib.nullcontext()):
+        output = model(*args, **(kwargs or {}))
+        loss = (loss_fn or default_loss)(output)
+        assert meter.samples is not None
+        backward = len(meter.samples) - 1
+        loss.backward()
+        del output, loss
+    assert meter.samples is not None
+    timeline = Timeline(tuple(meter.samples), backward, tuple(meter.marks))
+    return StepMemory(peak_bytes=meter.peak_bytes, device=str(device), method="live-storage"), timeline
 
 
 _warmed_up = False
