@@ -31,3 +31,9 @@ def grammar_text() -> str:
 @cache
 def templates_dir() -> Path:
     return _find("templates", "codegen/templates")
+
+
+@cache
+def grammar_reference() -> str:
+    """``grammar/README.md``, the language reference: its tables are what the editor shows on hover."""
+    return (_find("grammar", "grammar") / "README.md").read_text(encoding="utf-8")
