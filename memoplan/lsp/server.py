@@ -1,0 +1,351 @@
+"""Editor stage: the language server, ``memoplan lsp`` (stdio, built on pygls) — a thin adapter.
+
+Every answer comes from the modules that answer the command line: diagnostics from
+the parser and the statement checks as ``memoplan check`` prints them
+(``memoplan.lsp.analysis``), formatting from ``memoplan.syntax.format_plan``, hover
+text from the language reference, completion from the parser's own types.  What this
+module adds is the protocol: positions as the editor counts them, diagnostics as the
+protocol's records, and the model process.
+
+With the initialization option ``{"loadModel": true}`` the server also resolves each
+plan that parses against the model its ``model`` line names, as ``memoplan check``
+does with a model: in a separate process (``memoplan.lsp.worker``), from a background
+thread, so typing never waits for it; the model is built once and rebuilt only when
+one of its source files changes.  ``modelTimeout`` (seconds, default 120) bounds one
+answer of that process.  Off by default: loading a model runs its code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from lsprotocol import types as lsp
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+
+from memoplan.diagnostics import Diagnostic, Severity
+from memoplan.lsp.analysis import (
+    BOM,
+    Checked,
+    check_text,
+    from_units,
+    lines_of,
+    span_range,
+    to_units,
+    units,
+)
+from memoplan.lsp.completion import completions
+from memoplan.lsp.hover import hover_at
+from memoplan.lsp.worker import ModelWorker, diagnostic_from_json
+from memoplan.version import __version__
+
+_SEVERITY = {
+    Severity.ERROR: lsp.DiagnosticSeverity.Error,
+    Severity.WARNING: lsp.DiagnosticSeverity.Warning,
+    Severity.NOTE: lsp.DiagnosticSeverity.Information,
+}
+_KINDS = {
+    "keyword": lsp.CompletionItemKind.Keyword,
+    "property": lsp.CompletionItemKind.Property,
+    "value": lsp.CompletionItemKind.EnumMember,
+    "module": lsp.CompletionItemKind.Module,
+    "class": lsp.CompletionItemKind.Class,
+    "function": lsp.CompletionItemKind.Function,
+}
+
+
+class PlanServer(LanguageServer):
+    """The documents' last checks, the model process and its last answers."""
+
+    def __init__(self) -> None:
+        super().__init__("memoplan", __version__)
+        self.load_model = False
+        self.model_timeout = 120.0
+        self.worker: ModelWorker | None = None
+        self.checked: dict[str, tuple[str, Checked]] = {}  # uri -> (text, check of it)
+        self.model_replies: dict[str, tuple[str, dict]] = {}  # uri -> (text analysed, reply)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._wanted: dict[str, tuple[str, str, str]] = {}  # uri -> (text, file, folder) to analyse
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-model")
+
+    # ------------------------------------------------------------ documents
+
+    @property
+    def encoding(self) -> str:
+        return str(self.workspace.position_encoding or "utf-16")
+
+    def refresh(self, uri: str) -> None:
+        """Check the document now, publish, and (model loading on) queue its resolution."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+        document = self.workspace.get_text_document(uri)
+        text = document.source
+        file, folder = _file_and_folder(uri, self.workspace.root_path)
+        try:
+            checked = check_text(text, file)
+        except Exception as exc:  # a bug in memoplan: said in the editor, the server goes on
+            checked = Checked(None, (_internal(exc),))
+        self.checked[uri] = (text, checked)
+        self.publish(uri)
+        if self.load_model and checked.clean and checked.plan.model is not None:
+            self._queue(uri, text, file, folder)
+
+    def forget(self, uri: str) -> None:
+        self.checked.pop(uri, None)
+        self.model_replies.pop(uri, None)
+        with self._lock:
+            self._wanted.pop(uri, None)
+        self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+
+    def publish(self, uri: str) -> None:
+        if uri not in self.checked:
+            return
+        text, checked = self.checked[uri]
+        found = list(checked.diagnostics)
+        reply = self.model_reply(uri, text)
+        if reply is not None:
+            found.extend(d for d in self._model_diagnostics(checked, reply) if d not in found)
+        lines = lines_of(text)
+        diagnostics = [self._to_lsp(d, uri, lines, checked) for d in found]
+        self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics))
+
+    def model_reply(self, uri: str, text: str) -> dict | None:
+        """The model process's reply for exactly this text, if there is one."""
+        found = self.model_replies.get(uri)
+        return found[1] if found is not None and found[0] == text else None
+
+    def _model_diagnostics(self, checked: Checked, reply: dict) -> list[Diagnostic]:
+        if "error" in reply:
+            span = checked.plan.model.span if checked.plan is not None and checked.plan.model else None
+            return [
+                Diagnostic(
+                    "MP520",
+                    f"the model could not be loaded for the editor: {reply['error']}",
+                    span,
+                    "`memoplan check` on this plan shows what loading it does from the command line",
+                    Severity.WARNING,
+                )
+            ]
+        return [diagnostic_from_json(d) for d in reply.get("diagnostics", [])]
+
+    def _to_lsp(self, diagnostic: Diagnostic, uri: str, lines: list[str], checked: Checked) -> lsp.Diagnostic:
+        start, end = span_range(diagnostic.span, lines, self.encoding)
+        related = []
+        for label, span in diagnostic.notes:
+            if span is not None and diagnostic.span is not None and span.file == diagnostic.span.file:
+                note_start, note_end = span_range(span, lines, self.encoding)
+                related.append(lsp.DiagnosticRelatedInformation(lsp.Location(uri, _range(note_start, note_end)), label))
+        message = diagnostic.message + (f"\nhelp: {diagnostic.help}" if diagnostic.help else "")
+        return lsp.Diagnostic(
+            range=_range(start, end),
+            message=message,
+            severity=_SEVERITY[diagnostic.severity],
+            code=diagnostic.code,
+            source="memoplan",
+            related_information=related or None,
+        )
+
+    # ------------------------------------------------------------ the model, off the typing path
+
+    def _queue(self, uri: str, text: str, file: str, folder: str) -> None:
+        with self._lock:
+            self._wanted[uri] = (text, file, folder)
+            if uri in self._running:
+                return  # the running loop picks the newest text up when it is done
+            self._running.add(uri)
+        self._background.submit(self._resolve_loop, uri)
+
+    def _resolve_loop(self, uri: str) -> None:
+        while True:
+            with self._lock:
+                wanted = self._wanted.get(uri)
+                done = self.model_replies.get(uri)
+                if wanted is None or (done is not None and done[0] == wanted[0]):
+                    self._running.discard(uri)
+                    return
+            text, file, folder = wanted
+            if self.worker is None:
+                self.worker = ModelWorker(self.model_timeout)
+            try:
+                reply = self.worker.analyse(text, file, folder)
+            except Exception as exc:  # the process could not be started, or a bug: said, not fatal
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            with self._lock:
+                self.model_replies[uri] = (text, reply)
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(self.publish, uri)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        self._background.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ positions
+
+    def lines(self, uri: str) -> tuple[str, list[str]]:
+        text = self.workspace.get_text_document(uri).source
+        return text, lines_of(text)
+
+
+def _file_and_folder(uri: str, root: str | None) -> tuple[str, str]:
+    """The file name diagnostics carry and the folder a model spec is relative to."""
+    path = to_fs_path(uri) if uri.startswith("file:") else None
+    if path:
+        return path, str(Path(path).parent)
+    return uri, root or os.getcwd()
+
+
+def _range(start: tuple[int, int], end: tuple[int, int]) -> lsp.Range:
+    return lsp.Range(lsp.Position(*start), lsp.Position(*end))
+
+
+def _internal(exc: BaseException) -> Diagnostic:
+    return Diagnostic(
+        "MP521",
+        f"memoplan could not check this document: {type(exc).__name__}: {exc}",
+        None,
+        "this is a bug in memoplan; `memoplan check` on the file may say more",
+        Severity.WARNING,
+    )
+
+
+def _editor_text(lines: list[str]) -> str:
+    """The document as the hover and completion code reads it: ``\\n`` line ends, no BOM
+    (replaced by a space so that columns stay where they are)."""
+    text = "\n".join(lines)
+    return " " + text[1:] if text.startswith(BOM) else text
+
+
+server = PlanServer()
+
+
+@server.feature(lsp.INITIALIZE)
+def _initialize(ls: PlanServer, params: lsp.InitializeParams) -> None:
+    options = params.initialization_options if isinstance(params.initialization_options, dict) else {}
+    ls.load_model = bool(options.get("loadModel", False))
+    timeout = options.get("modelTimeout")
+    if isinstance(timeout, (int, float)) and timeout > 0:
+        ls.model_timeout = float(timeout)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
+def _did_open(ls: PlanServer, params: lsp.DidOpenTextDocumentParams) -> None:
+    ls.refresh(params.text_document.uri)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+def _did_change(ls: PlanServer, params: lsp.DidChangeTextDocumentParams) -> None:
+    ls.refresh(params.text_document.uri)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_SAVE)
+def _did_save(ls: PlanServer, params: lsp.DidSaveTextDocumentParams) -> None:
+    ls.refresh(params.text_document.uri)  # a model file saved meanwhile is picked up here
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
+def _did_close(ls: PlanServer, params: lsp.DidCloseTextDocumentParams) -> None:
+    ls.forget(params.text_document.uri)
+
+
+@server.feature(lsp.SHUTDOWN)
+def _shutdown(ls: PlanServer, params) -> None:
+    ls.close()
+
+
+@server.feature(lsp.TEXT_DOCUMENT_HOVER)
+def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
+    uri = params.text_document.uri
+    text, lines = ls.lines(uri)
+    line = params.position.line
+    if not 0 <= line < len(lines):
+        return None
+    column = from_units(lines[line], params.position.character, ls.encoding)
+    checked = ls.checked.get(uri)
+    plan = checked[1].plan if checked is not None and checked[0] == text else None
+    reply = ls.model_reply(uri, text)
+    if not ls.load_model:
+        state = "The model is not loaded: start the server with the initialization option `loadModel` to see the modules this selects."
+    elif plan is None or plan.model is None:
+        state = "The plan names no model (`model \"pkg.module:factory\"`)."
+    elif reply is None:
+        state = "The model is loading…"
+    elif "error" in reply:
+        state = f"The model could not be loaded: {reply['error']}"
+    else:
+        state = ""
+    try:
+        found = hover_at(_editor_text(lines), line, column, plan, reply, state)
+    except Exception:  # never let a hover take the server down
+        return None
+    if found is None:
+        return None
+    start = to_units(lines[found.line], found.start, ls.encoding)
+    end = to_units(lines[found.line], found.end, ls.encoding)
+    return lsp.Hover(
+        contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=found.markdown),
+        range=_range((found.line, start), (found.line, end)),
+    )
+
+
+@server.feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(trigger_characters=[".", ":", "="]))
+def _completion(ls: PlanServer, params: lsp.CompletionParams) -> lsp.CompletionList:
+    uri = params.text_document.uri
+    text, lines = ls.lines(uri)
+    line = min(max(params.position.line, 0), len(lines) - 1)
+    column = from_units(lines[line], params.position.character, ls.encoding)
+    offset = sum(len(t) + 1 for t in lines[:line]) + column
+    reply = ls.model_replies.get(uri)  # the last one: paths and classes of the model do not change with typing
+    model = reply[1] if reply is not None and "error" not in reply[1] else None
+    try:
+        found = completions(_editor_text(lines), offset, model)
+    except Exception:
+        found = []
+    items = []
+    for item in found:
+        start = to_units(lines[line], column - item.replace, ls.encoding)
+        edit = lsp.TextEdit(_range((line, start), (line, to_units(lines[line], column, ls.encoding))), item.insert or item.label)
+        items.append(
+            lsp.CompletionItem(
+                label=item.label,
+                kind=_KINDS.get(item.kind),
+                detail=item.detail or None,
+                documentation=lsp.MarkupContent(lsp.MarkupKind.Markdown, item.documentation) if item.documentation else None,
+                text_edit=edit,
+                filter_text=item.label,
+            )
+        )
+    return lsp.CompletionList(is_incomplete=False, items=items)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_FORMATTING)
+def _formatting(ls: PlanServer, params: lsp.DocumentFormattingParams) -> list[lsp.TextEdit] | None:
+    """The canonical form (``memoplan fmt``) as one edit; nothing for a plan with errors."""
+    from memoplan.syntax import format_plan, parse_with_diagnostics
+
+    text, lines = ls.lines(params.text_document.uri)
+    try:
+        plan, diagnostics = parse_with_diagnostics(text)
+        if plan is None or any(d.is_error for d in diagnostics):
+            return None
+        formatted = format_plan(plan)
+    except Exception:
+        return None
+    if text.startswith(BOM):
+        formatted = BOM + formatted
+    if formatted == text:
+        return []
+    end = (len(lines) - 1, units(lines[-1], ls.encoding))
+    return [lsp.TextEdit(_range((0, 0), end), formatted)]
+
+
+def serve() -> int:
+    """Run the server on stdin and stdout until the editor ends it."""
+    server.start_io()
+    return 0
