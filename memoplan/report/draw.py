@@ -1,0 +1,175 @@
+"""Report stage: the plots, drawn with matplotlib from the data of :mod:`memoplan.report.data`.
+
+Each function takes one plot's data dict and returns an inline SVG document (text,
+fonts as paths, no external reference), so a report opens with no network.  The
+object-oriented API (``matplotlib.figure.Figure``) is used, never ``pyplot``: no global
+state, no backend switched for the caller.  Output is deterministic (fixed SVG id
+salt, no date).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+COLORS = {"unplanned": "#7f7f7f", "planned": "#1f77b4"}
+SERIES_STYLE = {
+    "unplanned": ("#7f7f7f", "s"),
+    "chosen": ("#d62728", "*"),
+    "memoplan": ("#1f77b4", "o"),
+    "every block": ("#2ca02c", "^"),
+    "torch.compile": ("#9467bd", "D"),
+    "spikingjelly": ("#8c564b", "v"),
+}
+REGION_SHADES = ("#e8eef7", "#f6f6f6")
+
+
+def available() -> bool:
+    """Whether matplotlib can be imported (the ``report`` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _svg(fig: Any) -> str:
+    import matplotlib
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "memoplan", "svg.fonttype": "path"}):
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]  # inline: no XML declaration or doctype
+
+
+def _bytes_axis(ax: Any, top: float) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_ylim(0, top * 1.12 if top > 0 else 1)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 2**20:.1f}"))
+    ax.set_ylabel("live bytes (MiB)")
+
+
+def memory_svg(plot: Mapping[str, Any]) -> str:
+    """Live bytes over one training step, every run on the common axis; the backward pass and
+    the shown modules' regions (of the planned run) shaded and labelled; each peak annotated."""
+    runs = plot["runs"]
+    fig = _figure(10, 4.6)
+    ax = fig.add_subplot()
+    top = max((max(r["bytes"]) for r in runs.values() if r["bytes"]), default=0)
+    _bytes_axis(ax, top)
+    shaded = runs.get("planned") or next(iter(runs.values()))
+    end = max(r["end_x"] for r in runs.values())
+    for i, region in enumerate(sorted(shaded["regions"], key=lambda r: r["x0"])):
+        ax.axvspan(region["x0"], region["x1"], color=REGION_SHADES[i % 2], lw=0, zorder=0)
+    # Label the regions wide enough to hold a name (at most a dozen, widest first).
+    wide = sorted(shaded["regions"], key=lambda r: r["x1"] - r["x0"], reverse=True)[:12]
+    for region in wide:
+        if (region["x1"] - region["x0"]) < end / 40:
+            continue
+        ax.text(
+            (region["x0"] + region["x1"]) / 2,
+            top * 1.10,
+            region["module"] or "(root)",
+            ha="center",
+            va="top",
+            rotation=90,
+            fontsize=7,
+            color="#555555",
+            clip_on=True,
+        )
+    backward = shaded["backward_x"]
+    ax.axvline(backward, color="#444444", lw=0.8, ls="--")
+    ax.text(backward, top * 0.02, " backward \u2192", fontsize=8, color="#444444", va="bottom")
+    ax.text(backward, top * 0.02, "\u2190 forward ", fontsize=8, color="#444444", va="bottom", ha="right")
+    for name, run in runs.items():
+        color = COLORS.get(name, "#ff7f0e")
+        ax.plot(run["x"], run["bytes"], color=color, lw=1.2, label=f"{name} (peak {mib(run['peak']['bytes'])})")
+        peak = run["peak"]
+        where = f"{peak['phase']} of {peak['module'] or '(root)'}" if peak["module"] is not None else "outside the shown modules"
+        ax.annotate(
+            f"{peak['bytes']:,} B\n{where}",
+            xy=(peak["x"], peak["bytes"]),
+            xytext=(8, -2 if name == "unplanned" else -26),
+            textcoords="offset points",
+            fontsize=8,
+            color=color,
+            arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6},
+        )
+        ax.plot([peak["x"]], [peak["bytes"]], marker="o", color=color, ms=4)
+    ax.set_xlim(0, end)
+    ax.set_xlabel("one training step: " + plot["x_unit"])
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    ax.set_title("Memory over one training step", fontsize=11)
+    return _svg(fig)
+
+
+def saved_svg(plot: Mapping[str, Any]) -> str:
+    """Horizontal bars: saved-activation bytes per module without and with the plan, largest first."""
+    rows = plot["rows"]
+    fig = _figure(10, max(2.2, 0.32 * len(rows) + 1.2))
+    ax = fig.add_subplot()
+    ys = list(range(len(rows)))
+    height = 0.4
+    ax.barh([y - height / 2 for y in ys], [r["before"] for r in rows], height, color=COLORS["unplanned"], label="unplanned")
+    ax.barh([y + height / 2 for y in ys], [r["after"] for r in rows], height, color=COLORS["planned"], label="planned")
+    ax.set_yticks(ys, [r["module"] or "(root)" for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 2**20:.2f}"))
+    ax.set_xlabel("saved activation bytes (MiB), the module and everything inside it")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Saved bytes per module", fontsize=11)
+    return _svg(fig)
+
+
+def sweep_svg(plot: Mapping[str, Any]) -> str:
+    """Peak memory against step time, one marker style per kind of configuration; the chosen
+    plan drawn large; memoplan's budgets labelled."""
+    fig = _figure(8, 4.8)
+    ax = fig.add_subplot()
+    for kind, points in plot["series"].items():
+        color, marker = SERIES_STYLE.get(kind, ("#ff7f0e", "x"))
+        xs = [p["step_seconds"] * 1e3 for p in points]
+        ys = [p["peak_bytes"] / 2**20 for p in points]
+        size = 14 if kind == "chosen" else 6
+        linestyle = "-" if kind in ("memoplan", "torch.compile") and len(points) > 1 else "none"
+        ax.plot(xs, ys, marker=marker, ms=size, ls=linestyle, lw=0.8, color=color, label=kind)
+        for p in points:
+            if p.get("budget") is not None:
+                ax.annotate(f"{p['budget']:g}", (p["step_seconds"] * 1e3, p["peak_bytes"] / 2**20),
+                            xytext=(4, 3), textcoords="offset points", fontsize=7, color=color)
+    ax.set_xlabel("step time (ms, median)")
+    ax.set_ylabel("peak memory of one step (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title("Budget sweep: peak memory against step time", fontsize=11)
+    return _svg(fig)
+
+
+def bars_svg(title: str, labels: list[str], values: list[float], unit: str) -> str:
+    """A simple horizontal bar chart (the benchmark summary's plots)."""
+    fig = _figure(8, max(2.0, 0.32 * len(labels) + 1.2))
+    ax = fig.add_subplot()
+    ys = list(range(len(labels)))
+    ax.barh(ys, values, color=COLORS["planned"])
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    for y, v in zip(ys, values):
+        ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
+    ax.set_title(title, fontsize=11)
+    return _svg(fig)
