@@ -20,6 +20,7 @@ _EXPORTS = {
     "PlanError": "memoplan.diagnostics",
     "apply": "memoplan.api",
     "compile": "memoplan.api",
+    "dtr_stats": "memoplan.runtime.dtr",
     "remove": "memoplan.api",
     "explain": "memoplan.resolver",
     "resolve": "memoplan.resolver",
@@ -47,5 +48,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from memoplan.api import apply, compile, remove
     from memoplan.diagnostics import Diagnostic, PlanError
+    from memoplan.runtime.dtr import dtr_stats
     from memoplan.resolver import explain, resolve
     from memoplan.syntax import format_plan, load, parse

@@ -392,7 +392,8 @@ def _explain(args) -> int:
 
 def _verify(args) -> int:
     from memoplan.codegen.emit import plan_table
-    from memoplan.verify import budget_check, render_report, verify
+    from memoplan.syntax import ast
+    from memoplan.verify import budget_check, dtr_check, render_report, verify
 
     device = _device(args.device)
     plan = _load(args.plan)
@@ -411,7 +412,11 @@ def _verify(args) -> int:
         print(line)
         if missed is not None:
             print(missed.render(plan.source), file=sys.stderr)
-    return 0 if report.equivalent and (missed is None or not missed.is_error) else 1
+    dtr_block = plan.block(ast.BlockKind.DTR)
+    unmet = dtr_check(dtr_block, report) if dtr_block is not None else None
+    if unmet is not None:
+        print(unmet.render(plan.source), file=sys.stderr)
+    return 0 if report.equivalent and (missed is None or not missed.is_error) and unmet is None else 1
 
 
 def _device(text: str | None):

@@ -78,6 +78,8 @@ class ModulePlan:
     # Paths, relative to this module ("" for itself), of the `state = functional`
     # modules inside its region, whose state the region threads.
     region_state: tuple[str, ...] = ()
+    # A candidate of the plan's `dtr` block (its line): its saved activations may be evicted.
+    evict: Origin | None = None
 
     @property
     def changes_forward(self) -> bool:
@@ -120,6 +122,8 @@ class ResolvedPlan:
             )
         if self.memory is not None:  # left out without a memory block, so earlier plan ids stay
             rows.append(repr(("memory", self.memory, self.reserve_bytes)))
+        if self.dtr is not None:  # the same: left out without a dtr block
+            rows.append(repr(("dtr", self.dtr, tuple(m.path for m in self.modules if m.evict is not None))))
         return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
     @property

@@ -37,6 +37,7 @@ from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, measured_step, step_device, training_step
 from memoplan.planner.budgets import budget_from_ast
 from memoplan.resolver import resolve
+from memoplan.runtime.dtr import DtrStats, dtr_stats
 from memoplan.specs import Example
 from memoplan.syntax import ast
 
@@ -58,6 +59,8 @@ class VerifyReport:
     #: plan, not a benchmark).
     unplanned_seconds: float = 0.0
     planned_seconds: float = 0.0
+    #: What the ``dtr`` block's tracker did in the planned step (None without one).
+    dtr: DtrStats | None = None
 
     @property
     def equivalent(self) -> bool:
@@ -112,7 +115,10 @@ def verify(
     with _reproducible(where) as nondeterministic:
         _warm_up(reference, planned, example, loss_fn, where)
         before = _run(reference, example, seed, loss_fn)
+        if resolved.dtr is not None:
+            dtr_stats(planned, reset=True)  # count the measured step only
         after = _run(planned, example, seed, loss_fn)
+    evictions = dtr_stats(planned) if resolved.dtr is not None else None
     checks = (
         compare("outputs", {"outputs": before.output}, {"outputs": after.output}, rtol),
         compare("gradients", before.grads, after.grads, rtol),
@@ -127,7 +133,7 @@ def verify(
     memory = before.memory, after.memory
     del reference, planned, before, after  # compared: free them before timing fresh copies
     times = _step_times(model, resolved, example, loss_fn, device, where)
-    return VerifyReport(resolved, *memory, checks, rtol, tuple(nondeterministic), *times)
+    return VerifyReport(resolved, *memory, checks, rtol, tuple(nondeterministic), *times, evictions)
 
 
 def _step_times(
@@ -255,6 +261,8 @@ def render_report(report: VerifyReport) -> str:
         f"step time (one unmetered step each): unplanned {report.unplanned_seconds * 1e3:.1f} ms, "
         f"planned {report.planned_seconds * 1e3:.1f} ms",
     ]
+    if report.dtr is not None:
+        lines.append(report.dtr.summary())
     for check in report.checks:
         if not check.equal:
             status = "DIFFERENT"
@@ -305,6 +313,22 @@ def budget_check(budget: ast.Budget, report: VerifyReport) -> tuple[str, Diagnos
     else:
         diagnostic = Diagnostic("MP226", f"budget hint missed: {over}", budget.span, severity=Severity.WARNING)
     return line + f"MISSED ({mode})", diagnostic
+
+
+def dtr_check(block: ast.ConfigBlock, report: VerifyReport) -> Diagnostic | None:
+    """``MP231`` at the ``dtr`` block when its threshold could not be met in the measured step."""
+    stats = report.dtr
+    if stats is None or not stats.over_threshold:
+        return None
+    return Diagnostic(
+        "MP231",
+        f"the dtr eviction_threshold {_mib(stats.threshold)} ({stats.threshold} B) was not met "
+        f"{stats.over_threshold} time(s): the inputs the candidates keep, and what they may not evict, "
+        f"took more (tracked peak {stats.tracked_peak} B)",
+        block.span,
+        "raise eviction_threshold or lower evictee_minimum_size; `memoplan plan --budget B --dtr` chooses a "
+        "threshold that the tracker can meet",
+    )
 
 
 def _mib(n: int) -> str:

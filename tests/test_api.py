@@ -21,6 +21,7 @@ def test_public_names_are_frozen():
         "__version__",
         "apply",
         "compile",
+        "dtr_stats",
         "explain",
         "format_plan",
         "load",

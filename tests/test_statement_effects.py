@@ -41,9 +41,9 @@ VALUES = {
 
 # The code that refuses each block kind while its run-time part is not built.  `memory` acts
 # (tests/test_memory_block.py and the walk below); `sublinear` sets the search of `memoplan plan
-# PLAN` (tests/test_plan_complete.py walks its keys), with a note from `check` (below).
+# PLAN` (tests/test_plan_complete.py walks its keys), with a note from `check` (below); `dtr`
+# gives its candidates a tracker with every key (the walk below, tests/test_dtr.py).
 REFUSED = {
-    ast.BlockKind.DTR: "MP220",
     ast.BlockKind.MEMONGER: "MP221",
 }
 
@@ -62,7 +62,7 @@ POLICIES = {
 
 def test_the_tables_cover_every_statement_and_key():
     assert set(VALUES) == {key for _, keys in SCHEMA.values() for key in keys}
-    assert set(REFUSED) == set(ast.BlockKind) - {ast.BlockKind.MEMORY, ast.BlockKind.SUBLINEAR}
+    assert set(REFUSED) == set(ast.BlockKind) - {ast.BlockKind.MEMORY, ast.BlockKind.SUBLINEAR, ast.BlockKind.DTR}
     assert set(POLICIES) == set(POLICY_NAMES)
     assert set(STATEMENT_NAMES) == {"model", "example", "module", "budget"} | {k.value for k in ast.BlockKind}
 
@@ -81,6 +81,31 @@ def test_every_config_key_is_refused_with_its_block_until_it_acts(kind, key):
     assert diagnostic.help
     assert not any("forward" in m.__dict__ for m in model.modules())  # nothing applied
     assert "^" in caught.value.render()
+
+
+@pytest.mark.parametrize("key", list(SCHEMA[ast.BlockKind.DTR][1]))
+def test_every_dtr_key_reaches_the_tracker(key):
+    from memoplan.runtime.dtr import DTR_ATTR
+
+    required = "" if key == "eviction_threshold" else "eviction_threshold = 2 MiB; "
+    plan = parse(HEAD + f"dtr {{ {required}{key} = {VALUES[key]} }}\n", "p.memplan")
+    expected = getattr(memoplan.resolve(plan, build()).dtr, key)
+    default = getattr(type(memoplan.resolve(plan, build()).dtr)(eviction_threshold=1), key)
+    assert key == "eviction_threshold" or expected != default  # the value written is not the default
+    model = memoplan.apply(build(), plan)
+    tracker = model.__dict__[DTR_ATTR]
+    assert getattr(tracker.settings, key) == expected
+    assert {name for name, m in model.named_modules() if m.__dict__.get(DTR_ATTR) is tracker} - {""}
+
+
+def test_a_dtr_block_with_nothing_to_evict_is_refused():
+    plan = parse(HEAD + "module features.* : ConvBlock { checkpoint }\ndtr { eviction_threshold = 2 MiB }\n", "p.memplan")
+    model = build()
+    with pytest.raises(PlanError) as caught:
+        memoplan.apply(model, plan)
+    (diagnostic,) = caught.value.errors
+    assert diagnostic.code == "MP230" and diagnostic.span.line == 5 and diagnostic.help
+    assert not any("forward" in m.__dict__ for m in model.modules())  # nothing applied
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)

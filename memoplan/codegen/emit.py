@@ -16,7 +16,7 @@ from memoplan.diagnostics import printable
 from memoplan.ir import ModulePlan, ResolvedPlan
 
 # Names the template defines itself.
-RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "MEMORY", "_rt", "self", "args", "kwargs", "torch")
+RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "MEMORY", "DTR", "_rt", "self", "args", "kwargs", "torch")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,17 @@ def emit(plan: ResolvedPlan, *, source: str | None = None, module_name: str = "p
     lines_of: dict[_Policy, set[str]] = {}
     texts_of: dict[_Policy, list[str]] = {}
     targets = []
+    evictable = None
     for module in plan.modules:
+        if module.evict is not None:
+            if evictable is None:
+                evictable = _Wrapper(
+                    names.allocate("dtr_candidate"),
+                    f"dtr: its saved activations may be evicted and recomputed  ({module.evict})",
+                    "_rt.run_evictable(self, type(self).forward, args, kwargs)",
+                )
+            targets.append((module, None))
+            continue
         policy = _policy_of(module)
         if policy is None:
             continue
@@ -60,17 +70,20 @@ def emit(plan: ResolvedPlan, *, source: str | None = None, module_name: str = "p
         targets.append((module, policy))
     order = sorted(lines_of, key=repr)
     wrappers = {p: _wrapper(p, texts_of[p], sorted(lines_of[p], key=_line_order), names) for p in order}
+    wrappers[None] = evictable
     context = {
         "version": __version__,
         "source": source or plan.file,
         "plan_id": plan.digest,
         "rows": plan_table(plan),
         "module_count": len(plan.modules),
-        "policies": [wrappers[p] for p in order],
+        "policies": [wrappers[p] for p in order] + ([evictable] if evictable else []),
         "targets": [
-            {"path": m.path, "type_name": m.type_name, "forward": wrappers[p].name} for m, p in targets
+            {"path": m.path, "type_name": m.type_name, "forward": wrappers[p].name, "evictable": p is None}
+            for m, p in targets
         ],
         "memory": _memory_call(plan),
+        "dtr": _dtr_call(plan),
     }
     text = render("plan_module.py.j2", **context)
     return GeneratedCode(plan.digest, (GeneratedFile(f"{module_name}.py", text),))
@@ -108,6 +121,20 @@ def _memory_call(plan: ResolvedPlan) -> str | None:
     if plan.memory.static_memory_policy in (2, 4):
         fields.append(f"reserve_bytes={pyrepr(plan.reserve_bytes)}")
     return f"_rt.MemorySettings({', '.join(fields)})"
+
+
+def _dtr_call(plan: ResolvedPlan) -> str | None:
+    """The ``dtr`` block as the ``DtrSettings`` the generated module passes to install."""
+    if plan.dtr is None:
+        return None
+    config = plan.dtr
+    fields = [
+        f"eviction_threshold={pyrepr(config.eviction_threshold)}",
+        f"evictee_minimum_size={pyrepr(config.evictee_minimum_size)}",
+        f"recomp_memory_factor={pyrepr(float(config.recomp_memory_factor))}",
+        f"recomp_time_factor={pyrepr(float(config.recomp_time_factor))}",
+    ]
+    return f"_rt.DtrSettings({', '.join(fields)})"
 
 
 def _policy_of(m: ModulePlan) -> _Policy | None:
@@ -198,3 +225,5 @@ def _decisions(m: ModulePlan):
         yield m.keep.policy, m.keep
     if m.buffers_commit_once is not None:
         yield m.buffers_commit_once.policy, m.buffers_commit_once
+    if m.evict is not None:
+        yield "dtr (may be evicted)", m.evict

@@ -18,6 +18,7 @@ from memoplan.resolver.selectors import ModelIndex, Specificity, select, specifi
 from memoplan.syntax import ast
 from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import is_stateful
+from memoplan.resolver.dtr import candidates as dtr_candidates
 from memoplan.resolver.effects import statement_effects
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
@@ -90,6 +91,9 @@ class Resolution:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     inside_region: dict[str, str] = field(default_factory=dict)  # path -> enclosing checkpointed path
     shared_with: dict[str, str] = field(default_factory=dict)  # second path of a shared module -> first
+    # The `dtr` block's candidates and the blocks it leaves out: path -> why (memoplan.resolver.dtr).
+    evictable: dict[str, str] = field(default_factory=dict)
+    not_evictable: dict[str, str] = field(default_factory=dict)
 
     def error(self, code, message, span=None, help=None, notes=()) -> None:
         self.diagnostics.append(Diagnostic(code, message, span, help, notes=notes))
@@ -117,7 +121,29 @@ def analyse(plan: ast.Plan, model: nn.Module) -> Resolution:
     _check_shared(resolution)
     _check_regions(resolution)
     _check_policies(resolution)
+    _choose_evictable(resolution, model)
     return resolution
+
+
+def _choose_evictable(res: Resolution, model: nn.Module) -> None:
+    """The `dtr` block's candidates: blocks no memory rule touches (:mod:`memoplan.resolver.dtr`)."""
+    block = res.plan.block(ast.BlockKind.DTR)
+    if block is None:
+        return
+    ruled: dict[str, int] = {}
+    for path, aspects in res.decisions.items():
+        lines = [d.winner.line for aspect, d in aspects.items() if aspect not in ("state", "buffers")]
+        if lines:
+            ruled[path] = min(lines)
+    res.evictable, res.not_evictable = dtr_candidates(model, ruled)
+    if not res.evictable:
+        res.error(
+            "MP230",
+            "the `dtr` block has no module to act on: every block of the model has a rule of its own",
+            replace(block.span, end_line=block.span.line, end_column=block.span.column + len("dtr")),
+            "remove the `dtr` block, or the rules on the blocks it should evict "
+            "(`memoplan explain` lists the blocks and why each is left out)",
+        )
 
 
 def _in_order(diagnostics):
@@ -672,6 +698,11 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
             fields["region_state"] = _region_state(res, path, module)
         modules.append(ir.ModulePlan(path, qualified_type_name(cls), **fields))
     plan = res.plan
+    dtr_block = plan.block(ast.BlockKind.DTR)
+    for path in res.evictable:
+        origin = ir.Origin(plan.file, dtr_block.span.line, "dtr", "dtr")
+        modules.append(ir.ModulePlan(path, qualified_type_name(type(res.index.modules[path])), evict=origin))
+    modules.sort(key=lambda m: ir.path_key(m.path))
     blocks = {kind: plan.block(kind) for kind in ast.BlockKind}
     return ir.ResolvedPlan(
         file=plan.file,

@@ -20,11 +20,6 @@ from memoplan.syntax.blocks import config_of
 # Config blocks this version parses and validates but cannot carry out yet: each one is
 # refused with its reason and what to write instead, never accepted and dropped.
 _NOT_BUILT = {
-    ast.BlockKind.DTR: (
-        "MP220",
-        "dynamic eviction at run time is not built in this version of memoplan",
-        "remove the block; `checkpoint` rules give a fixed saving now (`memoplan plan --budget B` writes them)",
-    ),
     ast.BlockKind.MEMONGER: (
         "MP221",
         "static buffer sharing is not built in this version of memoplan",

@@ -52,6 +52,11 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
                     "the chunks measures the statistics of every time step",
                 )
             )
+        if path in resolution.evictable:
+            line = resolution.plan.block(ast.BlockKind.DTR).span.line
+            decisions.append(("dtr candidate", f"line {line} `dtr`: {resolution.evictable[path]}"))
+        elif path in resolution.not_evictable:
+            decisions.append(("not a dtr candidate", resolution.not_evictable[path]))
         rows.append(ExplainRow(path, type(module).__qualname__, tuple(decisions)))
     return rows
 

@@ -3,7 +3,7 @@
 Generated modules call exactly these names: :class:`Target`, :func:`install`,
 :func:`uninstall`, :func:`run_checkpointed`, :func:`run_segmented` and
 :func:`run_planned` (memoplan's own region: compressed input, threaded state,
-temporal chunks).  This
+temporal chunks), :func:`run_evictable` and :class:`DtrSettings` (the ``dtr`` block).  This
 package imports only ``torch``, the standard library and
 :mod:`memoplan.diagnostics`, never the parser, resolver or planner.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 from memoplan.runtime.checkpoint import run_checkpointed, run_segmented
 from memoplan.runtime.region import RegionOptions, run_chunked, run_planned, run_region
 from memoplan.runtime.memory import MemorySettings
+from memoplan.runtime.dtr import DtrSettings, DtrStats, dtr_stats, run_evictable
 from memoplan.runtime.install import (
     InstalledPlan,
     PlanMismatchError,
@@ -24,6 +25,8 @@ from memoplan.runtime.install import (
 )
 
 __all__ = [
+    "DtrSettings",
+    "DtrStats",
     "InstalledPlan",
     "MemorySettings",
     "PlanMismatchError",
@@ -33,7 +36,9 @@ __all__ = [
     "installed_plan",
     "qualified_type_name",
     "run_checkpointed",
+    "dtr_stats",
     "run_chunked",
+    "run_evictable",
     "run_planned",
     "run_region",
     "run_segmented",

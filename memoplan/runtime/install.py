@@ -32,6 +32,7 @@ from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError, did_you_mean
 from memoplan.runtime import pickling
+from memoplan.runtime.dtr import DTR_ATTR, DtrSettings, Tracker
 from memoplan.runtime.memory import MemorySettings, install_memory, uninstall_memory
 
 __all__ = [
@@ -70,6 +71,7 @@ class Target:
     path: str
     type_name: str
     forward: Callable[..., Any]
+    evictable: bool = False  # a candidate of the plan's `dtr` block (memoplan.runtime.dtr)
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,16 @@ def installed_plan(model: nn.Module) -> str | None:
     return record.plan_id if isinstance(record, InstalledPlan) else None
 
 
-def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str, memory: MemorySettings | None = None) -> None:
-    """Patch every target's forward and put the ``memory`` block in place, or raise and change nothing."""
+def install(
+    model: nn.Module,
+    targets: Iterable[Target],
+    *,
+    plan_id: str,
+    memory: MemorySettings | None = None,
+    dtr: DtrSettings | None = None,
+) -> None:
+    """Patch every target's forward, put the ``memory`` block in place and give the ``dtr``
+    candidates their tracker (:mod:`memoplan.runtime.dtr`), or raise and change nothing."""
     targets = tuple(targets)
     modules = _validate(model, targets)
     done: list[tuple[nn.Module, types.MethodType]] = []
@@ -178,6 +188,12 @@ def install(model: nn.Module, targets: Iterable[Target], *, plan_id: str, memory
         except BaseException:
             _undo(done)
             raise
+    if dtr is not None:
+        tracker = Tracker(dtr)
+        model.__dict__[DTR_ATTR] = tracker
+        for target, module in zip(targets, modules, strict=True):
+            if target.evictable:
+                tracker.attach(module, target.path)
     model.__dict__[_PLAN_ATTR] = InstalledPlan(
         plan_id=plan_id, forwards=tuple((t.path, t.forward) for t in targets)
     )
@@ -189,6 +205,7 @@ def _undo(done: list[tuple[nn.Module, types.MethodType]]) -> None:
         if module.__dict__.get("forward") is bound:
             del module.__dict__["forward"]
         module.__dict__.pop(PATH_ATTR, None)
+        module.__dict__.pop(DTR_ATTR, None)
 
 
 def uninstall(model: nn.Module) -> None:
@@ -197,6 +214,7 @@ def uninstall(model: nn.Module) -> None:
     if not isinstance(record, InstalledPlan):
         return
     uninstall_memory(model)
+    model.__dict__.pop(DTR_ATTR, None)
     for path, function in record.forwards:
         try:
             module = model.get_submodule(path)
@@ -206,6 +224,7 @@ def uninstall(model: nn.Module) -> None:
         if isinstance(patched, types.MethodType) and patched.__func__ is function:
             del module.__dict__["forward"]
             module.__dict__.pop(PATH_ATTR, None)
+            module.__dict__.pop(DTR_ATTR, None)
         else:
             warnings.warn(
                 f"memoplan: the forward of `{path}` was replaced after the plan was "
