@@ -17,7 +17,7 @@ from memoplan.version import __version__
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 
-SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan")
+SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,6 +144,15 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
     _device_option(plan)
     plan.set_defaults(run=_plan)
+
+    from memoplan.report import command as report_command  # no torch, no matplotlib for the parser
+
+    report = sub.add_parser("report", help="one self-contained HTML report with plots: memory over a step, saved bytes, budget sweep")
+    report.add_argument("plan", type=Path)
+    _model_options(report)
+    _device_option(report)
+    report_command.add_arguments(report)
+    report.set_defaults(run=_report_html)
     return parser
 
 
@@ -635,6 +644,35 @@ def _plan(args) -> int:
         f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, measured peak "
         f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}{refined}"
     )
+    return 0
+
+
+def _report_html(args) -> int:
+    """`memoplan report`: the plan is loaded, checked and resolved as `check` does it, then
+    measured and drawn by memoplan.report; no file is written unless all of it succeeds."""
+    from memoplan.report import command as report_command
+    from memoplan.resolver.effects import statement_effects
+    from memoplan.resolver.shapes import check_example
+
+    options = report_command.options_from(args, "memoplan report " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["report"] else []))
+    report_command.require_matplotlib()
+    _output(args.output)
+    device = _device(args.device)
+    plan = _load(args.plan)
+    refused = [d for d in statement_effects(plan, checking=True) if d.is_error]
+    if refused:
+        raise PlanError(tuple(refused), plan.source)
+    model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
+    example = _example(plan, args.plan, args.example, required=True)
+    resolved = _resolve(plan, model)
+    found = check_example(plan, model, example.args, example.kwargs)
+    if found:
+        raise PlanError(tuple(found), plan.source)
+    with _writing(args.output):
+        result = _first_step(
+            lambda: report_command.write_report(plan, resolved, model, example, args.output, options, device=device, progress=_progress)
+        )
+    print(f"wrote {', '.join(str(p) for p in result.written)}: sections {', '.join(result.sections)}")
     return 0
 
 
