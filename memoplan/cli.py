@@ -654,7 +654,7 @@ def _report_html(args) -> int:
     from memoplan.resolver.effects import statement_effects
     from memoplan.resolver.shapes import check_example
 
-    options = report_command.options_from(args, "memoplan report " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["report"] else []))
+    options = report_command.options_from(args)
     report_command.require_matplotlib()
     _output(args.output)
     device = _device(args.device)
