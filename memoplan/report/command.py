@@ -65,8 +65,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="RNG seed for building the model and for every step (default 0)")
 
 
-def options_from(args: argparse.Namespace, command: str = "") -> ReportOptions:
+def command_line(args: argparse.Namespace) -> str:
+    """The ``memoplan report`` command that ``args`` came from (for the page's footnote)."""
+    import shlex
+
+    words = ["memoplan", "report", str(args.plan)]
+    for flag in ("model", "example", "device"):
+        if getattr(args, flag, None) is not None:
+            words += [f"--{flag}", str(getattr(args, flag))]
+    if args.sweep is not None:
+        words.append("--sweep" if args.sweep else "--no-sweep")
+    if args.budgets:
+        words += ["--budgets", *(f"{b:g}" for b in args.budgets)]
+    words += ["--peers"] * bool(args.peers) + ["--json"] * bool(args.json)
+    if args.seed:
+        words += ["--seed", str(args.seed)]
+    return shlex.join([*words, "-o", str(args.output)])
+
+
+def options_from(args: argparse.Namespace) -> ReportOptions:
     """The options given on the command line; MP512 for a budget that is not a share in (0, 1]."""
+    command = command_line(args)
     budgets = tuple(args.budgets) if args.budgets else DEFAULT_BUDGETS
     bad = [b for b in budgets if not 0 < b <= 1]
     if bad:

@@ -1,0 +1,311 @@
+"""All of memoplan's side-by-side benchmarks in one command, with plots.
+
+    .venv/bin/python -m benchmarks                 # or: make bench
+    .venv/bin/python -m benchmarks --quick --out build/bench   # the small version CI runs
+
+Runs, one after another, the scripts in this folder (each still runs alone with its
+own options):
+
+* ``planner_vs_peers.py`` -- memoplan's planner at hard budgets against checkpointing
+  every block, transformers' checkpointing (GPT-2) and ``torch.compile`` with
+  ``activation_memory_budget``; plot: peak memory against step time, per model;
+* ``spiking_memory.py`` -- the bundled spiking CNN: memoplan's plans against
+  SpikingJelly 2.0; plot: peak memory per configuration;
+* ``codec_bandwidth.py`` -- the ``bit`` codec: the Triton kernels' bandwidth on a GPU,
+  the pure-torch pack and unpack times on the CPU; plot: per size;
+* ``planner_speed.py`` -- the planners' search time on long synthetic chains; plot: the
+  slowest search per chain and planner.
+
+and writes to ``--out`` (default ``docs/benchmarks``): ``summary.md`` (every figure
+with the command that measured it), ``results.json`` (the raw results of each script,
+and ``figures``: every figure of the summary by name), and one SVG per plot.
+``--quick`` runs each script at small sizes (the CNN only, one budget, one timed
+step): a check that everything runs and every figure is a number, not a measurement
+to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import runpy
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+MIB = 2**20
+
+
+def progress(message: str) -> None:
+    print(f"benchmarks: {message}", file=sys.stderr, flush=True)
+
+
+def script(name: str) -> dict[str, Any]:
+    """A benchmark script's globals (its functions), loaded without running its main."""
+    return runpy.run_path(str(HERE / f"{name}.py"), run_name=f"benchmarks.{name}")
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+# ---------------------------------------------------------------- suites
+
+
+def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
+    from memoplan.report import data, draw
+
+    argv = ["--json", str(out / "planner_vs_peers.json")]
+    if quick:
+        argv = [
+            "--models", "cnn", "--batch", "8", "--budgets", "0.8", "--compile-budgets", "1.0", "--memoplan", "blocks",
+            "--refine", "--hf-every", "1", "--steps", "1", "--warmup", "0", "--profile-repeats", "1", *argv,
+        ]
+    command = "python benchmarks/planner_vs_peers.py " + shlex.join(argv)
+    bench = script("planner_vs_peers")
+    progress(f"planner_vs_peers: {command}")
+    assert bench["main"](argv) == 0
+    results = json.loads((out / "planner_vs_peers.json").read_text(encoding="utf-8"))
+    figures: dict[str, float] = {}
+    plots = []
+    rows = []
+    kinds = {"unplanned": "unplanned", "peer": "every block", "memoplan": "memoplan", "compile": "torch.compile"}
+    for model, r in results["models"].items():
+        points = []
+        for c in r["configurations"]:
+            if c.get("peak_bytes") is None or not c.get("step_time_s"):
+                rows.append((model, c["name"], "-", "-", "-", c.get("status") or c.get("error", "")))
+                continue
+            seconds = c["step_time_s"]["median"]
+            budget = c.get("budget_fraction", c.get("activation_memory_budget"))
+            kind = kinds[c["kind"]]
+            if c["kind"] == "peer" and not c["name"].startswith("checkpoint every block"):
+                kind = "transformers checkpointing"
+            points.append({"label": c["name"], "kind": kind, "peak_bytes": c["peak_bytes"], "step_seconds": seconds, "budget": budget})
+            figures[f"planner_vs_peers.{model}.{c['name']}.peak_bytes"] = c["peak_bytes"]
+            figures[f"planner_vs_peers.{model}.{c['name']}.step_ms"] = seconds * 1e3
+            rows.append(
+                (model, c["name"], f"{c['peak_bytes'] / MIB:.2f}", f"{c['peak_bytes'] / r['unplanned_peak_bytes']:.3f}",
+                 f"{seconds * 1e3:.0f}", c.get("check", "-"))
+            )
+        plot = out / f"planner_vs_peers_{model}.svg"
+        plot.write_text(draw.sweep_svg(data.sweep_plot(points, r["unplanned_peak_bytes"])), encoding="utf-8")
+        plots.append(plot)
+    table = _table(("model", "configuration", "peak (MiB)", "x unplanned", "step (ms, median)", "same as unplanned"), rows)
+    return {"title": "memoplan's planner against its peers", "command": command, "figures": figures, "plots": plots,
+            "markdown": table, "results": results}
+
+
+def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
+    from memoplan.report import draw
+
+    argv = ["--json", str(out / "spiking_memory.json")]
+    if quick:
+        argv = ["--plan", "plans/spiking_blocks.memplan", "--also", "--batch", "1", "--steps", "1", "--warmup", "0",
+                "--no-breakdown", *argv]
+    command = "python benchmarks/spiking_memory.py " + shlex.join(argv)
+    progress(f"spiking_memory: {command}")
+    bench = script("spiking_memory")
+    assert bench["main"](argv) == 0
+    results = json.loads((out / "spiking_memory.json").read_text(encoding="utf-8"))
+    u = results["unplanned_peak_bytes"]
+    sj = results["spikingjelly"]
+    configs = [("unplanned", u)] + [(f"memoplan {p}", r["peak_bytes"]) for p, r in results["plans"].items()]
+    configs.append((f"SpikingJelly {sj['version']} level 1", sj["peak_bytes"]))
+    figures = {f"spiking_memory.{name}.peak_bytes": peak for name, peak in configs}
+    figures.update({f"spiking_memory.{k}.step_ms": v["median"] * 1e3 for k, v in results["step_time_s"].items()})
+    plot = out / "spiking_memory.svg"
+    plot.write_text(
+        draw.bars_svg("Spiking CNN: peak memory of one training step", [n for n, _ in configs], [p / MIB for _, p in configs], "peak (MiB)"),
+        encoding="utf-8",
+    )
+    rows = [(name, f"{peak / MIB:.2f}", f"{peak / u:.3f}") for name, peak in configs]
+    rows_t = [(k, f"{v['median'] * 1e3:.0f}") for k, v in results["step_time_s"].items()]
+    markdown = _table(("configuration", "peak (MiB)", "x unplanned"), rows) + "\n\n" + _table(("run", "step (ms, median)"), rows_t)
+    return {"title": "Spiking CNN: memoplan against SpikingJelly", "command": command, "figures": figures, "plots": [plot],
+            "markdown": markdown, "results": results}
+
+
+def codec_bandwidth(out: Path, quick: bool) -> dict[str, Any]:
+    import torch
+
+    from memoplan.report import draw
+
+    bench = script("codec_bandwidth")
+    if torch.cuda.is_available():
+        sizes = [64] if quick else [64, 256, 1024, 4096]
+        command = f"python benchmarks/codec_bandwidth.py --sizes-mib {' '.join(map(str, sizes))}"
+        progress(f"codec_bandwidth: {command}")
+        rows = bench["run_gpu"](sizes, 5 if quick else 30, 5, 10)
+        labels = [f"{r['dtype']} {r['input_mib']} MiB" for r in rows]
+        values = [r["ratio_to_copy"] for r in rows]
+        figures = {f"codec_bandwidth.{label}.ratio_to_copy": value for label, value in zip(labels, values)}
+        figures.update({f"codec_bandwidth.{r['dtype']} {r['input_mib']} MiB.pack_unpack_gb_per_s": r["pack_unpack_gb_per_s"] for r in rows})
+        plot_title, unit = "bit pack+unpack bandwidth / device copy", "ratio to copy"
+    else:
+        numels = [262_144] if quick else [262_144, 2_097_152, 16_777_216]
+        repeats = 5 if quick else 100
+        command = f"python benchmarks/codec_bandwidth.py --cpu --numel {' '.join(map(str, numels))} --repeats {repeats}"
+        progress(f"codec_bandwidth: {command}")
+        rows = bench["run_cpu"](numels, repeats, 2 if quick else 10)
+        figures = {f"codec_bandwidth.cpu.{r['numel']}.{k}": r[k] for r in rows for k in ("pack_ms", "unpack_ms")}
+        labels = [f"{what} {r['numel']:,}" for r in rows for what in ("pack", "unpack")]
+        values = [r[f"{what}_ms"] for r in rows for what in ("pack", "unpack")]
+        plot_title, unit = "bit codec on the CPU (float32 elements)", "ms (median)"
+    plot = out / "codec_bandwidth.svg"
+    plot.write_text(draw.bars_svg(plot_title, labels, values, unit), encoding="utf-8")
+    markdown = _table(("what", unit), [(label, f"{value:.3g}") for label, value in zip(labels, values)])
+    return {"title": "The bit codec", "command": command, "figures": figures, "plots": [plot], "markdown": markdown,
+            "results": rows}
+
+
+def planner_speed(out: Path, quick: bool) -> dict[str, Any]:
+    from memoplan.report import draw
+
+    bench = script("planner_speed")
+    sizes = [200] if quick else [1000, 5000]
+    chains = ["transformer", "resnet"] if quick else ["transformer", "resnet", "uniform", "random"]
+    command = f"python benchmarks/planner_speed.py --sizes {' '.join(map(str, sizes))} --only {' '.join(chains)}"
+    progress(f"planner_speed: the slowest search over five budgets per chain and planner ({command} prints the full table)")
+    Bytes, minimum_peak, levels = bench["Bytes"], bench["minimum_peak"], bench["LEVELS"]
+    planners: dict[str, Callable[..., Any]] = {
+        "optimal": lambda items, budget, base: bench["optimal"](items, budget, base_bytes=base),
+        "greedy": lambda items, budget, base: bench["greedy_bytes"](items, budget, base_bytes=base),
+    }
+    figures: dict[str, float] = {}
+    rows, labels, values = [], [], []
+    for chain in chains:
+        for n in sizes:
+            items, base = bench["CHAINS"][chain](n)
+            floor = minimum_peak(items, base_bytes=base)[0]
+            top = base + sum(i.saved_bytes for i in items)
+            for planner, run in planners.items():
+                worst = 0.0
+                for level in levels:
+                    budget = Bytes(floor + int((top - floor) * level))
+                    start = time.perf_counter()
+                    run(items, budget, base)
+                    worst = max(worst, time.perf_counter() - start)
+                figures[f"planner_speed.{chain}.{n}.{planner}.seconds"] = worst
+                rows.append((chain, n, planner, f"{worst:.3f}"))
+                labels.append(f"{chain} {n} {planner}")
+                values.append(worst)
+    plot = out / "planner_speed.svg"
+    plot.write_text(draw.bars_svg("Planner search time (slowest of five budgets)", labels, values, "seconds"), encoding="utf-8")
+    markdown = _table(("chain", "items", "planner", "slowest search (s)"), rows)
+    return {"title": "Planner speed", "command": command, "figures": figures, "plots": [plot], "markdown": markdown,
+            "results": [dict(zip(("chain", "items", "planner", "seconds"), r)) for r in rows]}
+
+
+SUITES: dict[str, Callable[[Path, bool], dict[str, Any]]] = {
+    "planner_vs_peers": planner_vs_peers,
+    "spiking_memory": spiking_memory,
+    "codec_bandwidth": codec_bandwidth,
+    "planner_speed": planner_speed,
+}
+
+
+# ---------------------------------------------------------------- summary
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def not_numbers(figures: dict[str, Any]) -> list[str]:
+    """Names of figures that are not finite numbers (a bool is not a figure)."""
+    return [
+        name for name, value in figures.items()
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    ]
+
+
+def summary(sections: list[dict[str, Any]], out: Path, command: str, machine: dict[str, Any]) -> str:
+    lines = [
+        "# memoplan benchmarks: summary",
+        "",
+        f"Written by `{command}`; rerun it to check every figure. Machine: {machine['torch']} on {machine['device']}, "
+        f"{machine['threads']} threads, Python {machine['python']}.",
+    ]
+    if machine.get("quick"):
+        lines += ["", "**Quick run** (`--quick`): small sizes and one timed step; a check that everything runs, not figures to quote."]
+    for s in sections:
+        lines += ["", f"## {s['title']}", "", f"    {s['command']}", ""]
+        lines += [f"![{p.stem}]({p.name})" for p in s["plots"]]
+        lines += ["", s["markdown"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, one timed step: a check that runs in CI")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks", help="where to write (default docs/benchmarks)")
+    parser.add_argument("--only", nargs="+", choices=list(SUITES), help="run only these")
+    args = parser.parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("benchmarks: the plots need matplotlib: pip install 'memoplan[report]'", file=sys.stderr)
+        return 2
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    machine = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})",
+        "quick": args.quick,
+    }
+    sections = []
+    for name in args.only or list(SUITES):
+        start = time.perf_counter()
+        section = SUITES[name](args.out, args.quick)
+        progress(f"{name}: done in {time.perf_counter() - start:.1f} s")
+        sections.append(section)
+    figures = {k: v for s in sections for k, v in s["figures"].items()}
+    bad = not_numbers(figures)
+    (args.out / "summary.md").write_text(summary(sections, args.out, command, machine), encoding="utf-8")
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {
+                "command": command,
+                "machine": machine,
+                "figures": figures,
+                "plots": [p.name for s in sections for p in s["plots"]],
+                "suites": {s["title"]: {"command": s["command"], "results": s["results"]} for s in sections},
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    print(f"wrote {_relative(args.out / 'summary.md')}, {_relative(args.out / 'results.json')} and "
+          f"{sum(len(s['plots']) for s in sections)} plots")
+    if bad:
+        print(f"benchmarks: figures that are not numbers: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
