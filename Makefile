@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,report]'
 	# Real models the tests build from configs (no weights): HF transformers.
 	# SpikingJelly's neurons work with `state = functional`; its declared
 	# dependencies would replace torch, so install what it imports first, then
@@ -23,12 +23,15 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(VENV)/bin/memoplan verify plans/cnn_bn_dropout.memplan
+	mkdir -p build
+	$(VENV)/bin/memoplan report plans/cnn_bn_dropout.memplan -o build/cnn_bn_dropout.html
 
 test: $(STAMP)
 	$(PY) -m pytest
 
+# Every side-by-side benchmark, with plots: docs/benchmarks/summary.md (`--quick`: a small run).
 bench: $(STAMP)
-	$(PY) benchmarks/resolve_scale.py
+	$(PY) -m benchmarks
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .hypothesis
