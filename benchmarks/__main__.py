@@ -67,7 +67,7 @@ def _relative(path: Path) -> str:
 def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
     from memoplan.report import data, draw
 
-    argv = ["--json", str(out / "planner_vs_peers.json")]
+    argv = ["--json", _relative(out / "planner_vs_peers.json")]
     if quick:
         argv = [
             "--models", "cnn", "--batch", "8", "--budgets", "0.8", "--compile-budgets", "1.0", "--memoplan", "blocks",
@@ -101,7 +101,8 @@ def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
                  f"{seconds * 1e3:.0f}", c.get("check", "-"))
             )
         plot = out / f"planner_vs_peers_{model}.svg"
-        plot.write_text(draw.sweep_svg(data.sweep_plot(points, r["unplanned_peak_bytes"])), encoding="utf-8")
+        title = f"{model}: peak memory against step time"
+        plot.write_text(draw.sweep_svg(data.sweep_plot(points, r["unplanned_peak_bytes"]), title), encoding="utf-8")
         plots.append(plot)
     table = _table(("model", "configuration", "peak (MiB)", "x unplanned", "step (ms, median)", "same as unplanned"), rows)
     return {"title": "memoplan's planner against its peers", "command": command, "figures": figures, "plots": plots,
@@ -111,7 +112,7 @@ def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
 def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
     from memoplan.report import draw
 
-    argv = ["--json", str(out / "spiking_memory.json")]
+    argv = ["--json", _relative(out / "spiking_memory.json")]
     if quick:
         argv = ["--plan", "plans/spiking_blocks.memplan", "--also", "--batch", "1", "--steps", "1", "--warmup", "0",
                 "--no-breakdown", *argv]
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    given = list(sys.argv[1:] if argv is None else argv)
+    command = shlex.join(["python", "-m", "benchmarks", *given])
     machine = {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -21,6 +21,7 @@ SERIES_STYLE = {
     "every block": ("#2ca02c", "^"),
     "torch.compile": ("#9467bd", "D"),
     "spikingjelly": ("#8c564b", "v"),
+    "transformers checkpointing": ("#ff7f0e", "P"),
 }
 REGION_SHADES = ("#e8eef7", "#f6f6f6")
 
@@ -136,7 +137,7 @@ def saved_svg(plot: Mapping[str, Any]) -> str:
     return _svg(fig)
 
 
-def sweep_svg(plot: Mapping[str, Any]) -> str:
+def sweep_svg(plot: Mapping[str, Any], title: str = "Budget sweep: peak memory against step time") -> str:
     """Peak memory against step time, one marker style per kind of configuration; the chosen
     plan drawn large; memoplan's budgets labelled."""
     fig = _figure(8, 4.8)
@@ -154,9 +155,10 @@ def sweep_svg(plot: Mapping[str, Any]) -> str:
                             xytext=(4, 3), textcoords="offset points", fontsize=7, color=color)
     ax.set_xlabel("step time (ms, median)")
     ax.set_ylabel("peak memory of one step (MiB)")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8, loc="best")
-    ax.set_title("Budget sweep: peak memory against step time", fontsize=11)
+    top = max((p["peak_bytes"] for points in plot["series"].values() for p in points), default=0) / 2**20
+    ax.set_ylim(0, top * 1.12 if top > 0 else 1)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(title, fontsize=11)
     return _svg(fig)
 
 
