@@ -17,7 +17,7 @@ from memoplan.version import __version__
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 
-SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan", "report")
+SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan", "report", "lsp")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     _device_option(report)
     report_command.add_arguments(report)
     report.set_defaults(run=_report_html)
+
+    lsp = sub.add_parser("lsp", help="language server for editors (stdio): diagnostics, hover, completion, formatting")
+    lsp.add_argument("--stdio", action="store_true", help="talk over stdin and stdout (the default, and the only way)")
+    lsp.set_defaults(run=_lsp)
     return parser
 
 
@@ -699,6 +703,16 @@ def _compile(args) -> int:
         return 0
     print(f"{args.output} {'is missing' if current is None else 'is out of date'}; run without --check")
     return 1
+
+
+def _lsp(args) -> int:
+    """The language server (``memoplan.lsp``); it needs pygls, the ``lsp`` extra."""
+    try:
+        from memoplan.lsp.server import serve
+    except ImportError as exc:
+        print(f"memoplan lsp: error: {exc}; install the editor extra: pip install 'memoplan[lsp]'", file=sys.stderr)
+        return 2
+    return serve()
 
 
 if __name__ == "__main__":  # pragma: no cover
