@@ -71,6 +71,7 @@ class PlanServer(LanguageServer):
         self.loop: asyncio.AbstractEventLoop | None = None
         self._wanted: dict[str, tuple[str, str, str]] = {}  # uri -> (text, file, folder) to analyse
         self._running: set[str] = set()
+        self._again: set[str] = set()  # resolve these even if their text was resolved before
         self._lock = threading.Lock()
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-model")
 
@@ -80,8 +81,13 @@ class PlanServer(LanguageServer):
     def encoding(self) -> str:
         return str(self.workspace.position_encoding or "utf-16")
 
-    def refresh(self, uri: str) -> None:
-        """Check the document now, publish, and (model loading on) queue its resolution."""
+    def refresh(self, uri: str, again: bool = False) -> None:
+        """Check the document now, publish, and (model loading on) queue its resolution.
+
+        ``again``: resolve it even if its text was resolved before (a file was saved, which
+        may be one the model is built from: the model process checks, and rebuilds the model
+        only if one of its files changed).
+        """
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
         document = self.workspace.get_text_document(uri)
@@ -94,7 +100,7 @@ class PlanServer(LanguageServer):
         self.checked[uri] = (text, checked)
         self.publish(uri)
         if self.load_model and checked.clean and checked.plan.model is not None:
-            self._queue(uri, text, file, folder)
+            self._queue(uri, text, file, folder, again)
 
     def forget(self, uri: str) -> None:
         self.checked.pop(uri, None)
@@ -140,7 +146,7 @@ class PlanServer(LanguageServer):
         for label, span in diagnostic.notes:
             if span is not None and diagnostic.span is not None and span.file == diagnostic.span.file:
                 note_start, note_end = span_range(span, lines, self.encoding)
-                related.append(lsp.DiagnosticRelatedInformation(lsp.Location(uri, _range(note_start, note_end)), label))
+                related.append(lsp.DiagnosticRelatedInformation(location=lsp.Location(uri=uri, range=_range(note_start, note_end)), message=label))
         message = diagnostic.message + (f"\nhelp: {diagnostic.help}" if diagnostic.help else "")
         return lsp.Diagnostic(
             range=_range(start, end),
@@ -153,9 +159,11 @@ class PlanServer(LanguageServer):
 
     # ------------------------------------------------------------ the model, off the typing path
 
-    def _queue(self, uri: str, text: str, file: str, folder: str) -> None:
+    def _queue(self, uri: str, text: str, file: str, folder: str, again: bool = False) -> None:
         with self._lock:
             self._wanted[uri] = (text, file, folder)
+            if again:
+                self._again.add(uri)
             if uri in self._running:
                 return  # the running loop picks the newest text up when it is done
             self._running.add(uri)
@@ -166,9 +174,10 @@ class PlanServer(LanguageServer):
             with self._lock:
                 wanted = self._wanted.get(uri)
                 done = self.model_replies.get(uri)
-                if wanted is None or (done is not None and done[0] == wanted[0]):
+                if wanted is None or (done is not None and done[0] == wanted[0] and uri not in self._again):
                     self._running.discard(uri)
                     return
+                self._again.discard(uri)
             text, file, folder = wanted
             if self.worker is None:
                 self.worker = ModelWorker(self.model_timeout)
@@ -202,7 +211,7 @@ def _file_and_folder(uri: str, root: str | None) -> tuple[str, str]:
 
 
 def _range(start: tuple[int, int], end: tuple[int, int]) -> lsp.Range:
-    return lsp.Range(lsp.Position(*start), lsp.Position(*end))
+    return lsp.Range(start=lsp.Position(line=start[0], character=start[1]), end=lsp.Position(line=end[0], character=end[1]))
 
 
 def _internal(exc: BaseException) -> Diagnostic:
@@ -246,7 +255,32 @@ def _did_change(ls: PlanServer, params: lsp.DidChangeTextDocumentParams) -> None
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE)
 def _did_save(ls: PlanServer, params: lsp.DidSaveTextDocumentParams) -> None:
-    ls.refresh(params.text_document.uri)  # a model file saved meanwhile is picked up here
+    ls.refresh(params.text_document.uri, again=True)  # a model file saved meanwhile is picked up here
+
+
+@server.feature(lsp.INITIALIZED)
+async def _initialized(ls: PlanServer, params: lsp.InitializedParams) -> None:
+    """With the model loaded, ask the editor to say when a Python file changes (where it can)."""
+    workspace = ls.client_capabilities.workspace
+    watching = workspace.did_change_watched_files if workspace is not None else None
+    if not ls.load_model or watching is None or not watching.dynamic_registration:
+        return
+    watcher = lsp.FileSystemWatcher(glob_pattern="**/*.py")
+    registration = lsp.Registration(
+        id="memoplan-model-files",
+        method=lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+        register_options=lsp.DidChangeWatchedFilesRegistrationOptions(watchers=[watcher]),
+    )
+    try:
+        await ls.client_register_capability_async(lsp.RegistrationParams(registrations=[registration]))
+    except Exception:  # an editor that refuses: saving the plan still picks a changed model up
+        pass
+
+
+@server.feature(lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+def _watched_files_changed(ls: PlanServer, params: lsp.DidChangeWatchedFilesParams) -> None:
+    for uri in list(ls.checked):
+        ls.refresh(uri, again=True)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
@@ -278,6 +312,8 @@ def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
         state = "The model is loading…"
     elif "error" in reply:
         state = f"The model could not be loaded: {reply['error']}"
+    elif not reply.get("modules"):
+        state = "The model could not be built: see the diagnostic at the `model` line."
     else:
         state = ""
     try:
@@ -310,13 +346,15 @@ def _completion(ls: PlanServer, params: lsp.CompletionParams) -> lsp.CompletionL
     items = []
     for item in found:
         start = to_units(lines[line], column - item.replace, ls.encoding)
-        edit = lsp.TextEdit(_range((line, start), (line, to_units(lines[line], column, ls.encoding))), item.insert or item.label)
+        edit = lsp.TextEdit(
+            range=_range((line, start), (line, to_units(lines[line], column, ls.encoding))), new_text=item.insert or item.label
+        )
         items.append(
             lsp.CompletionItem(
                 label=item.label,
                 kind=_KINDS.get(item.kind),
                 detail=item.detail or None,
-                documentation=lsp.MarkupContent(lsp.MarkupKind.Markdown, item.documentation) if item.documentation else None,
+                documentation=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=item.documentation) if item.documentation else None,
                 text_edit=edit,
                 filter_text=item.label,
             )
@@ -342,7 +380,7 @@ def _formatting(ls: PlanServer, params: lsp.DocumentFormattingParams) -> list[ls
     if formatted == text:
         return []
     end = (len(lines) - 1, units(lines[-1], ls.encoding))
-    return [lsp.TextEdit(_range((0, 0), end), formatted)]
+    return [lsp.TextEdit(range=_range((0, 0), end), new_text=formatted)]
 
 
 def serve() -> int:

@@ -1,0 +1,236 @@
+"""`memoplan lsp` over stdio, driven by pygls's client: diagnostics with the ranges and codes of
+`memoplan check`, hover, completion and formatting; broken documents never take the server down.
+
+One server for the whole module (model loading off, the default); tests/test_lsp_model.py
+runs one with the model loaded.
+"""
+
+from __future__ import annotations
+
+import pytest
+from lsprotocol import types as lsp
+
+from memoplan.lsp.analysis import check_text, lines_of, span_range
+from memoplan.lsp.reference import reference
+from memoplan.syntax import format_plan, parse
+
+from tests._lsp import ROOT, Session, apply_edits
+
+URI = (ROOT / "build" / "lsp-test.memplan").as_uri()
+FILE = str(ROOT / "build" / "lsp-test.memplan")
+
+
+@pytest.fixture(scope="module")
+def server():
+    session = Session()
+    yield session
+    assert session.stop() == 0  # shut down cleanly when asked, after everything below
+
+
+def _open(server: Session, text: str, uri: str = URI) -> list[lsp.Diagnostic]:
+    return server.diagnostics(uri, server.open(uri, text))
+
+
+def _simple(diagnostics) -> list[tuple]:
+    return [
+        (d.code, d.range.start.line, d.range.start.character, d.range.end.line, d.range.end.character)
+        for d in diagnostics
+    ]
+
+
+BROKEN = """memplan 1
+module layer1.* {
+    checkpointing
+}
+dtr { evicton_threshold = 1 GiB }
+module fc { checkpoint segments = 0 }
+budget 4 gib
+"""
+
+
+def test_server_announces_its_features(server) -> None:
+    capabilities = server.initialized.capabilities
+    assert capabilities.hover_provider
+    assert capabilities.document_formatting_provider
+    assert capabilities.completion_provider is not None
+    assert server.initialized.server_info.name == "memoplan"
+
+
+def test_every_check_diagnostic_with_its_range_and_code(server) -> None:
+    found = _open(server, BROKEN)
+    assert _simple(found) == [
+        ("MP102", 2, 4, 2, 17),  # `checkpointing`
+        ("MP201", 4, 6, 4, 31),  # `evicton_threshold = 1 GiB`
+        ("MP203", 5, 23, 5, 35),  # `segments = 0`
+        ("MP100", 6, 9, 6, 12),  # `gib`
+    ]
+    # The same diagnostics, in the same places, as `memoplan check` reports them.
+    expected = check_text(BROKEN, FILE).diagnostics
+    lines = lines_of(BROKEN)
+    assert [(d.code, span_range(d.span, lines)) for d in expected] == [
+        (d.code, ((d.range.start.line, d.range.start.character), (d.range.end.line, d.range.end.character)))
+        for d in found
+    ]
+    first = found[0]
+    assert first.severity == lsp.DiagnosticSeverity.Error
+    assert first.source == "memoplan"
+    assert first.message.startswith("unknown policy `checkpointing`")
+    assert "help: did you mean `checkpoint`?" in first.message
+    assert "did you mean `GiB`" in found[3].message or "`GiB`" in found[3].message
+
+
+def test_notes_and_refusals_of_a_clean_plan(server) -> None:
+    text = "memplan 1\nmodule fc { keep }\nbudget 50%\nmemory {\n    static_memory_policy = 2\n}\n"
+    found = _open(server, text)
+    expected = check_text(text, FILE).diagnostics  # what `memoplan check` prints about this plan
+    assert [d.code for d in found] == [d.code for d in expected]
+    severities = {d.code: d.severity for d in found}
+    assert severities["MP224"] == lsp.DiagnosticSeverity.Information  # a note: where the budget is measured
+    assert severities["MP227"] == lsp.DiagnosticSeverity.Error  # policy 2 needs a budget in bytes
+    (mp227,) = [d for d in found if d.code == "MP227"]
+    assert (mp227.range.start.line, mp227.range.start.character) == (4, 4)
+
+
+def test_related_locations_of_a_diagnostic(server) -> None:
+    text = "memplan 1\nmodule fc { keep }\nmodel \"a:b\"\nmodel \"c:d\"\n"
+    (found,) = _open(server, text)
+    assert found.code == "MP208"
+    (note,) = found.related_information
+    assert note.message == "first given"
+    assert note.location.uri == URI
+    assert note.location.range.start.line == 2
+
+
+def test_columns_count_utf16_code_units(server) -> None:
+    # `😀` is one character and two UTF-16 units: the range after it moves by two.
+    text = 'memplan 1\nmodule "😀".a { checkpointing }\n'
+    (found,) = _open(server, text)
+    assert found.code == "MP102"
+    start = text.split("\n")[1].index("checkpointing")
+    assert (found.range.start.character, found.range.end.character) == (start + 1, start + 1 + len("checkpointing"))
+
+
+def test_fixing_the_document_clears_its_diagnostics(server) -> None:
+    uri = URI.replace("lsp-test", "lsp-fix")
+    assert _open(server, "memplan 1\nmodule fc { kep }\n", uri)[0].code == "MP102"
+    assert list(server.diagnostics(uri, server.change(uri, "memplan 1\nmodule fc { keep }\n"))) == []
+    server.close_document(uri)
+
+
+HOSTILE = [
+    "",
+    "\ufeff",
+    "memplan",
+    "memplan 1\nmodule {",
+    "memplan 1\nmodule a { checkpoint segments = \n",
+    "memplan 1\n" + "module a { " * 200,
+    "memplan 1\n" + "[" * 500 + "\n",
+    'memplan 1\nmodel "\\x"\nexample randn(99999999999, 99999999999)\n',
+    "memplan 1\nmodule a\x00b { keep }\n\x1b[31m",
+    "memplan 1\r\nmodule a { keep }\rmodule b { keep }\n",
+    "memplan 1\nbudget 1e999 GiB\ndtr { eviction_threshold = -1 GiB; x = [[1]] }\n",
+    "memplan 1\nmodule \ud800 { keep }\n",
+    "memplan 2\n}}}}\n{{{{",
+    "\n\n\n# only comments\n",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=[f"hostile{i}" for i in range(len(HOSTILE))])
+def test_broken_document_never_crashes_the_server(server, text: str) -> None:
+    uri = URI.replace("lsp-test", "lsp-hostile")
+    found = _open(server, text, uri)
+    assert all(d.code and d.code.startswith("MP") for d in found)
+    assert not any(d.code == "MP521" for d in found)  # no internal error either
+    lines = text.split("\n")
+    for line in range(len(lines) + 1):
+        for character in (0, 1, 5, 10_000):
+            server.hover(uri, line, character)
+            server.complete(uri, line, character)
+    edits = server.format(uri)
+    assert edits is None or all(isinstance(edit, lsp.TextEdit) for edit in edits)
+    # still serving, and the document is read afresh
+    assert list(server.diagnostics(uri, server.change(uri, "memplan 1\nmodule fc { keep }\n"))) == []
+    assert "Never recompute" in server.hover(uri, 1, 13).contents.value
+
+
+def test_hover_on_a_key_shows_its_row_of_the_reference(server) -> None:
+    text = "memplan 1\ndtr {\n    evictee_minimum_size = 1 MiB\n}\n"
+    _open(server, text)
+    hover = server.hover(URI, 2, 8)
+    value = hover.contents.value
+    row = dict(reference().row("dtr", "evictee_minimum_size").cells)
+    assert "`evictee_minimum_size`" in value and "`dtr` block" in value
+    assert row["meaning"] in value
+    assert f"type: {row['type']}" in value and f"range: {row['range']}" in value and f"default: {row['default']}" in value
+    assert (hover.range.start.line, hover.range.start.character, hover.range.end.character) == (2, 4, 24)
+
+
+def test_hover_on_policies_options_codecs_and_statements(server) -> None:
+    text = "memplan 1\nmodule a {\n    checkpoint segments = 2\n    compress input = bit\n}\nbudget 50%\n"
+    _open(server, text)
+    assert server.hover(URI, 2, 6).contents.value.startswith("**`checkpoint [segments = N")
+    segments = server.hover(URI, 2, 16).contents.value
+    assert dict(reference().row("checkpoint", "segments").cells)["meaning"] in segments
+    bit = server.hover(URI, 3, 22).contents.value
+    assert dict(reference().row("compress", "bit").cells)["holds"] in bit
+    assert "budget" in server.hover(URI, 5, 2).contents.value
+    assert server.hover(URI, 5, 9) is None  # a number has nothing to say
+
+
+def test_hover_on_a_selector_without_the_model(server) -> None:
+    text = "memplan 1\nmodule layer1.* : Block { checkpoint }\n"
+    _open(server, text)
+    value = server.hover(URI, 1, 10).contents.value
+    assert "`module layer1.* : Block`" in value
+    assert "specificity (1, 0, 0, 1, 1)" in value
+    assert "loadModel" in value  # says how to see the modules
+
+
+def _labels(items) -> list[str]:
+    return [item.label for item in items]
+
+
+def test_completion_in_context(server) -> None:
+    text = (
+        "memplan 1\n"
+        "\n"  # 1: a statement
+        "module a {\n"
+        "    checkpoint segments = 2 \n"  # 3: more options of checkpoint
+        "    compress input = \n"  # 4: codecs
+        "    \n"  # 5: policies not yet in this rule
+        "}\n"
+        "memonger {\n"
+        "    algo = greedy\n"
+        "    \n"  # 9: keys not yet set
+        "}\n"
+        "budget 4 GiB \n"  # 11: modes
+    )
+    _open(server, text)
+    assert _labels(server.complete(URI, 1, 0)) == ["model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger"]
+    assert _labels(server.complete(URI, 3, 28)) == ["split", "rng", "impl", "nested"]
+    assert _labels(server.complete(URI, 4, 21)) == ["none", "bool", "uint8", "bit", "sparse", "auto", "int8"]
+    assert _labels(server.complete(URI, 5, 4)) == ["temporal_chunk", "keep", "state", "buffers"]
+    assert _labels(server.complete(URI, 9, 4)) == ["ordering"]
+    assert _labels(server.complete(URI, 11, 13)) == ["hard", "hint"]
+
+
+def test_completion_replaces_the_word_being_typed(server) -> None:
+    text = "memplan 1\nmodule a {\n    checkpoint r\n}\n"
+    _open(server, text)
+    (item,) = server.complete(URI, 2, 16)
+    assert item.label == "rng"
+    edit = item.text_edit
+    assert (edit.range.start.line, edit.range.start.character, edit.range.end.character) == (2, 15, 16)
+    assert edit.new_text == "rng = "
+
+
+def test_formatting_is_the_canonical_form(server) -> None:
+    text = "memplan 1\nmodule   a{checkpoint;compress input=bit}   # why\ndtr{eviction_threshold=1 GiB}\n"
+    _open(server, text)
+    edits = server.format(URI)
+    assert apply_edits(text, edits) == format_plan(parse(text))
+    canonical = format_plan(parse(text))
+    _open(server, canonical)
+    assert list(server.format(URI)) == []
+    _open(server, BROKEN)
+    assert server.format(URI) is None  # a plan with errors is not touched

@@ -1,0 +1,146 @@
+"""`memoplan lsp` with the initialization option `loadModel`: resolver diagnostics at their
+ranges, selectors' modules on hover, module paths and classes in completion, a model rebuilt
+when its file changes, and a model that fails or hangs reported without harm to the server.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from lsprotocol import types as lsp
+
+from memoplan.lsp.analysis import lines_of, span_range
+from memoplan.lsp.worker import ModelWorker
+
+from tests._lsp import ROOT, Session
+
+CNN_PLAN = ROOT / "plans" / "cnn_bn_dropout.memplan"
+
+NET = '''\
+from collections import OrderedDict
+
+from torch import nn
+
+print("building the model")  # the model's own output must not reach the protocol
+
+
+def build():
+    return nn.Sequential(OrderedDict([({NAME!r}, nn.Linear(2, 2)), ("act", nn.ReLU())]))
+'''
+
+
+@pytest.fixture(scope="module")
+def server():
+    session = Session({"loadModel": True, "modelTimeout": 60})
+    yield session
+    session.stop()
+
+
+def _wait_hover(server: Session, uri: str, line: int, character: int, text: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    value = ""
+    while time.monotonic() < deadline:
+        hover = server.hover(uri, line, character)
+        value = hover.contents.value if hover else ""
+        if text in value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"hover never showed {text!r}: {value}")
+
+
+def test_hover_on_a_selector_lists_its_modules_and_the_winning_rules(server) -> None:
+    uri = CNN_PLAN.as_uri()
+    server.open(uri, CNN_PLAN.read_text(encoding="utf-8"))
+    # line 10 (index 9): `module features.* : ConvBlock { checkpoint }`; line 13: `module features.0 { keep }`
+    value = _wait_hover(server, uri, 9, 10, "selects")
+    assert "selects **5** modules: `ConvBlock` ×5" in value
+    assert "- `features.0` (`ConvBlock`): `keep` — line 13 `module features.0`" in value
+    assert "- `features.1` (`ConvBlock`): `checkpoint` — line 10" in value
+    exact = server.hover(uri, 12, 9).contents.value
+    assert "selects **1** module: `ConvBlock` ×1" in exact
+
+
+def test_resolver_diagnostics_with_their_ranges(server) -> None:
+    from memoplan.resolver.bind import analyse
+    from memoplan.specs import load_model
+    from memoplan.syntax import parse
+
+    uri = (CNN_PLAN.parent / "lsp-model-test.memplan").as_uri()
+    text = CNN_PLAN.read_text(encoding="utf-8").replace("module features.0 { keep }", "module featurez.0 { keep }")
+    before = server.open(uri, text)
+    found = server.diagnostics(uri, before, until=lambda ds: any(d.code == "MP301" for d in ds))
+    (mp301,) = [d for d in found if d.code == "MP301"]
+    plan = parse(text, str(CNN_PLAN.parent / "lsp-model-test.memplan"))
+    (expected,) = [d for d in analyse(plan, load_model("memoplan.examples.cnn:build")).diagnostics if d.code == "MP301"]
+    start, end = span_range(expected.span, lines_of(text))
+    assert ((mp301.range.start.line, mp301.range.start.character), (mp301.range.end.line, mp301.range.end.character)) == (
+        start,
+        end,
+    )
+    assert mp301.range.start.line == 12
+    assert mp301.message.startswith(expected.message)
+
+
+def test_completion_offers_the_models_paths_and_classes(server) -> None:
+    uri = CNN_PLAN.as_uri()
+    _wait_hover(server, uri, 9, 10, "selects")
+    text = CNN_PLAN.read_text(encoding="utf-8") + "module features.\n"
+    server.change(uri, text)
+    line = len(text.split("\n")) - 2
+    labels = [item.label for item in server.complete(uri, line, len("module features."))]
+    assert "features.0" in labels and "features.4" in labels
+    assert all(label.startswith("features.") for label in labels)
+    text += "module features.* : \n"
+    server.change(uri, text)
+    classes = [item.label for item in server.complete(uri, line + 1, len("module features.* : "))]
+    assert "ConvBlock" in classes
+    kinds = {item.kind for item in server.complete(uri, line + 1, len("module features.* : "))}
+    assert kinds == {lsp.CompletionItemKind.Class}
+
+
+def test_model_is_rebuilt_when_its_file_changes(server, tmp_path: Path) -> None:
+    net = tmp_path / "net.py"
+    net.write_text(NET.replace("{NAME!r}", repr("a")), encoding="utf-8")
+    plan = tmp_path / "net.memplan"
+    text = 'memplan 1\nmodel "net.py:build"\nmodule a { checkpoint }\n'
+    plan.write_text(text, encoding="utf-8")
+    uri = plan.as_uri()
+    server.open(uri, text)
+    _wait_hover(server, uri, 2, 7, "selects **1** module: `Linear`")
+    net.write_text(NET.replace("{NAME!r}", repr("b")), encoding="utf-8")
+    stat = net.stat()
+    os.utime(net, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a new mtime even on a coarse clock
+    found = server.diagnostics(uri, server.save(uri), until=lambda ds: any(d.code == "MP301" for d in ds))
+    (mp301,) = [d for d in found if d.code == "MP301"]
+    assert mp301.message.startswith("`a` matches no module")  # `a` was there before the file changed
+    assert (mp301.range.start.line, mp301.range.start.character) == (2, 7)
+
+
+def test_a_model_that_raises_is_a_diagnostic_at_the_model_line(server, tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("def build():\n    raise ValueError('no such weights')\n", encoding="utf-8")
+    plan = tmp_path / "broken.memplan"
+    text = 'memplan 1\n\nmodel "broken.py:build"\nmodule a { checkpoint }\n'
+    uri = plan.as_uri()
+    found = server.diagnostics(uri, server.open(uri, text), until=lambda ds: bool(ds))
+    (mp504,) = found
+    assert mp504.code == "MP504" and "no such weights" in mp504.message
+    assert mp504.range.start.line == 2
+    # the server goes on: a fixed spec resolves
+    (tmp_path / "good.py").write_text(NET.replace("{NAME!r}", repr("a")), encoding="utf-8")
+    fixed = text.replace("broken.py", "good.py")
+    assert list(server.diagnostics(uri, server.change(uri, fixed), until=lambda ds: not ds)) == []
+
+
+def test_a_hanging_model_times_out_and_its_process_is_killed(tmp_path: Path) -> None:
+    (tmp_path / "slow.py").write_text("import time\n\ndef build():\n    time.sleep(60)\n", encoding="utf-8")
+    worker = ModelWorker(timeout=3)
+    text = 'memplan 1\nmodel "slow.py:build"\nmodule a { checkpoint }\n'
+    started = time.monotonic()
+    reply = worker.analyse(text, str(tmp_path / "slow.memplan"), str(tmp_path))
+    assert "took longer than 3 s" in reply["error"]
+    assert time.monotonic() - started < 20
+    assert worker._process is None  # killed; the next request starts a fresh process
+    worker.close()
