@@ -117,6 +117,23 @@ def test_a_plan_that_does_not_resolve_gives_checks_diagnostics_and_no_file(tmp_p
     assert list(tmp_path.iterdir()) == [plan] or sorted(p.name for p in tmp_path.iterdir()) == ["bad.memplan", "cache"]
 
 
+def test_a_dtr_block_gets_its_section(tmp_path, capsys):
+    plan = write(
+        tmp_path,
+        "dtr.memplan",
+        'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(8, 3, 32, 32)\n'
+        "dtr { eviction_threshold = 1 MiB; evictee_minimum_size = 1 KiB }\n",
+    )
+    out = tmp_path / "r.html"
+    code, _, err = run(capsys, "report", plan, "-o", out, "--no-sweep")
+    assert code == 0, err
+    text = out.read_text(encoding="utf-8")
+    assert re.findall(r'<section id="([a-z]+)">', text) == ["plan", "memory", "saved", "dtr"]
+    section = text[text.index('<section id="dtr">') :]
+    evictions = re.search(r"<td>evictions</td><td class=num>([\d,]+)</td>", section)
+    assert evictions and int(evictions[1].replace(",", "")) > 0
+
+
 def test_bad_budgets_and_missing_matplotlib_write_nothing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "r.html"
     code, _, err = run(capsys, "report", CNN_PLAN, "-o", out, "--budgets", "1.5")

@@ -19,6 +19,7 @@ RNG state are left as they were) and returns JSON-serialisable values for
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 import importlib
 import statistics
@@ -312,5 +313,5 @@ def dtr_statistics(model: nn.Module, resolved: ResolvedPlan, example: Example, s
         torch.manual_seed(seed)
         training_step(planned, example.args, example.kwargs)
     stats = stats_of(planned)
-    as_dict = stats if isinstance(stats, dict) else getattr(stats, "__dict__", {"value": stats})
+    as_dict = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
     return {"available": True, "statistics": {str(k): v for k, v in as_dict.items()}}

@@ -220,7 +220,10 @@ def _sections(plan, resolved, report, verify_text, budget_line, plots, svgs, dtr
         for policy, origin in _decisions(m):
             rows.append((m.path or "(root)", m.type_name.rpartition(".")[2], policy, f"{origin.file}:{origin.line}"))
     plan_section = page.Section("plan", "Resolved plan and verification")
-    plan_section.add(page.table(("module", "class", "policy", "rule"), rows))
+    if rows:
+        plan_section.add(page.table(("module", "class", "policy", "rule"), rows))
+    else:
+        plan_section.add(page.paragraph("No module rules: the plan acts through its blocks only.", "note"))
     plan_section.add(
         "<p>verdict: "
         + page.verdict("EQUIVALENT" if report.equivalent else "NOT EQUIVALENT", report.equivalent)
@@ -309,7 +312,14 @@ def _sections(plan, resolved, report, verify_text, budget_line, plots, svgs, dtr
     if dtr is not None:
         section = page.Section("dtr", "Dynamic tensor rematerialisation")
         if dtr.get("available"):
-            section.add(page.table(("statistic", "value"), sorted((k, v) for k, v in dtr["statistics"].items())))
+            section.add(page.paragraph("What the dtr block's tracker did over one training step of a planned copy (memoplan.dtr_stats):"))
+            section.add(
+                page.table(
+                    ("statistic", "value"),
+                    [(k, f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else v) for k, v in sorted(dtr["statistics"].items())],
+                    numeric=(1,),
+                )
+            )
         else:
             section.add(page.paragraph("The plan has a dtr block; its evictions and recomputes appear here once the runtime reports them.", "note"))
         sections.append(section)
