@@ -10,10 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memoplan.version import __version__
+from memoplan.codegen.arena import RESERVED as ARENA_RESERVED
+from memoplan.codegen.arena import render_arena
 from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
 from memoplan.diagnostics import printable
 from memoplan.ir import ModulePlan, ResolvedPlan
+from memoplan.memonger.plan import ArenaPlan
 
 # Names the template defines itself.
 RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "MEMORY", "DTR", "_rt", "self", "args", "kwargs", "torch")
@@ -42,9 +45,12 @@ class _Wrapper:
     call: str
 
 
-def emit(plan: ResolvedPlan, *, source: str | None = None, module_name: str = "plan_module") -> GeneratedCode:
-    """Render the plan module; ``source`` is the plan's name as printed in the header."""
-    names = NameAllocator(RESERVED)
+def emit(
+    plan: ResolvedPlan, *, source: str | None = None, module_name: str = "plan_module", arena: ArenaPlan | None = None
+) -> GeneratedCode:
+    """Render the plan module; ``source`` is the plan's name as printed in the header; ``arena``:
+    the memonger block's captured program and layout (``memoplan.memonger.plan_arena``)."""
+    names = NameAllocator(RESERVED + (ARENA_RESERVED if arena is not None else ()))
     lines_of: dict[_Policy, set[str]] = {}
     texts_of: dict[_Policy, list[str]] = {}
     targets = []
@@ -84,6 +90,7 @@ def emit(plan: ResolvedPlan, *, source: str | None = None, module_name: str = "p
         ],
         "memory": _memory_call(plan),
         "dtr": _dtr_call(plan),
+        "arena": render_arena(arena, names) if arena is not None else None,
     }
     text = render("plan_module.py.j2", **context)
     return GeneratedCode(plan.digest, (GeneratedFile(f"{module_name}.py", text),))

@@ -1,0 +1,190 @@
+"""Codegen stage: the memonger arena section of a plan module, from an ArenaPlan.
+
+Decisions are made here: each value's name (through the one name allocator), each
+step's call as text, where each value is deleted, the table of arena slots.  The
+template ``arena_section.py.j2`` prints them.  Every literal goes through
+``pyrepr`` or a torch constant whose name is checked to be an identifier; every
+name from the model goes through the allocator; module paths and notes reach the
+file only in comments, escaped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from memoplan.codegen.names import NameAllocator
+from memoplan.codegen.render import pyrepr, render
+from memoplan.memonger.plan import ArenaPlan
+from memoplan.memonger.program import Const, ConstGuard, Ref, Step
+
+# Names the arena section defines or uses itself.
+RESERVED = ("ARENA", "arena_graph", "arena_forward", "arena", "inputs", "attributes", "_arena", "torch")
+
+
+@dataclass(frozen=True)
+class _Line:
+    comment: str | None  # printed as a comment line before the code
+    code: str
+
+
+def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
+    """The arena section: the ``ARENA`` spec, ``arena_graph`` and ``arena_forward``."""
+    program = plan.program
+    value_names = [names.allocate(hint) for hint in program.names]
+    slot_of = {buffer: slot for slot, buffer in enumerate(plan.arena_buffers)}
+    offsets = plan.layout.assignment.offsets
+    order = plan.layout.order
+    last_use = _last_uses(program, order)
+    keep = {o.index for o in program.outputs if isinstance(o, Ref)}
+    lines: list[_Line] = []
+    module = None
+    for position, index in enumerate(order):
+        step = program.steps[index]
+        comment = None
+        if step.module != module:
+            module = step.module
+            comment = f"{module or '(the model itself)'}"
+        if step.note:
+            comment = f"{comment + ': ' if comment else ''}{step.note}"
+        lines.append(_Line(comment, _call(step, value_names, slot_of)))
+        dead = [v for v in last_use.get(position, ()) if v not in keep]
+        if dead:
+            lines.append(_Line(None, "del " + ", ".join(value_names[v] for v in sorted(dead))))
+    n_inputs = len(program.inputs)
+    inputs = [value_names[i] for i in range(n_inputs)]
+    attributes = [value_names[n_inputs + i] for i in range(len(program.attributes))]
+    slots = []
+    for slot, buffer in enumerate(plan.arena_buffers):
+        info = program.buffers[buffer]
+        live = plan.layout.ranges[slot]
+        slots.append(
+            {
+                "slot": slot,
+                "offset": offsets[slot],
+                "size": info.size,
+                "dtype": _torch_name(info.dtype),
+                "shape": pyrepr(tuple(info.shape)),
+                "stride": pyrepr(tuple(info.stride)),
+                "live": f"{live.start}..{live.end}",
+                "value": value_names[info.value],
+            }
+        )
+    stats = plan.layout.stats
+    return render(
+        "arena_section.py.j2",
+        device=program.device,
+        model_class=program.model_class,
+        algo=plan.algo,
+        ordering=plan.ordering,
+        stats=stats,
+        outside=len(plan.outside),
+        outside_bytes=sum(program.buffers[i].size for i in plan.outside),
+        slots=slots,
+        table=slot_table(plan),
+        guards=[_guard(g) for g in program.inputs],
+        in_spec=program.in_spec,
+        out_spec=program.out_spec,
+        attribute_paths=list(program.attributes),
+        inputs=inputs,
+        attributes=attributes,
+        lines=lines,
+        outputs=[_arg(o, value_names) for o in program.outputs],
+    )
+
+
+def slot_table(plan: ArenaPlan) -> list[str]:
+    """The assignment as aligned rows: slot, offset, bytes, dtype, shape, live positions, step."""
+    program = plan.program
+    rows = [("slot", "offset", "bytes", "dtype", "shape", "live", "value")]
+    for slot, buffer in enumerate(plan.arena_buffers):
+        info = program.buffers[buffer]
+        live = plan.layout.ranges[slot]
+        rows.append(
+            (
+                str(slot),
+                str(plan.layout.assignment.offsets[slot]),
+                str(info.size),
+                info.dtype,
+                "x".join(map(str, info.shape)) or "scalar",
+                f"{live.start}..{live.end}",
+                program.names[info.value],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _last_uses(program, order) -> dict[int, list[int]]:
+    """Position -> the values read or defined for the last time there."""
+    last: dict[int, int] = {}
+    for position, index in enumerate(order):
+        step = program.steps[index]
+        for ref in _refs(step.args + tuple(v for _, v in step.kwargs)):
+            last[ref.index] = position
+        if step.result is not None:
+            last.setdefault(step.result, position)
+    found: dict[int, list[int]] = {}
+    for value, position in last.items():
+        found.setdefault(position, []).append(value)
+    return found
+
+
+def _refs(args):
+    for a in args:
+        if isinstance(a, Ref):
+            yield a
+        elif isinstance(a, tuple):
+            yield from _refs(a)
+
+
+def _call(step: Step, names: list[str], slot_of: dict[int, int]) -> str:
+    args = [_arg(a, names) for a in step.args]
+    if step.op == "getitem":
+        code = f"{args[0]}[{args[1]}]"
+    else:
+        namespace, name, overload = step.op.split(".")
+        for part in (namespace, name, overload):
+            if not part.isidentifier():
+                raise ValueError(f"op name {step.op!r} is not made of identifiers")
+        parts = args + [f"{k}={_arg(v, names)}" for k, v in step.kwargs if _keyword(k)]
+        if step.buffer is not None:
+            parts.append(f"out=arena[{slot_of[step.buffer]}]")
+        code = f"torch.ops.{namespace}.{name}.{overload}({', '.join(parts)})"
+    if step.result is None:
+        return code
+    return f"{names[step.result]} = {code}"
+
+
+def _keyword(name: str) -> bool:
+    if not name.isidentifier():
+        raise ValueError(f"argument name {name!r} is not an identifier")
+    return True
+
+
+def _arg(value, names: list[str]) -> str:
+    if isinstance(value, Ref):
+        return names[value.index]
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_arg(v, names) for v in value) + "]"
+    if isinstance(value, Const):
+        if value.kind == "device":
+            return f"torch.device({pyrepr(value.text)})"
+        return _torch_name(value.text)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float({pyrepr(repr(value))})"
+    return pyrepr(value)
+
+
+def _torch_name(text: str) -> str:
+    if not text.isidentifier():
+        raise ValueError(f"torch constant {text!r} is not an identifier")
+    return f"torch.{text}"
+
+
+def _guard(guard) -> str:
+    if isinstance(guard, ConstGuard):
+        value = guard.value
+        text = f"float({pyrepr(repr(value))})" if isinstance(value, float) and not math.isfinite(value) else pyrepr(value)
+        return f"('const', {text})"
+    return f"({_torch_name(guard.dtype)}, {pyrepr(tuple(guard.shape))}, {pyrepr(tuple(guard.stride))})"

@@ -1,0 +1,586 @@
+"""Memonger stage: capture a model's inference forward as a :class:`Program`.
+
+``torch.export`` (non-strict) traces the model in ``eval()`` mode with the plan's
+example; the graph is then run once, eagerly, on the example, which tells for every
+value whether it is a fresh allocation or a view of another (by storage), and checks
+for each op that its ``out=`` variant, writing into an arena view shaped like the
+op's own result, gives the same bits.  The model is left as it was: training flags,
+tensor attributes, buffers and the RNG are restored, whatever happens.
+
+What cannot be captured is a :class:`~memoplan.diagnostics.PlanError` naming the
+module and the cause: ``MP240`` (the trace fails: a graph break), ``MP241`` (the
+forward keeps state between calls: it assigns a tensor attribute or writes a
+buffer), ``MP242`` (the graph holds something the arena module cannot run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from memoplan.diagnostics import Diagnostic, PlanError, Span
+from memoplan.memonger.program import BufferInfo, Const, ConstGuard, Program, Ref, Step, TensorGuard
+
+_OPTIONS = {"dtype", "layout", "device", "pin_memory"}  # dropped by out= variants: the out tensor says
+_LITERALS = (bool, int, float, str, type(None))
+
+
+def capture(model: nn.Module, args: tuple, kwargs: dict, *, span: Span | None = None) -> Program:
+    """The program of ``model(*args, **kwargs)`` in eval mode without grad; the model is unchanged."""
+    with _untouched(model, span):
+        exported = _export(model, args, kwargs, span)
+        return _program(model, exported, args, kwargs, span)
+
+
+def describe_model(model: nn.Module) -> str:
+    return f"the model ({type(model).__qualname__})"
+
+
+# ---------------------------------------------------------------- export
+
+
+def _export(model: nn.Module, args: tuple, kwargs: dict, span: Span | None):
+    stack: list[str] = []
+    paths = {id(m): p for p, m in model.named_modules()}
+    failed_in: list[str] = []
+
+    def enter(module, _inputs):
+        stack.append(paths.get(id(module), "?"))
+
+    def leave(module, _inputs, _output):
+        if stack:
+            stack.pop()
+
+    hooks = [
+        nn.modules.module.register_module_forward_pre_hook(enter),
+        nn.modules.module.register_module_forward_hook(leave),
+    ]
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                return torch.export.export(model, args, kwargs, strict=False)
+            except Exception as error:  # any failure of the trace is the model's, reported with its cause
+                failed_in.extend(stack)
+                where = f"`{failed_in[-1]}`" if failed_in and failed_in[-1] else describe_model(model)
+                raise _error(
+                    "MP240",
+                    f"memonger cannot capture {where} with torch.export: {type(error).__name__}: "
+                    f"{_first_line(error)}",
+                    span,
+                    "the arena runs one graph of the whole model; make that forward traceable "
+                    "(no data-dependent Python control flow) or remove the `memonger` block; nothing was applied",
+                ) from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else "(no message)"
+
+
+def _error(code: str, message: str, span: Span | None, help: str | None = None) -> PlanError:
+    return PlanError((Diagnostic(code, message, span, help),))
+
+
+# ---------------------------------------------------------------- leaving the model as it was
+
+
+@contextlib.contextmanager
+def _untouched(model: nn.Module, span: Span | None) -> Iterator[None]:
+    modules = list(model.named_modules(remove_duplicate=False))
+    training = [(m, m.training) for _, m in modules]
+    attributes = {id(m): (m, _tensor_attributes(m)) for _, m in modules}
+    buffers = [(b, b.detach().clone(), b._version) for b in model.buffers()]
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        model.eval()
+        yield
+        for path, module in modules:
+            before = attributes[id(module)][1]
+            after = _tensor_attributes(module)
+            changed = sorted(k for k in before.keys() | after.keys() if before.get(k) is not after.get(k))
+            if changed:
+                raise _error(
+                    "MP241",
+                    f"`{path or type(model).__qualname__}` assigns the tensor attribute "
+                    f"`{changed[0]}` in its forward: it keeps state between calls, which one captured graph "
+                    "cannot carry",
+                    span,
+                    "memonger plans stateless inference graphs; remove the `memonger` block (nothing was applied)",
+                )
+        for name, buffer in model.named_buffers():
+            if any(buffer is b and buffer._version != v for b, _, v in buffers):
+                raise _error(
+                    "MP241",
+                    f"the forward writes the buffer `{name}` in eval mode: it keeps state between calls, "
+                    "which one captured graph cannot carry",
+                    span,
+                    "memonger plans stateless inference graphs; remove the `memonger` block (nothing was applied)",
+                )
+    finally:
+        for module, flag in training:
+            module.training = flag
+        for module, before in attributes.values():
+            after = _tensor_attributes(module)
+            for key in after.keys() - before.keys():
+                del module.__dict__[key]
+            for key, value in before.items():
+                module.__dict__[key] = value
+        with torch.no_grad():
+            for buffer, saved, version in buffers:
+                if buffer._version != version:
+                    buffer.copy_(saved)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _tensor_attributes(module: nn.Module) -> dict[str, Any]:
+    return {k: v for k, v in module.__dict__.items() if isinstance(v, torch.Tensor)}
+
+
+# ---------------------------------------------------------------- the program
+
+
+class _Builder:
+    def __init__(self, model: nn.Module, span: Span | None) -> None:
+        self.model = model
+        self.span = span
+        self.names: list[str] = []
+        self.values: list[Any] = []  # the real values of the capture run
+        self.root: dict[int, int] = {}  # value -> the value whose storage it uses (itself if fresh)
+        self.storage_owner: dict[int, int] = {}  # storage data_ptr -> the value that made it
+        self.producer: dict[int, int] = {}  # value -> step that defined it
+        self.steps: list[Step] = []
+        self.deps: list[set[int]] = []
+        self.fresh: list[int] = []  # values that are fresh allocations by a step
+        self.external: set[int] = set()
+        self.written: dict[int, set[int]] = {}  # step -> roots it writes in place
+        self.random: list[int] = []  # steps that draw random numbers
+
+    def add_value(self, name: str, value: Any, step: int | None) -> int:
+        index = len(self.values)
+        self.values.append(value)
+        self.names.append(name)
+        if step is not None:
+            self.producer[index] = step
+        owner = None
+        if isinstance(value, torch.Tensor):
+            owner = self._storage_owner(value)
+        if isinstance(value, (tuple, list)):
+            for element in value:  # fresh results of a multi-result op belong to the op's value
+                if element.untyped_storage().nbytes() and self._storage_owner(element) is None:
+                    self.storage_owner[_storage_key(element)] = index
+        if owner is not None:
+            self.root[index] = self.root[owner]
+        else:
+            self.root[index] = index
+            if isinstance(value, torch.Tensor):
+                self.storage_owner[_storage_key(value)] = index
+                if step is None:
+                    self.external.add(index)
+                else:
+                    self.fresh.append(index)
+            elif step is None:
+                self.external.add(index)
+        return index
+
+    def _storage_owner(self, tensor: torch.Tensor) -> int | None:
+        if tensor.untyped_storage().nbytes() == 0:
+            return None
+        return self.storage_owner.get(_storage_key(tensor))
+
+    def error(self, message: str, node=None) -> PlanError:
+        where = _module_of(node) if node is not None else ""
+        place = f"`{where}`" if where else describe_model(self.model)
+        return _error(
+            "MP242",
+            f"memonger cannot run {place} from its captured graph: {message}",
+            self.span,
+            "remove the `memonger` block (nothing was applied)",
+        )
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple:
+    storage = tensor.untyped_storage()
+    return (tensor.device.type, tensor.device.index, storage.data_ptr())
+
+
+def _module_of(node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _cls = list(stack.values())[-1]
+    return path if isinstance(path, str) else ""
+
+
+def _program(model: nn.Module, exported, args: tuple, kwargs: dict, span: Span | None) -> Program:
+    b = _Builder(model, span)
+    signature = exported.graph_signature
+    mutated = list(signature.buffers_to_mutate.values()) + list(signature.user_inputs_to_mutate.values())
+    if mutated:
+        raise _error(
+            "MP241",
+            f"the forward writes `{mutated[0]}` in eval mode: it keeps state between calls, "
+            "which one captured graph cannot carry",
+            span,
+            "memonger plans stateless inference graphs; remove the `memonger` block (nothing was applied)",
+        )
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    if spec != exported.call_spec.in_spec:
+        raise b.error("torch.export flattened the example's arguments in another order")
+    guards = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            guards.append(TensorGuard(str(leaf.dtype).removeprefix("torch."), tuple(leaf.shape), tuple(leaf.stride())))
+        elif isinstance(leaf, _LITERALS):
+            guards.append(ConstGuard(leaf))
+        else:
+            raise b.error(f"an example argument is a {type(leaf).__name__}, not a tensor or a plain constant")
+    devices = {leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor)}
+    if len(devices) > 1:
+        raise b.error(f"the example's tensors are on several devices ({sorted(map(str, devices))})")
+    graph = exported.module().graph
+    env: dict[Any, int] = {}
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(leaves):
+        raise b.error(f"the graph takes {len(placeholders)} inputs for {len(leaves)} example leaves")
+    for node, leaf in zip(placeholders, leaves):
+        env[node] = b.add_value(node.name, leaf, None)
+    attributes = []
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            value = _attribute(model, node.target)
+            if not isinstance(value, torch.Tensor):
+                raise b.error(f"the graph reads `{node.target}`, which is not a parameter or buffer of the model", node)
+            attributes.append(node.target)
+            env[node] = b.add_value(node.name, value, None)
+    with torch.no_grad():
+        for node in graph.nodes:
+            if node.op in ("placeholder", "get_attr"):
+                continue
+            if node.op == "call_module" and node.name == "_guards_fn":
+                continue
+            if node.op == "output":
+                outputs = tuple(_literal(a, env, b, node) for a in pytree.tree_leaves(node.args[0]))
+                out_spec = exported.call_spec.out_spec
+                break
+            if node.op != "call_function":
+                raise b.error(f"the graph has a `{node.op}` node `{node.name}`", node)
+            _add_step(b, node, env)
+        else:  # pragma: no cover - an fx graph always ends with its output node
+            raise b.error("the graph has no output")
+        return _finish(b, model, guards, leaves, spec, out_spec, attributes, outputs)
+
+
+def _attribute(model: nn.Module, path: str) -> Any:
+    value: Any = model
+    for part in path.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value
+
+
+def _literal(arg, env, b: _Builder, node):
+    if isinstance(arg, torch.fx.Node):
+        return Ref(env[arg])
+    if isinstance(arg, (list, tuple)):
+        return tuple(_literal(a, env, b, node) for a in arg)
+    if isinstance(arg, _LITERALS):
+        return arg
+    if isinstance(arg, torch.dtype):
+        return Const("dtype", str(arg).removeprefix("torch."))
+    if isinstance(arg, torch.device):
+        return Const("device", str(arg))
+    if isinstance(arg, torch.layout):
+        return Const("layout", str(arg).removeprefix("torch."))
+    if isinstance(arg, torch.memory_format):
+        return Const("memory_format", str(arg).removeprefix("torch."))
+    raise b.error(f"an argument of `{node.name}` is a {type(arg).__name__}, which cannot be written as code", node)
+
+
+def _real(arg, b: _Builder):
+    if isinstance(arg, Ref):
+        return b.values[arg.index]
+    if isinstance(arg, tuple):
+        return [_real(a, b) for a in arg]
+    if isinstance(arg, Const):
+        return _const_value(arg)
+    return arg
+
+
+def _const_value(const: Const):
+    if const.kind == "device":
+        return torch.device(const.text)
+    return getattr(torch, const.text)
+
+
+def _add_step(b: _Builder, node, env) -> None:
+    target = node.target
+    module = _module_of(node)
+    index = len(b.steps)
+    args = tuple(_literal(a, env, b, node) for a in node.args)
+    kwargs = tuple((k, _literal(v, env, b, node)) for k, v in node.kwargs.items())
+    if target is operator.getitem:
+        source, item = b.values[args[0].index], args[1]
+        value = source[item]
+        op = function = "getitem"
+    elif isinstance(target, torch._ops.OpOverload):
+        op = function = _op_name(target, b, node)
+        value = target(*(_real(a, b) for a in args), **{k: _real(v, b) for k, v in kwargs})
+    else:
+        raise b.error(f"the graph calls `{getattr(target, '__name__', target)}`, which is not an ATen op", node)
+    if not _storable(value):
+        raise b.error(f"`{node.name}` returns a {type(value).__name__}, not tensors", node)
+    result = b.add_value(node.name, value, index) if value is not None else None
+    if result is not None:
+        env[node] = result
+    reads = {a.index for a in _refs(args)} | {a.index for a in _refs(tuple(v for _, v in kwargs))}
+    deps = {b.producer[r] for r in reads if r in b.producer}
+    b.deps.append(deps)
+    step = Step(op, args, kwargs, result, function, module)
+    if isinstance(target, torch._ops.OpOverload):
+        step = _mutation_and_order(b, target, step, reads)
+    b.steps.append(step)
+
+
+def _storable(value) -> bool:
+    if value is None or isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value)
+
+
+def _refs(args) -> Iterator[Ref]:
+    for a in args:
+        if isinstance(a, Ref):
+            yield a
+        elif isinstance(a, tuple):
+            yield from _refs(a)
+
+
+def _op_name(op, b: _Builder, node) -> str:
+    namespace = op.namespace
+    name = op._schema.name.split("::", 1)[-1]
+    overload = op._overloadname
+    if not all(part.isidentifier() for part in (namespace, name, overload)):
+        raise b.error(f"the op `{op}` has a name that is not an identifier", node)
+    return f"{namespace}.{name}.{overload}"
+
+
+def _mutation_and_order(b: _Builder, op, step: Step, reads: set[int]) -> Step:
+    """Record what an op writes in place and whether it draws random numbers: such steps keep
+    their place among the steps that touch the same storage (or draw from the generator)."""
+    index = len(b.steps)
+    bound = _bind(op._schema, step.args, step.kwargs)
+    written = set()
+    for argument in op._schema.arguments:
+        info = argument.alias_info
+        if info is not None and info.is_write and argument.name in bound:
+            written |= {b.root[r.index] for r in _refs((bound[argument.name],))}
+    b.written[index] = written
+    if torch.Tag.nondeterministic_seeded in op.tags:
+        b.random.append(index)
+    return step
+
+
+def _bind(schema, args, kwargs) -> dict[str, Any]:
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    bound = {a.name: v for a, v in zip(positional, args)}
+    bound.update(dict(kwargs))
+    return bound
+
+
+def _touches(b: _Builder, step: Step) -> set[int]:
+    return {b.root[r.index] for r in _refs(step.args + tuple(v for _, v in step.kwargs))}
+
+
+def _order_edges(b: _Builder) -> None:
+    """In-place writes: after every earlier step touching the storage, before every later one.
+    Random ops: in their captured order."""
+    touching: dict[int, list[int]] = {}
+    for index, step in enumerate(b.steps):
+        for root in _touches(b, step):
+            touching.setdefault(root, []).append(index)
+    for writer, roots in b.written.items():
+        for root in roots:
+            for other in touching.get(root, ()):
+                if other < writer:
+                    b.deps[writer].add(other)
+                elif other > writer:
+                    b.deps[other].add(writer)
+    for before, after in zip(b.random, b.random[1:]):
+        b.deps[after].add(before)
+
+
+def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outputs) -> Program:
+    _order_edges(b)
+    pinned = {b.root[o.index] for o in outputs if isinstance(o, Ref)}
+    users: dict[int, set[int]] = {}
+    for index, step in enumerate(b.steps):
+        for root in _touches(b, step):
+            users.setdefault(root, set()).add(index)
+    buffers = []
+    for value in b.fresh:
+        step_index = b.producer[value]
+        step = b.steps[step_index]
+        tensor = b.values[value]
+        note = _why_not(b, step_index, step, value, tensor, pinned)
+        if not note:
+            step, note = _with_out_variant(b, step, tensor, len(buffers))
+            b.steps[step_index] = step
+        if note and not step.note:
+            b.steps[step_index] = Step(step.op, step.args, step.kwargs, step.result, step.function,
+                                       step.module, None, note)
+        buffers.append(
+            BufferInfo(
+                value=value,
+                producer=step_index,
+                users=tuple(sorted(users.get(value, ()))),
+                size=tensor.untyped_storage().nbytes(),
+                dtype=str(tensor.dtype).removeprefix("torch."),
+                shape=tuple(tensor.shape),
+                stride=tuple(tensor.stride()),
+                arena=not note,
+                note=note,
+            )
+        )
+    device = next((str(leaf.device) for leaf in leaves if isinstance(leaf, torch.Tensor)), "cpu")
+    return Program(
+        model_class=type(model).__qualname__,
+        device=device,
+        inputs=tuple(guards),
+        in_spec=pytree.treespec_dumps(spec),
+        out_spec=pytree.treespec_dumps(out_spec),
+        attributes=tuple(attributes),
+        names=tuple(b.names),
+        steps=tuple(b.steps),
+        deps=tuple(tuple(sorted(d)) for d in b.deps),
+        buffers=tuple(buffers),
+        outputs=outputs,
+    )
+
+
+def _why_not(b: _Builder, index: int, step: Step, value: int, tensor: torch.Tensor, pinned: set[int]) -> str:
+    """Why the fresh ``tensor`` made by ``step`` cannot live in the arena; empty if it can."""
+    if value in pinned:
+        return "an output of the model: a tensor of its own on every call"
+    if step.op == "getitem" or step.result != value:
+        return "one of several results of an op: allocated by the op"
+    if tensor.untyped_storage().nbytes() == 0:
+        return "no bytes"
+    if tensor.storage_offset() != 0:
+        return "a view into its own allocation"
+    if b.written.get(index) or index in b.random:
+        return "an op that writes in place or draws random numbers"
+    return ""
+
+
+def _with_out_variant(b: _Builder, step: Step, tensor: torch.Tensor, buffer: int) -> tuple[Step, str]:
+    """The step written through its op's out= variant into arena buffer ``buffer``, or why not."""
+    namespace, name, overload = step.op.split(".")
+    functional = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    out = _out_overload(functional)
+    if out is None:
+        return step, f"{namespace}.{name}.{overload} has no out= variant: allocated by the op"
+    bound = _bind(functional._schema, step.args, step.kwargs)
+    args, kwargs = [], []
+    positional = True
+    for argument in out._schema.arguments:
+        if argument.name == "out":
+            continue
+        if argument.name not in bound:
+            positional = False
+            continue
+        if positional and not argument.kwarg_only:
+            args.append(bound[argument.name])
+        else:
+            kwargs.append((argument.name, bound[argument.name]))
+    real_args = [_real(a, b) for a in args]
+    real_kwargs = {k: _real(v, b) for k, v in kwargs}
+    for trial in range(2):
+        if trial == 1:  # the same call on other values: one matching example could be luck
+            generator = torch.Generator(tensor.device).manual_seed(0)
+            real_args, real_kwargs = pytree.tree_map(lambda v: _redrawn(v, generator), (real_args, real_kwargs))
+            expected = functional(*real_args, **real_kwargs)
+        else:
+            expected = tensor
+        problem = _probe(out, real_args, real_kwargs, expected)
+        if problem:
+            return step, problem
+    name_out = f"{namespace}.{name}.{out._overloadname}"
+    return Step(name_out, tuple(args), tuple(kwargs), step.result, step.function, step.module, buffer), ""
+
+
+def _redrawn(value, generator):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return torch.randn(value.shape, generator=generator, dtype=value.dtype, device=value.device).as_strided(
+            value.shape, value.stride()) if value.is_contiguous() else value.clone().normal_(generator=generator)
+    return value
+
+
+def _probe(out, args, kwargs, expected: torch.Tensor) -> str:
+    """Why ``out(*args, **kwargs, out=view)`` does not stand for the op that gave ``expected``."""
+    probe = torch.empty(expected.untyped_storage().nbytes(), dtype=torch.uint8, device=expected.device)
+    view = probe.view(expected.dtype).as_strided(expected.shape, expected.stride())
+    try:
+        result = out(*args, **kwargs, out=view)
+    except Exception as error:  # the variant refuses these arguments: keep the op as the model called it
+        return f"its out= variant fails here ({type(error).__name__}): allocated by the op"
+    same_place = (
+        isinstance(result, torch.Tensor)
+        and result.data_ptr() == view.data_ptr() == probe.data_ptr()
+        and tuple(result.shape) == tuple(expected.shape)
+        and tuple(result.stride()) == tuple(expected.stride())
+        and result.dtype == expected.dtype
+    )
+    if not same_place:
+        return "its out= variant does not write into the view it is given: allocated by the op"
+    if not _same_bits(result, expected):
+        return "its out= variant gives other bits than the op: allocated by the op"
+    return ""
+
+
+def _out_overload(op):
+    """The ``out=`` overload of ``op`` taking the same arguments (less dtype/device options), or None."""
+    packet = op.overloadpacket
+    overload = op._overloadname
+    names = ["out"] if overload == "default" else [f"{overload}_out", "out"]
+    functional = {a.name: a for a in op._schema.arguments}
+    for name in names:
+        if name not in packet.overloads():
+            continue
+        candidate = getattr(packet, name)
+        schema = candidate._schema
+        outs = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        if len(outs) != 1 or outs[0].name != "out" or len(schema.returns) != 1:
+            continue
+        others = {a.name for a in schema.arguments if a.name != "out"}
+        if not others <= functional.keys() or not (functional.keys() - others) <= _OPTIONS:
+            continue
+        if any(str(schema_arg.type) != str(functional[schema_arg.name].type)
+               for schema_arg in schema.arguments if schema_arg.name != "out"):
+            continue
+        return candidate
+    return None
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+        # -0.0 == 0.0: compare the sign bits too.
+        return bool(same.all()) and bool((torch.signbit(a) == torch.signbit(b)).all()) if not a.is_complex() else bool(same.all())
+    return torch.equal(a, b)
