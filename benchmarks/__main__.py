@@ -76,7 +76,8 @@ def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
     command = "python benchmarks/planner_vs_peers.py " + shlex.join(argv)
     bench = script("planner_vs_peers")
     progress(f"planner_vs_peers: {command}")
-    assert bench["main"](argv) == 0
+    if bench["main"](argv) != 0:
+        raise RuntimeError("planner_vs_peers.py exited with an error")
     results = json.loads((out / "planner_vs_peers.json").read_text(encoding="utf-8"))
     figures: dict[str, float] = {}
     plots = []
@@ -119,7 +120,8 @@ def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
     command = "python benchmarks/spiking_memory.py " + shlex.join(argv)
     progress(f"spiking_memory: {command}")
     bench = script("spiking_memory")
-    assert bench["main"](argv) == 0
+    if bench["main"](argv) != 0:
+        raise RuntimeError("spiking_memory.py exited with an error")
     results = json.loads((out / "spiking_memory.json").read_text(encoding="utf-8"))
     u = results["unplanned_peak_bytes"]
     sj = results["spikingjelly"]
@@ -278,10 +280,21 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
     }
     sections = []
+    failed = []
     for name in args.only or list(SUITES):
         start = time.perf_counter()
-        section = SUITES[name](args.out, args.quick)
-        progress(f"{name}: done in {time.perf_counter() - start:.1f} s")
+        try:
+            section = SUITES[name](args.out, args.quick)
+        except Exception as error:  # noqa: BLE001 - one benchmark that fails does not stop the others
+            import traceback
+
+            traceback.print_exc()
+            failed.append(name)
+            progress(f"{name}: FAILED ({type(error).__name__}: {error})")
+            section = {"title": name, "command": f"python benchmarks/{name}.py", "figures": {}, "plots": [],
+                       "markdown": f"**Failed** in this run: `{type(error).__name__}: {error}`", "results": None}
+        else:
+            progress(f"{name}: done in {time.perf_counter() - start:.1f} s")
         sections.append(section)
     figures = {k: v for s in sections for k, v in s["figures"].items()}
     bad = not_numbers(figures)
@@ -305,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(len(s['plots']) for s in sections)} plots")
     if bad:
         print(f"benchmarks: figures that are not numbers: {', '.join(bad)}", file=sys.stderr)
-        return 1
-    return 0
+    if failed:
+        print(f"benchmarks: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":
