@@ -12,8 +12,12 @@ from pathlib import Path
 from torch import nn
 
 from memoplan import runtime
+from memoplan.runtime import arena
 from memoplan.codegen import emit, import_generated, write_files
+from memoplan.diagnostics import PlanError
 from memoplan.ir import ResolvedPlan
+from memoplan.memonger.build import missing_example, plan_arena
+from memoplan.memonger.plan import ArenaPlan
 from memoplan.resolver import resolve
 from memoplan.syntax import ast, load, parse
 
@@ -35,8 +39,9 @@ def apply(model: nn.Module, plan: PlanLike) -> nn.Module:
     Nothing changes if the plan does not fit the model: every problem is raised at
     once as a :class:`memoplan.diagnostics.PlanError` before any module is touched.
     """
-    resolved = plan if isinstance(plan, ResolvedPlan) else resolve(as_plan(plan), model)
-    generated = import_generated(emit(resolved))
+    parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
+    resolved = plan if parsed is None else resolve(parsed, model)
+    generated = import_generated(emit(resolved, arena=_arena(model, parsed, resolved)))
     generated.apply(model)
     return model
 
@@ -49,14 +54,25 @@ def compile(plan: PlanLike, model: nn.Module, output: Path | str, *, source: str
     and call its ``apply(model)``.  ``source`` is the plan's name in the header (default:
     the plan's file as given).
     """
-    resolved = plan if isinstance(plan, ResolvedPlan) else resolve(as_plan(plan), model)
+    parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
+    resolved = plan if parsed is None else resolve(parsed, model)
     output = Path(output)
-    code = emit(resolved, source=source, module_name=output.stem)
+    code = emit(resolved, source=source, module_name=output.stem, arena=_arena(model, parsed, resolved))
     (path,) = write_files(code, output.parent, main_name=output.name)
     return path
 
 
 def remove(model: nn.Module) -> nn.Module:
     """Undo :func:`apply`: forwards, attributes and hooks are exactly as before."""
+    arena.uninstall(model)
     runtime.uninstall(model)
     return model
+
+
+def _arena(model: nn.Module, parsed: ast.Plan | None, resolved: ResolvedPlan) -> ArenaPlan | None:
+    """The ``memonger`` block's arena plan: the model captured with the plan's example."""
+    if resolved.memonger is None:
+        return None
+    if parsed is None:
+        raise PlanError((missing_example(None),))
+    return plan_arena(model, parsed)

@@ -43,9 +43,7 @@ VALUES = {
 # (tests/test_memory_block.py and the walk below); `sublinear` sets the search of `memoplan plan
 # PLAN` (tests/test_plan_complete.py walks its keys), with a note from `check` (below); `dtr`
 # gives its candidates a tracker with every key (the walk below, tests/test_dtr.py).
-REFUSED = {
-    ast.BlockKind.MEMONGER: "MP221",
-}
+REFUSED: dict[ast.BlockKind, str] = {}  # every block acts in this version
 
 # Rules over the spiking example whose effect shows in the resolved plan: (rules, path, field).
 # Each plan threads the neurons' state, which any region over them needs (MP314).
@@ -62,25 +60,25 @@ POLICIES = {
 
 def test_the_tables_cover_every_statement_and_key():
     assert set(VALUES) == {key for _, keys in SCHEMA.values() for key in keys}
-    assert set(REFUSED) == set(ast.BlockKind) - {ast.BlockKind.MEMORY, ast.BlockKind.SUBLINEAR, ast.BlockKind.DTR}
+    assert set(REFUSED) == set(ast.BlockKind) - {
+        ast.BlockKind.MEMORY, ast.BlockKind.SUBLINEAR, ast.BlockKind.DTR, ast.BlockKind.MEMONGER
+    }
     assert set(POLICIES) == set(POLICY_NAMES)
     assert set(STATEMENT_NAMES) == {"model", "example", "module", "budget"} | {k.value for k in ast.BlockKind}
 
 
-@pytest.mark.parametrize("kind,key", [(kind, key) for kind, (_, keys) in SCHEMA.items() for key in keys if kind in REFUSED])
-def test_every_config_key_is_refused_with_its_block_until_it_acts(kind, key):
-    required = "" if key == "eviction_threshold" or kind is not ast.BlockKind.DTR else "eviction_threshold = 2 MiB; "
-    text = HEAD + f"module features.* : ConvBlock {{ checkpoint }}\n{kind.value} {{ {required}{key} = {VALUES[key]} }}\n"
-    plan = parse(text, "p.memplan")
+@pytest.mark.parametrize("key", sorted(SCHEMA[ast.BlockKind.MEMONGER][1]))
+def test_every_memonger_key_acts_in_the_arena_module(key, tmp_path):
+    # memonger's own tests (tests/test_memonger*.py) prove the arena; here: each key reaches it.
+    text = HEAD + f"memonger {{ {key} = {VALUES[key]} }}\n"
     model = build()
-    with pytest.raises(PlanError) as caught:
-        memoplan.apply(model, plan)
-    (diagnostic,) = caught.value.errors
-    assert diagnostic.code == REFUSED[kind]
-    assert (diagnostic.span.line, diagnostic.span.column) == (5, 1)
-    assert diagnostic.help
-    assert not any("forward" in m.__dict__ for m in model.modules())  # nothing applied
-    assert "^" in caught.value.render()
+    path = memoplan.compile(parse(text, "p.memplan"), model, tmp_path / "plan_module.py")
+    word = {"algo": "assigned by `dp`", "ordering": "steps in `longest_path` order"}[key]
+    assert word in path.read_text()
+    memoplan.apply(model, parse(text, "p.memplan"))
+    assert "forward" in model.__dict__  # the arena forward of the whole model
+    memoplan.remove(model)
+    assert "forward" not in model.__dict__
 
 
 @pytest.mark.parametrize("key", list(SCHEMA[ast.BlockKind.DTR][1]))
@@ -140,12 +138,15 @@ def test_the_budget_acts_in_verify_and_check_says_so(tmp_path, capsys):
     assert ", met" in out and "MP22" not in err
 
 
-def test_check_refuses_a_block_that_cannot_act_without_a_model(tmp_path, capsys):
+def test_check_refuses_a_memonger_block_without_an_example_and_notes_where_it_acts(tmp_path, capsys):
     plan = tmp_path / "p.memplan"
     plan.write_text("memplan 1\nmemonger { algo = dp }\n")
     assert cli.main(["check", str(plan)]) == 1
     err = capsys.readouterr().err
-    assert f"{plan}:2:1: error[MP221]" in err and "1 error" in err
+    assert f"{plan}:2:1: error[MP243]" in err and "1 error" in err
+    plan.write_text(HEAD + "memonger { algo = dp }\n")
+    assert cli.main(["check", str(plan)]) == 0
+    assert f"{plan}:4:1: note[MP244]" in capsys.readouterr().err
 
 
 def _storages(model) -> int:

@@ -19,13 +19,7 @@ from memoplan.syntax.blocks import config_of
 
 # Config blocks this version parses and validates but cannot carry out yet: each one is
 # refused with its reason and what to write instead, never accepted and dropped.
-_NOT_BUILT = {
-    ast.BlockKind.MEMONGER: (
-        "MP221",
-        "static buffer sharing is not built in this version of memoplan",
-        "remove the block",
-    ),
-}
+_NOT_BUILT: dict[ast.BlockKind, tuple[str, str, str]] = {}  # none in this version
 
 
 def statement_effects(plan: ast.Plan, *, checking: bool = False) -> list[Diagnostic]:
@@ -40,6 +34,8 @@ def statement_effects(plan: ast.Plan, *, checking: bool = False) -> list[Diagnos
             found.append(
                 Diagnostic(code, f"the `{statement.kind.value}` block cannot act: {why}", _head(statement), help)
             )
+        elif isinstance(statement, ast.ConfigBlock) and statement.kind is ast.BlockKind.MEMONGER:
+            found.extend(_memonger_effects(plan, statement, checking))
         elif isinstance(statement, ast.ConfigBlock) and statement.kind is ast.BlockKind.MEMORY:
             found.extend(_memory_effects(plan, statement))
         elif isinstance(statement, ast.ConfigBlock) and statement.kind is ast.BlockKind.SUBLINEAR and checking:
@@ -64,6 +60,32 @@ def statement_effects(plan: ast.Plan, *, checking: bool = False) -> list[Diagnos
                 )
             )
     return found
+
+
+def _memonger_effects(plan: ast.Plan, block: ast.ConfigBlock, checking: bool) -> list[Diagnostic]:
+    """The arena is laid out for the example's shapes (MP243 without one); ``check`` says where it acts."""
+    if plan.example is None:
+        return [
+            Diagnostic(
+                "MP243",
+                "the `memonger` block needs the plan's `example`: the arena is laid out for the shapes it captures",
+                _head(block),
+                "add an `example` statement, e.g. `example randn(8, 3, 32, 32)`",
+            )
+        ]
+    if not checking:
+        return []
+    return [
+        Diagnostic(
+            "MP244",
+            "the `memonger` block runs the whole model's inference on one preallocated arena, captured "
+            "with the plan's example when the plan is applied or compiled",
+            _head(block),
+            "it acts in eval mode with grad disabled, on inputs shaped like the example; training and other "
+            "calls run the model's own forward; `memoplan explain` prints the arena",
+            Severity.NOTE,
+        )
+    ]
 
 
 def _memory_effects(plan: ast.Plan, block: ast.ConfigBlock) -> list[Diagnostic]:
