@@ -27,6 +27,7 @@ class Checked:
 
     plan: ast.Plan | None
     diagnostics: tuple[Diagnostic, ...]
+    parsed: ast.Plan | None = None  # the plan even with value errors (None: a syntax error)
 
     @property
     def clean(self) -> bool:
@@ -44,9 +45,9 @@ def check_text(text: str, file: str) -> Checked:
 
     plan, diagnostics = parse_with_diagnostics(text, file)
     if plan is None or any(d.is_error for d in diagnostics):
-        return Checked(None, tuple(diagnostics))
+        return Checked(None, tuple(diagnostics), plan)
     effects = statement_effects(plan, checking=True)
-    return Checked(plan, tuple(diagnostics) + tuple(effects))
+    return Checked(plan, tuple(diagnostics) + tuple(effects), plan)
 
 
 def lines_of(text: str) -> list[str]:

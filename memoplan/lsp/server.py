@@ -18,6 +18,7 @@ answer of that process.  Off by default: loading a model runs its code.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -261,6 +262,8 @@ def _did_save(ls: PlanServer, params: lsp.DidSaveTextDocumentParams) -> None:
 @server.feature(lsp.INITIALIZED)
 async def _initialized(ls: PlanServer, params: lsp.InitializedParams) -> None:
     """With the model loaded, ask the editor to say when a Python file changes (where it can)."""
+    # The statement checks import torch: start now, while the editor opens its first document.
+    threading.Thread(target=importlib.import_module, args=("memoplan.resolver.effects",), daemon=True).start()
     workspace = ls.client_capabilities.workspace
     watching = workspace.did_change_watched_files if workspace is not None else None
     if not ls.load_model or watching is None or not watching.dynamic_registration:
@@ -302,12 +305,14 @@ def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
         return None
     column = from_units(lines[line], params.position.character, ls.encoding)
     checked = ls.checked.get(uri)
-    plan = checked[1].plan if checked is not None and checked[0] == text else None
+    plan = checked[1].parsed if checked is not None and checked[0] == text else None
     reply = ls.model_reply(uri, text)
     if not ls.load_model:
         state = "The model is not loaded: start the server with the initialization option `loadModel` to see the modules this selects."
     elif plan is None or plan.model is None:
         state = "The plan names no model (`model \"pkg.module:factory\"`)."
+    elif not checked[1].clean:
+        state = "The plan has errors: once they are fixed, the modules this selects are shown here."
     elif reply is None:
         state = "The model is loading…"
     elif "error" in reply:
