@@ -9,7 +9,7 @@ the autograd graph owns, and the :class:`Tracker` of the model knows every slot.
 * **Resident**: after a candidate runs, its saved tensors stay in their slots.  The
   tracker counts the bytes it holds: the storages of all candidates' saved tensors and
   of the inputs each candidate keeps (parameters and buffers are never counted; a
-  storage held twice counts once).
+  storage held twice counts once), with the RNG states their recomputes replay.
 * **Eviction**: whenever a candidate's saved bytes would take that total over
   ``eviction_threshold`` (checked before it runs, from its size on its previous call,
   and again after it ran), the tracker empties the slots of resident candidates, the
@@ -42,8 +42,13 @@ The bound: at every candidate boundary the tracked total is at most
 the total is at most the threshold plus that candidate's own saved bytes.
 
 :func:`dtr_stats` reads what happened: evictions, recomputes, recompute seconds and
-the tracked peak.  Under ``torch.compile`` the hooks would save nothing
-(pytorch/pytorch#148222), so a candidate refuses to run there (``MP432``).
+the tracked peak.
+
+Under ``torch.compile`` a traced graph saves its activations itself and saved-tensor
+hooks are not called (pytorch/pytorch#148222); a candidate traced into a graph would
+lose its gradients.  So :func:`run_evictable` is excluded from compilation
+(``torch.compiler.disable``): each candidate is a graph break and runs eagerly, with
+eviction as without compile, and the rest of the model is compiled.
 """
 
 from __future__ import annotations
@@ -128,12 +133,13 @@ class _Slot:
     backward ran, or the graph was dropped), the slot goes and the tensor with it.
     """
 
-    __slots__ = ("__weakref__", "call", "index", "pinned", "shape", "dtype", "tensor")
+    __slots__ = ("__weakref__", "call", "index", "pinned", "shape", "dtype", "tensor", "version")
 
     def __init__(self, call: _Call, index: int, tensor: torch.Tensor, pinned: bool) -> None:
         self.call, self.index, self.pinned = call, index, pinned
         self.shape, self.dtype = tensor.shape, tensor.dtype
         self.tensor: torch.Tensor | None = tensor
+        self.version = tensor._version  # autograd's own check, which saved-tensor hooks turn off
 
 
 class _Call:
@@ -154,6 +160,8 @@ class _Call:
         self.last_used = 0
         self.forward_seconds = 0.0
         self.versions: list[int] = []
+        self.cpu_rng = torch.get_rng_state()
+        self.devices, self.device_rng = get_device_states(*self.inputs)
 
     # -- the forward
     def pack(self, tensor: torch.Tensor) -> _Slot:
@@ -203,6 +211,7 @@ class _Call:
                 if tensor.shape != slot.shape or tensor.dtype != slot.dtype:
                     raise _mismatch(self.where)
                 slot.tensor = tensor.detach()
+                slot.version = tensor._version
 
         def unpack(_: None) -> torch.Tensor:
             raise RuntimeError(f"memoplan: `{self.where}`: a recomputed graph is never differentiated")
@@ -314,6 +323,8 @@ class Tracker:
                 hold(tensor, 0)
             for tensor in _state_tensors(call.entry_states):
                 hold(tensor, 0)
+            for tensor in (call.cpu_rng, *call.device_rng):  # the RNG states its recompute replays
+                hold(tensor, 0)
             for slot in call.live_slots():
                 if slot.tensor is not None and _key(slot.tensor) not in weights:
                     hold(slot.tensor, 0 if slot.pinned or not call.evictable else id(call))
@@ -381,8 +392,6 @@ class Tracker:
         estimate = self.size.get(where)
         if estimate is not None:
             self.fit(estimate)  # make room first, from its size on its previous call
-        call.cpu_rng = torch.get_rng_state()
-        call.devices, call.device_rng = get_device_states(*call.inputs)
         call.autocast = autocast_state()
         forward_context, call.recompute_context = BufferGuard((module,)).contexts()
         arguments = ArgumentGuard(call.leaves)
@@ -423,6 +432,12 @@ class Tracker:
             self.fit(keep=call)
         tensor = slot.tensor
         assert tensor is not None
+        if tensor._version != slot.version:
+            raise RuntimeError(
+                f"memoplan: MP434: `{call.where}`: a tensor saved for backward (shape {tuple(slot.shape)}) was "
+                f"changed by an in-place operation after it was saved (version {slot.version}, now "
+                f"{tensor._version}); without the plan autograd refuses this too: make that change out of place"
+            )
         return tensor
 
 
@@ -433,16 +448,13 @@ def _restore(settings: DtrSettings, paths: list[tuple[nn.Module, str]]) -> Track
     return tracker
 
 
+@torch.compiler.disable
 def run_evictable(module: nn.Module, forward_fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """``forward_fn(module, *args, **kwargs)`` as a candidate of the model's ``dtr`` tracker (what generated code calls)."""
+    """``forward_fn(module, *args, **kwargs)`` as a candidate of the model's ``dtr`` tracker (what generated code calls).
+
+    Never compiled: under ``torch.compile`` it runs eagerly (see the module's docstring)."""
     if not torch.is_grad_enabled():
         return forward_fn(module, *args, **kwargs)
-    if torch.compiler.is_compiling():
-        raise RuntimeError(
-            f"memoplan: MP432: `{type(module).__qualname__}`: the `dtr` block does not work under "
-            "torch.compile (a compiled graph saves its activations itself, and saved-tensor hooks are not "
-            "called); compile without the dtr block, or use `checkpoint` rules, which compile"
-        )
     tracker = module.__dict__.get(DTR_ATTR)
     if not isinstance(tracker, Tracker):
         raise RuntimeError(f"memoplan: a {type(module).__qualname__} has a dtr forward but no tracker")
