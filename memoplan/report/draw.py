@@ -112,7 +112,7 @@ def memory_svg(plot: Mapping[str, Any]) -> str:
         ax.plot([peak["x"]], [peak["bytes"]], marker="o", color=color, ms=4)
     ax.set_xlim(0, end)
     ax.set_xlabel("one training step: " + plot["x_unit"])
-    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=len(runs), fontsize=8, frameon=False)
     ax.set_title("Memory over one training step", fontsize=11)
     return _svg(fig)
 
