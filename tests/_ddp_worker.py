@@ -127,6 +127,9 @@ PLANS = {
     # The same, the potentials the chunks start from recomputed in backward: bit for bit "chunked".
     "chunked_recompute": _COMMON
     + "module recur {\n    temporal_chunk 4 dim 0 boundaries = recompute\n    compress input = bit\n}\n",
+    # Dynamic eviction of every child (Net has no container): the threshold evicts all it can,
+    # so each child's saved activations are recomputed in backward.
+    "dtr": "memplan 1\ndtr {\n    eviction_threshold = 1 B\n    evictee_minimum_size = 0 B\n}\n",
 }
 
 # name -> (plan or None, wrapper, its keyword arguments).  "fsdp" is FSDP2's `fully_shard`
@@ -144,6 +147,8 @@ SCENARIOS = {
     "fsdp_planned": ("planned", "fsdp", {}),
     "fsdp_chunked": ("chunked", "fsdp", {}),
     "fsdp_planned_keep_gathered": ("planned", "fsdp", {"reshard_after_forward": False}),
+    "dtr": ("dtr", "ddp", {}),
+    "fsdp_dtr": ("dtr", "fsdp", {}),
 }
 
 
@@ -210,6 +215,8 @@ def run(rank: int, base: Net, plan: str | None, wrapper: str, kwargs: dict) -> d
     record["rng"] = torch.get_rng_state()
     record["keys"] = list(model.state_dict())
     record["sharded"] = all(hasattr(p, "full_tensor") for p in model.parameters())
+    if plan == "dtr":
+        record["dtr"] = memoplan.dtr_stats(model)
     if plan is not None:
         memoplan.remove(model)
     return record

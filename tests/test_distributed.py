@@ -128,7 +128,7 @@ def test_the_ranks_saw_different_data_and_ddp_averaged_their_gradients(results):
     assert _equal(r0["params"], r1["params"])
 
 
-@pytest.mark.parametrize("scenario", ["planned", "planned_find_unused", "planned_static_graph"])
+@pytest.mark.parametrize("scenario", ["planned", "planned_find_unused", "planned_static_graph", "dtr"])
 def test_planned_ddp_step_is_bit_identical_to_unplanned(any_blas, scenario):
     results = any_blas
     for rank in range(WORLD):
@@ -143,13 +143,20 @@ def test_planned_ddp_step_is_bit_identical_to_unplanned(any_blas, scenario):
         assert torch.equal(ref["rng"], got["rng"])  # dropout replayed in recompute, not redrawn
 
 
+@pytest.mark.parametrize("scenario", ["dtr", "fsdp_dtr"])
+def test_dtr_evicted_and_recomputed_on_every_rank(results, scenario):
+    for rank in range(WORLD):
+        stats = results[rank][scenario]["dtr"]
+        assert stats.evictions > 0 and stats.recomputes > 0, (rank, stats)
+
+
 def test_find_unused_parameters_changes_nothing_unplanned(results):
     for rank in range(WORLD):
         ref, got = results[rank]["unplanned"], results[rank]["unplanned_find_unused"]
         assert _equal(ref["grads"], got["grads"])
 
 
-@pytest.mark.parametrize("scenario", ["fsdp_planned", "fsdp_planned_keep_gathered"])
+@pytest.mark.parametrize("scenario", ["fsdp_planned", "fsdp_planned_keep_gathered", "fsdp_dtr"])
 def test_planned_fsdp_step_is_bit_identical_to_unplanned_fsdp(any_blas, scenario):
     results = any_blas
     for rank in range(WORLD):
