@@ -20,17 +20,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class Session:
-    def __init__(self, options: dict | None = None, cwd: Path = ROOT) -> None:
+    def __init__(self, options: dict | None = None, cwd: Path = ROOT, watch_files: bool = False) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.published: dict[str, list[list[lsp.Diagnostic]]] = {}
         self.versions: dict[str, int] = {}
         self.texts: dict[str, str] = {}
-        self.client = self.run(self._start(options or {}, cwd))
+        self.registrations: list[lsp.Registration] = []
+        self.client = self.run(self._start(options or {}, cwd, watch_files))
 
-    async def _start(self, options: dict, cwd: Path) -> LanguageClient:
+    async def _start(self, options: dict, cwd: Path, watch_files: bool) -> LanguageClient:
         client = LanguageClient("memoplan-tests", "1")
+
+        @client.feature(lsp.CLIENT_REGISTER_CAPABILITY)
+        def _register(params: lsp.RegistrationParams) -> None:
+            self.registrations.extend(params.registrations)
 
         @client.feature(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
         def _published(params: lsp.PublishDiagnosticsParams) -> None:
@@ -39,7 +44,13 @@ class Session:
         await client.start_io(sys.executable, "-m", "memoplan.cli", "lsp", cwd=str(cwd))
         self.initialized = await client.initialize_async(
             lsp.InitializeParams(
-                capabilities=lsp.ClientCapabilities(),
+                capabilities=lsp.ClientCapabilities(
+                    workspace=lsp.WorkspaceClientCapabilities(
+                        did_change_watched_files=lsp.DidChangeWatchedFilesClientCapabilities(dynamic_registration=True)
+                    )
+                    if watch_files
+                    else None
+                ),
                 root_uri=cwd.as_uri(),
                 initialization_options=options,
             )
@@ -86,6 +97,10 @@ class Session:
         before = len(self.published.get(uri, []))
         self.notify(self.client.text_document_did_save, lsp.DidSaveTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
         return before
+
+    def files_changed(self, *uris: str) -> None:
+        changes = [lsp.FileEvent(uri=uri, type=lsp.FileChangeType.Changed) for uri in uris]
+        self.notify(self.client.workspace_did_change_watched_files, lsp.DidChangeWatchedFilesParams(changes=changes))
 
     def close_document(self, uri: str) -> None:
         self.notify(self.client.text_document_did_close, lsp.DidCloseTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
