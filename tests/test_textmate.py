@@ -191,3 +191,33 @@ def test_vscode_extension_uses_the_grammar() -> None:
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_vscode_extension_is_valid_javascript() -> None:
     subprocess.run(["node", "--check", str(ROOT / "editors" / "extension.js")], check=True)
+
+
+NODE_MODULES = ROOT / "editors" / "node_modules"
+
+
+@pytest.mark.skipif(
+    shutil.which("node") is None or not (NODE_MODULES / "vscode-textmate").is_dir(),
+    reason="VS Code's tokenizer is not installed (`npm install` in editors/)",
+)
+def test_python_tokenizer_agrees_with_vscode_textmate() -> None:
+    """The same scopes, character by character, as vscode-textmate with Oniguruma gives."""
+    paths = [str(p) for p in FILES]
+    run = subprocess.run(
+        ["node", str(ROOT / "editors" / "tokenize.js"), str(textmate.OUTPUT), *paths],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    theirs = json.loads(run.stdout)
+    compared = 0
+    for path in paths:
+        text = _normal(Path(path).read_text(encoding="utf-8", errors="replace"))
+        ours = TOKENIZER.tokenize(text)
+        for number, (line, tokens) in enumerate(zip(text.split("\n"), theirs[path])):
+            columns = [i for i, ch in enumerate(line) for _ in range(2 if ord(ch) > 0xFFFF else 1)]
+            for start, end, scopes in tokens:
+                for unit in range(start, min(end, len(columns))):
+                    assert tuple(scopes) == ours[number][columns[unit]], (path, number + 1, columns[unit])
+                    compared += 1
+    assert compared > 1000
