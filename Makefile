@@ -43,3 +43,9 @@ clean:
 bench-peers: $(STAMP)
 	mkdir -p build
 	$(PY) benchmarks/planner_vs_peers.py --json build/planner_vs_peers.json
+
+# The VS Code extension's packages (vscode-languageclient) and VS Code's own tokenizer, which
+# tests/test_textmate.py then compares with memoplan's (skipped without them).  Needs npm.
+.PHONY: editors
+editors:
+	cd editors && npm ci
