@@ -237,3 +237,38 @@ def test_report_renders_in_a_headless_browser(cnn_report, tmp_path):
     assert not_white.mean() > 0.03, "the page rendered blank"
     blue = (pixels[:, :, 2] > 0.5) & (pixels[:, :, 0] < 0.3)
     assert blue.sum() > 500, "no planned curve or bars visible"
+
+
+# ---------------------------------------------------------------- the recording meter
+
+
+def test_timeline_step_peaks_as_measure_step_and_marks_where_asked():
+    import contextlib
+
+    import torch
+    from torch import nn
+
+    from memoplan.measure import measure_step, timeline_step
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 8))
+    x = torch.randn(32, 64)
+    expected = measure_step(model, (x,)).peak_bytes
+
+    @contextlib.contextmanager
+    def marks(mark):
+        handle = model[1].register_forward_hook(lambda *_: mark("after gelu"))
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    memory, timeline = timeline_step(model, (x,), marks=marks)
+    assert memory.peak_bytes == timeline.peak_bytes == expected == max(timeline.samples)
+    assert timeline.samples[0] == 0 and 0 < timeline.backward < len(timeline.samples) - 1
+    ((index, label),) = timeline.marks
+    assert label == "after gelu" and 0 < index < timeline.backward
+    # GELU's output (32 x 256 floats) is live at the mark: the step holds at least that much there.
+    assert timeline.samples[index] >= 32 * 256 * 4
+    with pytest.raises(ValueError):
+        timeline_step(model.to("meta"), (x.to("meta"),))
