@@ -234,3 +234,55 @@ def test_formatting_is_the_canonical_form(server) -> None:
     assert list(server.format(URI)) == []
     _open(server, BROKEN)
     assert server.format(URI) is None  # a plan with errors is not touched
+
+
+def test_positions_with_a_byte_order_mark_and_crlf_line_ends(server) -> None:
+    # The parser drops the mark; the editor counts it: the `2` of the header is at character 9.
+    (found,) = _open(server, "\ufeffmemplan 2\nmodule a { keep }\n")
+    assert _simple([found]) == [("MP103", 0, 9, 0, 10)]
+    (found,) = _open(server, "memplan 1\r\nmodule a { kep }\r\n")
+    assert _simple([found]) == [("MP102", 1, 11, 1, 14)]
+
+
+def test_incremental_changes_are_applied(server) -> None:
+    uri = URI.replace("lsp-test", "lsp-incremental")
+    assert _open(server, "memplan 1\nmodule fc { kep }\n", uri)[0].code == "MP102"
+    before = len(server.published.get(uri, []))
+    server.versions[uri] += 1
+    edit = lsp.TextDocumentContentChangePartial(
+        range=lsp.Range(start=lsp.Position(line=1, character=12), end=lsp.Position(line=1, character=15)),
+        text="keep",
+    )
+    server.notify(
+        server.client.text_document_did_change,
+        lsp.DidChangeTextDocumentParams(
+            text_document=lsp.VersionedTextDocumentIdentifier(version=server.versions[uri], uri=uri),
+            content_changes=[edit],
+        ),
+    )
+    assert list(server.diagnostics(uri, before)) == []
+    server.close_document(uri)
+
+
+def test_without_pygls_the_command_says_what_to_install(monkeypatch, capsys) -> None:
+    import sys
+
+    from memoplan import cli
+
+    monkeypatch.setitem(sys.modules, "pygls", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "memoplan.lsp.server", raising=False)
+    monkeypatch.delitem(sys.modules, "pygls.lsp.server", raising=False)
+    assert cli.main(["lsp"]) == 2
+    assert "pip install 'memoplan[lsp]'" in capsys.readouterr().err
+
+
+def test_model_resolution_is_off_by_default(server) -> None:
+    # A selector that matches nothing in the bundled CNN: without `loadModel`, no MP301 and no model process.
+    text = (ROOT / "plans" / "cnn_bn_dropout.memplan").read_text(encoding="utf-8").replace("features.0", "featurez.0")
+    uri = URI.replace("lsp-test", "lsp-nomodel")
+    assert list(_open(server, text, uri)) == []
+    import time
+
+    time.sleep(1.0)
+    assert all(list(published) == [] for published in server.published[uri])
+    assert "loadModel" in server.hover(uri, 12, 9).contents.value
