@@ -103,22 +103,6 @@ def span_range(
     return start, max(start, end)
 
 
-def offset_of(lines: list[str], line: int, column: int) -> int:
-    """The character offset in ``"\\n".join(lines)`` of 0-based ``line`` and character ``column``."""
-    line = min(max(line, 0), len(lines) - 1)
-    return sum(len(text) + 1 for text in lines[:line]) + min(column, len(lines[line]))
-
-
-def parse_position(lines: list[str], line: int, column: int, encoding: str = "utf-16") -> tuple[int, int]:
-    """An editor position as memoplan counts it: (1-based line, 1-based character column)."""
-    line = min(max(line, 0), len(lines) - 1)
-    text = lines[line]
-    char = from_units(text, column, encoding)
-    if line == 0 and text.startswith(BOM):
-        char -= 1
-    return line + 1, char + 1
-
-
 def contains(span: Span, line: int, column: int) -> bool:
     """Whether 1-based ``(line, column)`` lies in ``span`` (its end included, where a cursor may stand)."""
     if (line, column) < (span.line, span.column):

@@ -37,7 +37,6 @@ LOSSY_CODECS = tuple(codec.value for codec in ast.Codec if codec.lossy)
 BUDGET_MODES = tuple(mode.value for mode in ast.BudgetMode)
 TENSOR_FUNCTIONS = tuple(fn.value for fn in ast.TensorFn)
 TENSOR_KEYWORDS = ("low", "high", "dtype")
-SELECTOR_WORDS = ("class", "not")
 # `state = functional`, `buffers = commit_once`: a policy written as one assignment.
 POLICY_ASSIGNMENTS = {"state": ast.StateMode, "buffers": ast.BuffersMode}
 STATEMENTS = STATEMENT_NAMES
@@ -106,10 +105,3 @@ def key_values(block: str, key: str) -> tuple[str, ...]:
     if spec is None or spec.kind != "choice":
         return ()
     return tuple(str(choice) for choice in spec.choices)
-
-
-def key_default(block: str, key: str) -> object:
-    """The default of a config key from its typed config class (``dataclasses.MISSING`` if required)."""
-    cls, _ = SCHEMA[ast.BlockKind(block)]
-    field = next(f for f in dataclasses.fields(cls) if f.name == key)
-    return field.default
