@@ -12,7 +12,7 @@ a view of any dtype starts on a boundary its kernels accept.
   the lowest offset where it fits, so the search walks placement orders, placing each
   buffer at its lowest fit, remembers the placements it has seen, cuts any branch that
   is no better than the best found, and stops at the lower bound.  It starts from the
-  greedy answer and is bounded by ``max_steps`` placements (a count, not a clock, so the
+  greedy answer and is bounded by ``max_steps`` placements tried (a count, not a clock, so the
   same graph gives the same arena on every machine); when the bound is hit it returns
   the best found, at worst greedy's, with ``optimal=False``.
 """
@@ -26,7 +26,7 @@ from memoplan.memonger.ranges import LiveRange, interference
 
 ALGOS = ("greedy", "dp")
 ALIGNMENT = 64
-DP_MAX_STEPS = 10_000
+DP_MAX_STEPS = 20_000
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,9 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT,
         for i in order:
             if i in placed:
                 continue
+            steps += 1
+            if steps > max_steps:
+                return False
             taken = [(placed[j], placed[j] + sizes[j]) for j in conflicts[i] if j in placed]
             offset = _lowest_fit(taken, sizes[i])
             top = max(peak, offset + sizes[i])
@@ -141,8 +144,7 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT,
             key = frozenset(placed.items())
             if key not in seen:
                 seen.add(key)
-                steps += 1
-                if steps > max_steps or not search(top):
+                if not search(top):
                     del placed[i]
                     return False
             del placed[i]

@@ -18,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import operator
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from memoplan.diagnostics import Diagnostic, PlanError, Span
@@ -34,7 +35,10 @@ _LITERALS = (bool, int, float, str, type(None))
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, span: Span | None = None) -> Program:
     """The program of ``model(*args, **kwargs)`` in eval mode without grad; the model is unchanged."""
-    with _untouched(model, span):
+    with _untouched(model, span) as check_state:
+        with torch.no_grad():  # one eager call first: does it keep state between calls?
+            model(*args, **kwargs)
+        check_state()
         exported = _export(model, args, kwargs, span)
         return _program(model, exported, args, kwargs, span)
 
@@ -96,16 +100,16 @@ def _error(code: str, message: str, span: Span | None, help: str | None = None) 
 
 
 @contextlib.contextmanager
-def _untouched(model: nn.Module, span: Span | None) -> Iterator[None]:
+def _untouched(model: nn.Module, span: Span | None) -> Iterator[Callable[[], None]]:
     modules = list(model.named_modules(remove_duplicate=False))
     training = [(m, m.training) for _, m in modules]
     attributes = {id(m): (m, _tensor_attributes(m)) for _, m in modules}
     buffers = [(b, b.detach().clone(), b._version) for b in model.buffers()]
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        model.eval()
-        yield
+
+    def check_state() -> None:
+        """MP241 if tracing the forward assigned a tensor attribute or wrote a buffer."""
         for path, module in modules:
             before = attributes[id(module)][1]
             after = _tensor_attributes(module)
@@ -128,6 +132,11 @@ def _untouched(model: nn.Module, span: Span | None) -> Iterator[None]:
                     span,
                     "memonger plans stateless inference graphs; remove the `memonger` block (nothing was applied)",
                 )
+
+    try:
+        model.eval()
+        yield check_state
+        check_state()  # the capture run, too
     finally:
         for module, flag in training:
             module.training = flag
@@ -168,6 +177,7 @@ class _Builder:
         self.external: set[int] = set()
         self.written: dict[int, set[int]] = {}  # step -> roots it writes in place
         self.random: list[int] = []  # steps that draw random numbers
+        self.out_variants: dict[int, tuple[Step, str]] = {}  # step -> its out= form (buffer -1), or why not
 
     def add_value(self, name: str, value: Any, step: int | None) -> int:
         index = len(self.values)
@@ -251,30 +261,36 @@ def _program(model: nn.Module, exported, args: tuple, kwargs: dict, span: Span |
     devices = {leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor)}
     if len(devices) > 1:
         raise b.error(f"the example's tensors are on several devices ({sorted(map(str, devices))})")
-    graph = exported.module().graph
-    env: dict[Any, int] = {}
+    graph = exported.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(leaves):
-        raise b.error(f"the graph takes {len(placeholders)} inputs for {len(leaves)} example leaves")
-    for node, leaf in zip(placeholders, leaves):
+    specs_in = exported.graph_signature.input_specs
+    user = [n for n, s in zip(placeholders, specs_in) if s.kind == InputKind.USER_INPUT]
+    if len(placeholders) != len(specs_in) or len(user) != len(leaves):
+        raise b.error(f"the graph takes {len(user)} inputs for {len(leaves)} example leaves")
+    env: dict[Any, int] = {}
+    for node, leaf in zip(user, leaves):
         env[node] = b.add_value(node.name, leaf, None)
     attributes = []
-    for node in graph.nodes:
-        if node.op == "get_attr":
-            value = _attribute(model, node.target)
-            if not isinstance(value, torch.Tensor):
-                raise b.error(f"the graph reads `{node.target}`, which is not a parameter or buffer of the model", node)
-            attributes.append(node.target)
-            env[node] = b.add_value(node.name, value, None)
+    for node, spec_in in zip(placeholders, specs_in):
+        if spec_in.kind == InputKind.USER_INPUT:
+            continue
+        value = _attribute(model, spec_in.target) if spec_in.kind in (InputKind.PARAMETER, InputKind.BUFFER) else None
+        if not isinstance(value, torch.Tensor):
+            raise b.error(
+                f"the graph reads `{spec_in.target}` ({spec_in.kind.name.lower()}), which is not a parameter "
+                "or buffer of the model (a tensor made outside the forward is baked into the graph)"
+            )
+        attributes.append(spec_in.target)
+        env[node] = b.add_value(node.name, value, None)
     with torch.no_grad():
         for node in graph.nodes:
             if node.op in ("placeholder", "get_attr"):
                 continue
-            if node.op == "call_module" and node.name == "_guards_fn":
-                continue
             if node.op == "output":
-                outputs = tuple(_literal(a, env, b, node) for a in pytree.tree_leaves(node.args[0]))
+                outputs = tuple(_literal(a, env, b, node) for a in node.args[0])
                 out_spec = exported.call_spec.out_spec
+                if len(outputs) != out_spec.num_leaves:
+                    raise b.error(f"the graph returns {len(outputs)} values for {out_spec.num_leaves} outputs")
                 break
             if node.op != "call_function":
                 raise b.error(f"the graph has a `{node.op}` node `{node.name}`", node)
@@ -353,6 +369,10 @@ def _add_step(b: _Builder, node, env) -> None:
     step = Step(op, args, kwargs, result, function, module)
     if isinstance(target, torch._ops.OpOverload):
         step = _mutation_and_order(b, target, step, reads)
+        if isinstance(value, torch.Tensor) and b.root.get(result) == result and not b.written[index]:
+            # Probed now, while the arguments and the result hold the values this step saw:
+            # a later step may write either in place.
+            b.out_variants[index] = _with_out_variant(b, step, value, -1)
     b.steps.append(step)
 
 
@@ -438,8 +458,11 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
         tensor = b.values[value]
         note = _why_not(b, step_index, step, value, tensor, pinned)
         if not note:
-            step, note = _with_out_variant(b, step, tensor, len(buffers))
-            b.steps[step_index] = step
+            candidate, note = b.out_variants[step_index]
+            if not note:
+                step = Step(candidate.op, candidate.args, candidate.kwargs, candidate.result, candidate.function,
+                            candidate.module, len(buffers))
+                b.steps[step_index] = step
         if note and not step.note:
             b.steps[step_index] = Step(step.op, step.args, step.kwargs, step.result, step.function,
                                        step.module, None, note)
