@@ -17,8 +17,10 @@ own options):
   slowest search per chain and planner.
 
 and writes to ``--out`` (default ``docs/benchmarks``): ``summary.md`` (every figure
-with the command that measured it), ``results.json`` (the raw results of each script,
-and ``figures``: every figure of the summary by name), and one SVG per plot.
+with the command that measured it), ``results.json`` (the raw results of each
+benchmark and its command), ``figures.json`` (every figure of the summary by name,
+and the plot files) and one SVG per plot.  ``--render`` measures nothing and draws
+the summary and the plots again from ``results.json``.
 ``--quick`` runs each script at small sizes (the CNN only, one budget, one timed
 step): a check that everything runs and every figure is a number, not a measurement
 to quote.
@@ -65,8 +67,6 @@ def _relative(path: Path) -> str:
 
 
 def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
-    from memoplan.report import data, draw
-
     argv = ["--json", _relative(out / "planner_vs_peers.json")]
     if quick:
         argv = [
@@ -78,7 +78,13 @@ def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
     progress(f"planner_vs_peers: {command}")
     if bench["main"](argv) != 0:
         raise RuntimeError("planner_vs_peers.py exited with an error")
-    results = json.loads((out / "planner_vs_peers.json").read_text(encoding="utf-8"))
+    return {"command": command, "results": json.loads((out / "planner_vs_peers.json").read_text(encoding="utf-8"))}
+
+
+def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
+    from memoplan.report import data, draw
+
+    command, results = raw["command"], raw["results"]
     figures: dict[str, float] = {}
     plots = []
     rows = []
@@ -107,12 +113,10 @@ def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
         plots.append(plot)
     table = _table(("model", "configuration", "peak (MiB)", "x unplanned", "step (ms, median)", "same as unplanned"), rows)
     return {"title": "memoplan's planner against its peers", "command": command, "figures": figures, "plots": plots,
-            "markdown": table, "results": results}
+            "markdown": table}
 
 
 def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
-    from memoplan.report import draw
-
     argv = ["--json", _relative(out / "spiking_memory.json")]
     if quick:
         argv = ["--plan", "plans/spiking_blocks.memplan", "--also", "--batch", "1", "--steps", "1", "--warmup", "0",
@@ -122,7 +126,13 @@ def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
     bench = script("spiking_memory")
     if bench["main"](argv) != 0:
         raise RuntimeError("spiking_memory.py exited with an error")
-    results = json.loads((out / "spiking_memory.json").read_text(encoding="utf-8"))
+    return {"command": command, "results": json.loads((out / "spiking_memory.json").read_text(encoding="utf-8"))}
+
+
+def render_spiking_memory(raw: dict[str, Any], out: Path) -> dict[str, Any]:
+    from memoplan.report import draw
+
+    command, results = raw["command"], raw["results"]
     u = results["unplanned_peak_bytes"]
     sj = results["spikingjelly"]
     configs = [("unplanned", u)] + [(f"memoplan {p}", r["peak_bytes"]) for p, r in results["plans"].items()]
@@ -135,34 +145,43 @@ def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
         encoding="utf-8",
     )
     rows = [(name, f"{peak / MIB:.2f}", f"{peak / u:.3f}") for name, peak in configs]
-    rows_t = [(k, f"{v['median'] * 1e3:.0f}") for k, v in results["step_time_s"].items()]
+    chosen = next(iter(results["plans"]))  # the plan the script timed (its --plan)
+    timed = {"memoplan": f"memoplan {chosen}", "spikingjelly": f"SpikingJelly {sj['version']} level 1"}
+    rows_t = [(timed.get(k, k), f"{v['median'] * 1e3:.0f}") for k, v in results["step_time_s"].items()]
     markdown = _table(("configuration", "peak (MiB)", "x unplanned"), rows) + "\n\n" + _table(("run", "step (ms, median)"), rows_t)
     return {"title": "Spiking CNN: memoplan against SpikingJelly", "command": command, "figures": figures, "plots": [plot],
-            "markdown": markdown, "results": results}
+            "markdown": markdown}
 
 
 def codec_bandwidth(out: Path, quick: bool) -> dict[str, Any]:
     import torch
 
-    from memoplan.report import draw
-
     bench = script("codec_bandwidth")
     if torch.cuda.is_available():
         sizes = [64] if quick else [64, 256, 1024, 4096]
-        command = f"python benchmarks/codec_bandwidth.py --sizes-mib {' '.join(map(str, sizes))}"
+        repeats = 5 if quick else 30
+        command = f"python benchmarks/codec_bandwidth.py --sizes-mib {' '.join(map(str, sizes))} --repeats {repeats}"
         progress(f"codec_bandwidth: {command}")
-        rows = bench["run_gpu"](sizes, 5 if quick else 30, 5, 10)
+        return {"command": command, "device": "cuda", "results": bench["run_gpu"](sizes, repeats, 5, 10)}
+    numels = [262_144] if quick else [262_144, 2_097_152, 16_777_216]
+    repeats = 5 if quick else 100
+    warmup = 2 if quick else 10
+    command = f"python benchmarks/codec_bandwidth.py --cpu --numel {' '.join(map(str, numels))} --repeats {repeats} --warmup {warmup}"
+    progress(f"codec_bandwidth: {command}")
+    return {"command": command, "device": "cpu", "results": bench["run_cpu"](numels, repeats, warmup)}
+
+
+def render_codec_bandwidth(raw: dict[str, Any], out: Path) -> dict[str, Any]:
+    from memoplan.report import draw
+
+    command, rows = raw["command"], raw["results"]
+    if raw["device"] == "cuda":
         labels = [f"{r['dtype']} {r['input_mib']} MiB" for r in rows]
         values = [r["ratio_to_copy"] for r in rows]
         figures = {f"codec_bandwidth.{label}.ratio_to_copy": value for label, value in zip(labels, values)}
         figures.update({f"codec_bandwidth.{r['dtype']} {r['input_mib']} MiB.pack_unpack_gb_per_s": r["pack_unpack_gb_per_s"] for r in rows})
         plot_title, unit = "bit pack+unpack bandwidth / device copy", "ratio to copy"
     else:
-        numels = [262_144] if quick else [262_144, 2_097_152, 16_777_216]
-        repeats = 5 if quick else 100
-        command = f"python benchmarks/codec_bandwidth.py --cpu --numel {' '.join(map(str, numels))} --repeats {repeats}"
-        progress(f"codec_bandwidth: {command}")
-        rows = bench["run_cpu"](numels, repeats, 2 if quick else 10)
         figures = {f"codec_bandwidth.cpu.{r['numel']}.{k}": r[k] for r in rows for k in ("pack_ms", "unpack_ms")}
         labels = [f"{what} {r['numel']:,}" for r in rows for what in ("pack", "unpack")]
         values = [r[f"{what}_ms"] for r in rows for what in ("pack", "unpack")]
@@ -170,25 +189,24 @@ def codec_bandwidth(out: Path, quick: bool) -> dict[str, Any]:
     plot = out / "codec_bandwidth.svg"
     plot.write_text(draw.bars_svg(plot_title, labels, values, unit), encoding="utf-8")
     markdown = _table(("what", unit), [(label, f"{value:.3g}") for label, value in zip(labels, values)])
-    return {"title": "The bit codec", "command": command, "figures": figures, "plots": [plot], "markdown": markdown,
-            "results": rows}
+    return {"title": "The bit codec", "command": command, "figures": figures, "plots": [plot], "markdown": markdown}
 
 
 def planner_speed(out: Path, quick: bool) -> dict[str, Any]:
-    from memoplan.report import draw
-
     bench = script("planner_speed")
     sizes = [200] if quick else [1000, 5000]
     chains = ["transformer", "resnet"] if quick else ["transformer", "resnet", "uniform", "random"]
-    command = f"python benchmarks/planner_speed.py --sizes {' '.join(map(str, sizes))} --only {' '.join(chains)}"
-    progress(f"planner_speed: the slowest search over five budgets per chain and planner ({command} prints the full table)")
+    command = "python -m benchmarks --only planner_speed" + (" --quick" if quick else "")
+    progress(
+        "planner_speed: the slowest search over five budgets per chain and planner "
+        f"(python benchmarks/planner_speed.py --sizes {' '.join(map(str, sizes))} --only {' '.join(chains)} prints the full table)"
+    )
     Bytes, minimum_peak, levels = bench["Bytes"], bench["minimum_peak"], bench["LEVELS"]
     planners: dict[str, Callable[..., Any]] = {
         "optimal": lambda items, budget, base: bench["optimal"](items, budget, base_bytes=base),
         "greedy": lambda items, budget, base: bench["greedy_bytes"](items, budget, base_bytes=base),
     }
-    figures: dict[str, float] = {}
-    rows, labels, values = [], [], []
+    rows = []
     for chain in chains:
         for n in sizes:
             items, base = bench["CHAINS"][chain](n)
@@ -201,22 +219,30 @@ def planner_speed(out: Path, quick: bool) -> dict[str, Any]:
                     start = time.perf_counter()
                     run(items, budget, base)
                     worst = max(worst, time.perf_counter() - start)
-                figures[f"planner_speed.{chain}.{n}.{planner}.seconds"] = worst
-                rows.append((chain, n, planner, f"{worst:.3f}"))
-                labels.append(f"{chain} {n} {planner}")
-                values.append(worst)
+                rows.append({"chain": chain, "items": n, "planner": planner, "seconds": worst})
+    return {"command": command, "results": rows}
+
+
+def render_planner_speed(raw: dict[str, Any], out: Path) -> dict[str, Any]:
+    from memoplan.report import draw
+
+    command = raw["command"]
+    figures = {f"planner_speed.{r['chain']}.{r['items']}.{r['planner']}.seconds": r["seconds"] for r in raw["results"]}
+    labels = [f"{r['chain']} {r['items']} {r['planner']}" for r in raw["results"]]
+    values = [r["seconds"] for r in raw["results"]]
+    rows = [(r["chain"], r["items"], r["planner"], f"{r['seconds']:.3f}") for r in raw["results"]]
     plot = out / "planner_speed.svg"
     plot.write_text(draw.bars_svg("Planner search time (slowest of five budgets)", labels, values, "seconds"), encoding="utf-8")
     markdown = _table(("chain", "items", "planner", "slowest search (s)"), rows)
-    return {"title": "Planner speed", "command": command, "figures": figures, "plots": [plot], "markdown": markdown,
-            "results": [dict(zip(("chain", "items", "planner", "seconds"), r)) for r in rows]}
+    return {"title": "Planner speed", "command": command, "figures": figures, "plots": [plot], "markdown": markdown}
 
 
-SUITES: dict[str, Callable[[Path, bool], dict[str, Any]]] = {
-    "planner_vs_peers": planner_vs_peers,
-    "spiking_memory": spiking_memory,
-    "codec_bandwidth": codec_bandwidth,
-    "planner_speed": planner_speed,
+#: name -> (run: measure and return the raw results with their command, render: raw -> the summary's section).
+SUITES: dict[str, tuple[Callable[[Path, bool], dict[str, Any]], Callable[[dict[str, Any], Path], dict[str, Any]]]] = {
+    "planner_vs_peers": (planner_vs_peers, render_planner_vs_peers),
+    "spiking_memory": (spiking_memory, render_spiking_memory),
+    "codec_bandwidth": (codec_bandwidth, render_codec_bandwidth),
+    "planner_speed": (planner_speed, render_planner_speed),
 }
 
 
@@ -261,60 +287,65 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, one timed step: a check that runs in CI")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks", help="where to write (default docs/benchmarks)")
     parser.add_argument("--only", nargs="+", choices=list(SUITES), help="run only these")
+    parser.add_argument(
+        "--render", action="store_true", help="measure nothing: draw the plots and the summary again from OUT/results.json"
+    )
     args = parser.parse_args(argv)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("benchmarks: the plots need matplotlib: pip install 'memoplan[report]'", file=sys.stderr)
         return 2
-    import torch
-
     args.out.mkdir(parents=True, exist_ok=True)
-    given = list(sys.argv[1:] if argv is None else argv)
-    command = shlex.join(["python", "-m", "benchmarks", *given])
-    machine = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})",
-        "quick": args.quick,
-    }
-    sections = []
-    failed = []
-    for name in args.only or list(SUITES):
-        start = time.perf_counter()
-        try:
-            section = SUITES[name](args.out, args.quick)
-        except Exception as error:  # noqa: BLE001 - one benchmark that fails does not stop the others
-            import traceback
+    if args.render:
+        saved = json.loads((args.out / "results.json").read_text(encoding="utf-8"))
+        command, machine, raws = saved["command"], saved["machine"], saved["suites"]
+        failed = [name for name, raw in raws.items() if raw.get("failed")]
+    else:
+        import torch
 
-            traceback.print_exc()
-            failed.append(name)
-            progress(f"{name}: FAILED ({type(error).__name__}: {error})")
-            section = {"title": name, "command": f"python benchmarks/{name}.py", "figures": {}, "plots": [],
-                       "markdown": f"**Failed** in this run: `{type(error).__name__}: {error}`", "results": None}
+        command = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)])
+        machine = {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})",
+            "quick": args.quick,
+        }
+        raws, failed = {}, []
+        for name in args.only or list(SUITES):
+            start = time.perf_counter()
+            try:
+                raws[name] = SUITES[name][0](args.out, args.quick)
+            except Exception as error:  # noqa: BLE001 - one benchmark that fails does not stop the others
+                import traceback
+
+                traceback.print_exc()
+                failed.append(name)
+                progress(f"{name}: FAILED ({type(error).__name__}: {error})")
+                raws[name] = {"command": f"python benchmarks/{name}.py", "failed": f"{type(error).__name__}: {error}"}
+            else:
+                progress(f"{name}: done in {time.perf_counter() - start:.1f} s")
+    sections = []
+    for name, raw in raws.items():
+        if raw.get("failed"):
+            sections.append({"title": name, "command": raw["command"], "figures": {}, "plots": [],
+                             "markdown": f"**Failed** in this run: `{raw['failed']}`"})
         else:
-            progress(f"{name}: done in {time.perf_counter() - start:.1f} s")
-        sections.append(section)
+            sections.append(SUITES[name][1](raw, args.out))
     figures = {k: v for s in sections for k, v in s["figures"].items()}
     bad = not_numbers(figures)
     (args.out / "summary.md").write_text(summary(sections, args.out, command, machine), encoding="utf-8")
-    (args.out / "results.json").write_text(
-        json.dumps(
-            {
-                "command": command,
-                "machine": machine,
-                "figures": figures,
-                "plots": [p.name for s in sections for p in s["plots"]],
-                "suites": {s["title"]: {"command": s["command"], "results": s["results"]} for s in sections},
-            },
-            indent=1,
-            default=str,
+    if not args.render:
+        (args.out / "results.json").write_text(
+            json.dumps({"command": command, "machine": machine, "suites": raws}, indent=1, default=str) + "\n",
+            encoding="utf-8",
         )
-        + "\n",
+    (args.out / "figures.json").write_text(
+        json.dumps({"figures": figures, "plots": [p.name for s in sections for p in s["plots"]]}, indent=1) + "\n",
         encoding="utf-8",
     )
-    print(f"wrote {_relative(args.out / 'summary.md')}, {_relative(args.out / 'results.json')} and "
+    print(f"wrote {_relative(args.out / 'summary.md')}, {_relative(args.out / 'figures.json')} and "
           f"{sum(len(s['plots']) for s in sections)} plots")
     if bad:
         print(f"benchmarks: figures that are not numbers: {', '.join(bad)}", file=sys.stderr)

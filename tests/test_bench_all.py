@@ -26,11 +26,12 @@ def test_quick_benchmarks_write_every_plot_and_only_numbers(tmp_path):
         env={**__import__("os").environ, "MEMOPLAN_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    results = json.loads((out / "figures.json").read_text(encoding="utf-8"))
+    raw = json.loads((out / "results.json").read_text(encoding="utf-8"))
     summary = (out / "summary.md").read_text(encoding="utf-8")
 
     # Every suite ran and drew its plots; each plot is an SVG with drawn paths, and the summary shows it.
-    assert len(results["suites"]) == 4
+    assert sorted(raw["suites"]) == ["codec_bandwidth", "planner_speed", "planner_vs_peers", "spiking_memory"]
     assert sorted(results["plots"]) == sorted(
         ["planner_vs_peers_cnn.svg", "spiking_memory.svg", "codec_bandwidth.svg", "planner_speed.svg"]
     )
@@ -49,6 +50,13 @@ def test_quick_benchmarks_write_every_plot_and_only_numbers(tmp_path):
     planned = [v for k, v in figures.items() if re.match(r"planner_vs_peers\.cnn\.memoplan .*\.peak_bytes", k)]
     assert planned and all(p < figures["planner_vs_peers.cnn.unplanned.peak_bytes"] for p in planned)
     # The summary gives the command of every suite, to rerun it.
-    for suite in results["suites"].values():
+    for suite in raw["suites"].values():
         assert suite["command"] in summary
     assert "Quick run" in summary
+
+    # Drawn again from the saved results, measuring nothing: the same summary.
+    again = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--render", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "summary.md").read_text(encoding="utf-8") == summary
