@@ -119,7 +119,7 @@ class PlanServer(LanguageServer):
         if reply is not None:
             found.extend(d for d in self._model_diagnostics(checked, reply) if d not in found)
         lines = lines_of(text)
-        diagnostics = [self._to_lsp(d, uri, lines, checked) for d in found]
+        diagnostics = [self._to_lsp(d, uri, lines) for d in found]
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics))
 
     def model_reply(self, uri: str, text: str) -> dict | None:
@@ -141,7 +141,7 @@ class PlanServer(LanguageServer):
             ]
         return [diagnostic_from_json(d) for d in reply.get("diagnostics", [])]
 
-    def _to_lsp(self, diagnostic: Diagnostic, uri: str, lines: list[str], checked: Checked) -> lsp.Diagnostic:
+    def _to_lsp(self, diagnostic: Diagnostic, uri: str, lines: list[str]) -> lsp.Diagnostic:
         start, end = span_range(diagnostic.span, lines, self.encoding)
         related = []
         for label, span in diagnostic.notes:
