@@ -159,3 +159,11 @@ def test_a_hanging_model_times_out_and_its_process_is_killed(tmp_path: Path) -> 
     assert time.monotonic() - started < 20
     assert worker._process is None  # killed; the next request starts a fresh process
     worker.close()
+
+
+def test_the_example_is_built_in_the_model_process(server, tmp_path: Path) -> None:
+    (tmp_path / "net.py").write_text(NET.replace("{NAME!r}", repr("a")), encoding="utf-8")
+    text = 'memplan 1\nmodel "net.py:build"\nexample randn(99999999999, 99999999999)\nmodule a { checkpoint }\n'
+    uri = (tmp_path / "huge.memplan").as_uri()
+    found = server.diagnostics(uri, server.open(uri, text), until=lambda ds: bool(ds))
+    assert [(d.code, d.range.start.line) for d in found] == [("MP507", 2)]  # refused before allocating
