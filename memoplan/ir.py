@@ -122,6 +122,8 @@ class ResolvedPlan:
             )
         if self.memory is not None:  # left out without a memory block, so earlier plan ids stay
             rows.append(repr(("memory", self.memory, self.reserve_bytes)))
+        if self.memonger is not None:  # the same: left out without a memonger block
+            rows.append(repr(("memonger", self.memonger)))
         if self.dtr is not None:  # the same: left out without a dtr block
             rows.append(repr(("dtr", self.dtr, tuple(m.path for m in self.modules if m.evict is not None))))
         return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
