@@ -49,6 +49,7 @@ _SEVERITY = {
     Severity.WARNING: lsp.DiagnosticSeverity.Warning,
     Severity.NOTE: lsp.DiagnosticSeverity.Information,
 }
+MAX_COMPLETIONS = 1000  # items in one answer; more (a model's paths) and the list is marked incomplete
 _KINDS = {
     "keyword": lsp.CompletionItemKind.Keyword,
     "property": lsp.CompletionItemKind.Property,
@@ -349,7 +350,8 @@ def _completion(ls: PlanServer, params: lsp.CompletionParams) -> lsp.CompletionL
     except Exception:
         found = []
     items = []
-    for item in found:
+    incomplete = len(found) > MAX_COMPLETIONS  # a big model: the editor asks again as the word grows
+    for item in found[:MAX_COMPLETIONS]:
         start = to_units(lines[line], column - item.replace, ls.encoding)
         edit = lsp.TextEdit(
             range=_range((line, start), (line, to_units(lines[line], column, ls.encoding))), new_text=item.insert or item.label
@@ -364,7 +366,7 @@ def _completion(ls: PlanServer, params: lsp.CompletionParams) -> lsp.CompletionL
                 filter_text=item.label,
             )
         )
-    return lsp.CompletionList(is_incomplete=False, items=items)
+    return lsp.CompletionList(is_incomplete=incomplete, items=items)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_FORMATTING)
