@@ -127,9 +127,16 @@ class Session:
         return self.run(self.client.text_document_hover_async(params))
 
     def complete(self, uri: str, line: int, character: int) -> list[lsp.CompletionItem]:
-        params = lsp.CompletionParams(text_document=lsp.TextDocumentIdentifier(uri=uri), position=lsp.Position(line=line, character=character))
+        return list(self.completion_list(uri, line, character).items)
+
+    def completion_list(self, uri: str, line: int, character: int) -> lsp.CompletionList:
+        params = lsp.CompletionParams(
+            text_document=lsp.TextDocumentIdentifier(uri=uri), position=lsp.Position(line=line, character=character)
+        )
         found = self.run(self.client.text_document_completion_async(params))
-        return [] if found is None else list(found.items if isinstance(found, lsp.CompletionList) else found)
+        if isinstance(found, lsp.CompletionList):
+            return found
+        return lsp.CompletionList(is_incomplete=False, items=list(found or []))
 
     def format(self, uri: str) -> list[lsp.TextEdit] | None:
         params = lsp.DocumentFormattingParams(text_document=lsp.TextDocumentIdentifier(uri=uri), options=lsp.FormattingOptions(tab_size=4, insert_spaces=True))

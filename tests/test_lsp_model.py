@@ -167,3 +167,22 @@ def test_the_example_is_built_in_the_model_process(server, tmp_path: Path) -> No
     uri = (tmp_path / "huge.memplan").as_uri()
     found = server.diagnostics(uri, server.open(uri, text), until=lambda ds: bool(ds))
     assert [(d.code, d.range.start.line) for d in found] == [("MP507", 2)]  # refused before allocating
+
+
+def test_a_large_models_paths_come_a_thousand_at_a_time(server, tmp_path: Path) -> None:
+    (tmp_path / "wide.py").write_text(
+        "from torch import nn\n\ndef build():\n    return nn.Sequential(*[nn.Identity() for _ in range(1500)])\n",
+        encoding="utf-8",
+    )
+    text = 'memplan 1\nmodel "wide.py:build"\nmodule 0 { keep }\n'
+    uri = (tmp_path / "wide.memplan").as_uri()
+    server.open(uri, text)
+    _wait_hover(server, uri, 2, 7, "selects **1** module")
+    text += "module \n"  # being typed: the paths come from the last model answer
+    server.change(uri, text)
+    everything = server.completion_list(uri, 3, len("module "))
+    assert len(everything.items) == 1000 and everything.is_incomplete
+    server.change(uri, text.replace("module \n", "module 149\n"))
+    narrowed = server.completion_list(uri, 3, len("module 149"))
+    assert [item.label for item in narrowed.items] == ["149", "1490", "1491", "1492", "1493", "1494", "1495", "1496", "1497", "1498", "1499"]
+    assert not narrowed.is_incomplete
