@@ -112,6 +112,15 @@ def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
         plot.write_text(draw.sweep_svg(data.sweep_plot(points, r["unplanned_peak_bytes"]), title), encoding="utf-8")
         plots.append(plot)
     table = _table(("model", "configuration", "peak (MiB)", "x unplanned", "step (ms, median)", "same as unplanned"), rows)
+    loads = [
+        f"{model} {r['load_average_1min']['before_timing']:.1f} -> {r['load_average_1min']['after_timing']:.1f}"
+        for model, r in results["models"].items()
+        if None not in r.get("load_average_1min", {None: None}).values()
+    ]
+    if loads:
+        table += "\n\n1-minute load average while the steps were timed: " + ", ".join(loads) + (
+            f" (on {results['machine']['threads']} threads: above that, other work shared the cores and the step times say little)"
+        )
     return {"title": "memoplan's planner against its peers", "command": command, "figures": figures, "plots": plots,
             "markdown": table}
 
