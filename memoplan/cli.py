@@ -130,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also offer every part of each block that saves memory, solved exactly (optimal planner, byte budgets)",
     )
     plan.add_argument(
+        "--dtr",
+        action="store_true",
+        help="write a `dtr` block (dynamic eviction at run time) whose threshold meets the byte budget, "
+        "instead of checkpoint rules; the simulator's prediction goes in the plan's comments",
+    )
+    plan.add_argument(
         "--profile",
         type=Path,
         nargs="+",
@@ -596,6 +602,9 @@ def _plan(args) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.dtr and start is not None:
+        print("memoplan plan: error: --dtr writes a new plan; it does not complete one", file=sys.stderr)
+        return 2
     _output(args.output)
     if start is None:
         model, example = _model_and_example(args)
@@ -622,6 +631,8 @@ def _plan(args) -> int:
         return 2
     if prof is None:
         prof = _first_step(lambda: profile(model, example))
+    if args.dtr:
+        return _plan_dtr(args, model, example, prof, preset)
     result = preset.run(
         model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
     )
@@ -647,6 +658,25 @@ def _plan(args) -> int:
     print(
         f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, measured peak "
         f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}{refined}"
+    )
+    return 0
+
+
+def _plan_dtr(args, model, example, prof, preset) -> int:
+    """`memoplan plan --budget B --dtr`: a plan with one `dtr` block (memoplan.planner.dtr_plan)."""
+    from memoplan.planner.dtr_plan import make_dtr_plan
+    from memoplan.planner.plan import with_sources
+    from memoplan.syntax import format_plan, parse_example_spec
+
+    result = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=prof)
+    plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
+    with _writing(args.output):
+        args.output.write_text(format_plan(plan), encoding="utf-8")
+    sim = result.simulation
+    print(
+        f"wrote {args.output}: dtr threshold {result.threshold} B, predicted peak {result.predicted_after} B "
+        f"({sim.evictions} evictions, {sim.recomputes} recomputes), measured peak {result.measured_before} B -> "
+        f"{result.measured_after} B, budget {'met' if result.met else 'NOT met (hint)'}"
     )
     return 0
 

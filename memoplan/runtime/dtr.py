@@ -11,8 +11,8 @@ the autograd graph owns, and the :class:`Tracker` of the model knows every slot.
   of the inputs each candidate keeps (parameters and buffers are never counted; a
   storage held twice counts once), with the RNG states their recomputes replay.
 * **Eviction**: whenever a candidate's saved bytes would take that total over
-  ``eviction_threshold`` (checked before it runs, from its size on its previous call,
-  and again after it ran), the tracker empties the slots of resident candidates, the
+  ``eviction_threshold`` (checked before it runs, from its size on its previous call or,
+  on its first, the largest size seen so far; and again after it ran), the tracker empties the slots of resident candidates, the
   lowest score first, until the total fits::
 
       score = cost ** recomp_time_factor / (bytes ** recomp_memory_factor * staleness)
@@ -389,9 +389,11 @@ class Tracker:
         call = _Call(self, module, where, fn, args, kwargs)
         self.clock += 1
         call.last_used = self.clock
-        estimate = self.size.get(where)
-        if estimate is not None:
-            self.fit(estimate)  # make room first, from its size on its previous call
+        # Make room first, from its size on its previous call (on its first call, the largest
+        # size seen so far: blocks of a model are often alike).
+        estimate = self.size.get(where, max(self.size.values(), default=0))
+        if estimate:
+            self.fit(estimate)
         call.autocast = autocast_state()
         forward_context, call.recompute_context = BufferGuard((module,)).contexts()
         arguments = ArgumentGuard(call.leaves)

@@ -1,0 +1,219 @@
+"""Planner stage: replay a profile under the ``dtr`` block's eviction, and choose a threshold for a budget.
+
+:func:`simulate` replays one training step of the candidates (from a :class:`Profile`)
+with the run-time tracker's rules (:mod:`memoplan.runtime.dtr`): candidates in
+execution order, each adding its evictable bytes and the bytes it keeps; making room
+before a candidate runs (from its size, known from the previous step) and fitting after
+it, the lowest ``score`` first (the room for a candidate's first call is the largest
+size seen before it, as on a first step); backward in reverse order, recomputing an evicted
+candidate and fitting again with it kept.  It predicts the tracked peak, the peak with
+the running region, the evictions, recomputes and recompute seconds.
+
+Each candidate's bytes come from the profile (:class:`ChainLink`):
+
+* kept: its input (``input_bytes``) and the CPU RNG state its recompute replays;
+* evictable: its saved bytes less what its output keeps (``kept_bytes``, the next
+  candidate's input) and less its own input when it saved that (when the candidate
+  before it did not already keep it).
+
+In backward, a candidate's own working set is the gradients of its output and input
+(``output_bytes + input_bytes``), and the gradients of every parameter whose backward has run
+(the candidates' from the last to it, and those outside the candidates).  The step's peak is predicted as the measured unplanned
+peak, less the same replay's peak without eviction, plus the simulated peak: what runs
+outside the candidates (parameters, gradients, the loss) is taken from the measurement.  :func:`threshold_for` finds the largest
+threshold whose predicted peak fits a byte limit (the largest threshold evicts least).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from memoplan.planner.schema import ChainLink
+
+__all__ = ["Candidate", "Simulation", "candidates_from_chain", "parameter_bytes", "simulate", "threshold_for"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate call, as the simulator sees it."""
+
+    name: str
+    evictable_bytes: int
+    kept_bytes: int
+    seconds: float
+    grad_bytes: int = 0  # its backward's own working set: the gradients of its output and input
+    param_bytes: int = 0  # its trainable parameters: their gradients appear in its backward
+
+
+@dataclass(frozen=True)
+class Simulation:
+    threshold: int
+    tracked_peak: int  # the enforced total, at candidate boundaries
+    working_peak: int  # with the candidate running (recomputed) then
+    evictions: int
+    recomputes: int
+    recompute_seconds: float
+    over_threshold: int
+    unplanned_working: int  # the same replay with nothing evicted
+
+    def predicted_peak(self, unplanned_peak: int) -> int:
+        """The step's peak: the unplanned peak, less the replay's peak without eviction, plus this one's."""
+        return max(unplanned_peak - self.unplanned_working + self.working_peak, 0)
+
+
+def candidates_from_chain(
+    links: Sequence[ChainLink], params: Mapping[str, int] | None = None, rng_bytes: int | None = None
+) -> list[Candidate]:
+    """The simulator's candidates from a profile's chain (execution order); ``params``: the
+    bytes of each candidate's trainable parameters (:func:`parameter_bytes`)."""
+    rng = torch.get_rng_state().numel() if rng_bytes is None else rng_bytes
+    out = []
+    before_kept = 0
+    for link in links:
+        own_input = max(link.input_bytes - before_kept, 0)
+        evictable = max(link.saved_bytes - link.kept_bytes - own_input, 0)
+        grads = link.output_bytes + link.input_bytes
+        weights = (params or {}).get(link.name, 0)
+        out.append(Candidate(link.name, evictable, link.input_bytes + rng, link.forward_seconds, grads, weights))
+        before_kept = link.kept_bytes
+    return out
+
+
+def parameter_bytes(model: nn.Module, names: Sequence[str]) -> tuple[dict[str, int], int]:
+    """Bytes of the trainable parameters of each named module, and of those outside them all."""
+    own = {name: _bytes(model.get_submodule(name).parameters()) for name in names}
+    return own, max(_bytes(model.parameters()) - sum(own.values()), 0)
+
+
+def _bytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+
+
+def simulate(
+    calls: Sequence[Candidate],
+    threshold: int,
+    *,
+    minimum: int = 0,
+    memory_factor: float = 1.0,
+    time_factor: float = 1.0,
+    outside_grads: int = 0,
+) -> Simulation:
+    """One training step of ``calls`` under a tracker with these settings (see the module docstring).
+
+    ``outside_grads``: the gradients of parameters outside every candidate, there before the
+    candidates' backward starts."""
+    n = len(calls)
+    resident = [False] * n
+    alive = [False] * n
+    last = [0] * n
+    clock = 0
+    state = {"evictions": 0, "tracked": 0, "working": 0, "over": 0}
+
+    def total() -> int:
+        return sum(c.kept_bytes + (c.evictable_bytes if resident[i] else 0) for i, c in enumerate(calls) if alive[i])
+
+    def fit(room: int, keep: int | None) -> None:
+        limit = threshold - room
+        now = total()
+        if now > limit:
+            order = sorted(
+                (
+                    max(calls[i].seconds, 1e-9) ** time_factor
+                    / (calls[i].evictable_bytes**memory_factor * max(clock - last[i], 1)),
+                    last[i],
+                    i,
+                )
+                for i in range(n)
+                if alive[i] and resident[i] and i != keep and calls[i].evictable_bytes
+                and calls[i].evictable_bytes >= minimum
+            )
+            for _, _, i in order:
+                if now <= limit:
+                    break
+                resident[i] = False
+                state["evictions"] += 1
+                now -= calls[i].evictable_bytes
+        running = calls[keep].evictable_bytes if keep is not None and resident[keep] else 0
+        state["tracked"] = max(state["tracked"], now - running)
+        state["working"] = max(state["working"], now)
+        if room == 0 and now - running > limit:
+            state["over"] += 1
+
+    seen: dict[str, int] = {}
+    for i, call in enumerate(calls):
+        clock += 1
+        last[i] = clock
+        # The room the tracker makes: this candidate's size on its previous call, on its first
+        # the largest seen so far (the simulation is of a first step, as `memoplan plan` measures).
+        fit(seen.get(call.name, max(seen.values(), default=0)), None)
+        seen[call.name] = call.evictable_bytes
+        alive[i] = resident[i] = True
+        state["working"] = max(state["working"], total())
+        fit(0, None)
+    recomputes, seconds = 0, 0.0
+    for i in reversed(range(n)):
+        clock += 1
+        last[i] = clock
+        if not resident[i] and calls[i].evictable_bytes:
+            resident[i] = True
+            recomputes += 1
+            seconds += calls[i].seconds
+            fit(0, i)
+        grads = outside_grads + sum(c.param_bytes for c in calls[i:])
+        state["working"] = max(state["working"], total() + calls[i].grad_bytes + grads)
+        alive[i] = False
+    return Simulation(
+        threshold,
+        state["tracked"],
+        state["working"],
+        state["evictions"],
+        recomputes,
+        seconds,
+        state["over"],
+        _unplanned_working(calls, outside_grads),
+    )
+
+
+def _unplanned_working(calls: Sequence[Candidate], outside_grads: int) -> int:
+    """The replay's peak with every candidate resident until its backward."""
+    held = [c.kept_bytes + c.evictable_bytes for c in calls]
+    peak = sum(held)
+    for i in reversed(range(len(calls))):
+        grads = outside_grads + sum(c.param_bytes for c in calls[i:])
+        peak = max(peak, sum(held[: i + 1]) + calls[i].grad_bytes + grads)
+    return peak
+
+
+def threshold_for(
+    calls: Sequence[Candidate], unplanned_peak: int, limit: int, *, minimum: int = 0, outside_grads: int = 0
+) -> tuple[int, Simulation] | None:
+    """The largest threshold whose predicted step peak is at most ``limit``, with its simulation.
+
+    None when even evicting everything (the smallest useful threshold) is predicted over ``limit``.
+    """
+    everything = sum(c.kept_bytes + c.evictable_bytes for c in calls)
+    kept = sum(c.kept_bytes for c in calls)
+
+    def fits(threshold: int) -> Simulation | None:
+        sim = simulate(calls, threshold, minimum=minimum, outside_grads=outside_grads)
+        return sim if sim.predicted_peak(unplanned_peak) <= limit and not sim.over_threshold else None
+
+    top = fits(everything)
+    if top is not None:
+        return everything, top
+    lo, hi = max(kept, 1), everything  # fits(lo) decides; fits(hi) does not
+    best = fits(lo)
+    if best is None:
+        return None
+    while hi - lo > max(1, everything // 4096):
+        mid = (lo + hi) // 2
+        sim = fits(mid)
+        if sim is None:
+            hi = mid
+        else:
+            lo, best = mid, sim
+    return lo, best
