@@ -272,3 +272,32 @@ def test_timeline_step_peaks_as_measure_step_and_marks_where_asked():
     assert timeline.samples[index] >= 32 * 256 * 4
     with pytest.raises(ValueError):
         timeline_step(model.to("meta"), (x.to("meta"),))
+
+
+def test_spikingjelly_is_a_peer_where_it_applies():
+    neuron = pytest.importorskip("spikingjelly.activation_based.neuron")
+    import torch
+    from torch import nn
+
+    from memoplan.planner.profile import profile
+    from memoplan.report import collect
+    from memoplan.specs import Example
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int) -> None:
+            super().__init__()
+            self.fc = nn.Linear(cin, cout)
+            self.node = neuron.LIFNode(tau=2.0, v_threshold=0.3, step_mode="m")
+
+        def forward(self, x):
+            return self.node(self.fc(x))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(16, 64), Block(64, 64), Block(64, 64))
+    example = Example(((torch.rand(8, 4, 16) < 0.4).float(),))
+    assert collect.uses_spikingjelly(model) and not collect.uses_spikingjelly(nn.Linear(2, 2))
+    prof = profile(model, example, repeats=1, progress=False)
+    point = collect.spikingjelly_point(model, example, prof, seed=0, repeats=1)
+    assert "error" not in point, point
+    assert point["targets"] == ["test_spikingjelly_is_a_peer_where_it_applies.<locals>.Block"]
+    assert 0 < point["peak_bytes"] < prof.peak_bytes and point["step_seconds"] > 0

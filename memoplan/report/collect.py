@@ -39,7 +39,7 @@ from memoplan.measure import measure_step, timeline_step, training_step
 from memoplan.planner.budgets import FractionOfPeak
 from memoplan.planner.config import Planner
 from memoplan.planner.plan import make_plan
-from memoplan.planner.profile import profile
+from memoplan.planner.profile import Snapshot, profile
 from memoplan.planner.schema import Profile, default_candidates
 from memoplan.report import data
 from memoplan.report import peers as compile_peers
@@ -165,12 +165,17 @@ def saved_bytes(
 
 
 def step_seconds(model: nn.Module, example: Example, repeats: int, step: Callable[[], Any] | None = None) -> float:
-    """Median wall time of ``repeats`` unmetered training steps after one warm-up step."""
+    """Median wall time of ``repeats`` unmetered training steps after one warm-up step.
+
+    Every step starts from the state the model had before the first (buffers, neuron
+    state, RNG: :class:`memoplan.planner.profile.Snapshot`), as a fresh step would.
+    """
     run = step or (lambda: training_step(model, example.args, example.kwargs))
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     times = []
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with Snapshot(model, example, device) as snapshot:
         for i in range(repeats + 1):
+            snapshot.restore()
             compile_peers.sync(device.type)
             start = time.perf_counter()
             run()
@@ -221,7 +226,7 @@ def sweep(
     unplanned peak; where it is out of reach, the least-peak plan it writes as a hint),
     checkpointing every block and, with ``peers``, ``torch.compile`` at ``activation_memory_budget``
     1.0 and each budget.  A configuration that fails is a point with its error."""
-    total = 3 + len(budgets) + (1 + len(budgets) if peers else 0)
+    total = 3 + len(budgets) + (1 + len(budgets) + uses_spikingjelly(model) if peers else 0)
     done = 0
 
     def tick(label: str) -> None:
@@ -264,12 +269,55 @@ def sweep(
     every, label = every_block_plan(prof)
     tick(label)
     points.append(_planned_point(model, every, example, seed, repeats, label=label, kind="every block"))
+    if peers and uses_spikingjelly(model):
+        tick("SpikingJelly optimize_memory level 1")
+        points.append(spikingjelly_point(model, example, prof, seed, repeats))
     if peers:
         for fraction in dict.fromkeys([1.0, *budgets]):
             label = f"torch.compile, activation_memory_budget {fraction:g}"
             tick(label + " (compiling)")
             points.append(_compile_point(model, example, fraction, seed, repeats, label))
     return points
+
+
+def uses_spikingjelly(model: nn.Module) -> bool:
+    """Whether ``model`` holds SpikingJelly modules (its ``MemoryModule``s), so its memory optimiser applies."""
+    try:
+        from spikingjelly.activation_based.base import MemoryModule
+    except ImportError:
+        return False
+    return any(isinstance(m, MemoryModule) for m in model.modules())
+
+
+def spikingjelly_point(model: nn.Module, example: Example, prof: Profile, seed: int, repeats: int) -> dict[str, Any]:
+    """SpikingJelly's ``optimize_memory`` at level 1 (a checkpoint per block, compressed binary
+    inputs) with the classes of the default chain's blocks as targets, on a copy: its peak and step time."""
+    label = "SpikingJelly optimize_memory level 1"
+    entry: dict[str, Any] = {"label": label, "kind": "spikingjelly"}
+    try:
+        from spikingjelly.activation_based import functional
+        from spikingjelly.activation_based.memopt import optimize_memory
+
+        modules = dict(model.named_modules())
+        targets = tuple(dict.fromkeys(type(modules[name]) for name in default_candidates(prof)))
+        copied = copy.deepcopy(model)
+        with torch.random.fork_rng(devices=[]):
+            optimize_memory(
+                copied,
+                targets=targets,
+                example_forward=lambda m: m(*example.args, **example.kwargs),
+                level=1,
+                checkpoint_budget="memory",
+                compress=True,
+            )
+            functional.reset_net(copied)
+            torch.manual_seed(seed)
+            peak = measure_step(copy.deepcopy(copied), example.args, example.kwargs).peak_bytes
+        seconds = step_seconds(copied, example, repeats)
+    except Exception as error:  # noqa: BLE001 - a peer that fails is a point with its reason
+        entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        return entry
+    return {**entry, "peak_bytes": peak, "step_seconds": seconds, "targets": [t.__qualname__ for t in targets]}
 
 
 def _compile_point(model: nn.Module, example: Example, fraction: float, seed: int, repeats: int, label: str) -> dict[str, Any]:
