@@ -17,6 +17,7 @@ from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
 from memoplan.memonger.plan import ArenaPlan
 from memoplan.memonger.program import Const, ConstGuard, Ref, Step
+from memoplan.memonger.report import slot_table
 
 # Names the arena section defines or uses itself.
 RESERVED = ("ARENA", "arena_graph", "arena_forward", "arena", "inputs", "attributes", "_arena", "torch")
@@ -39,14 +40,21 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
     keep = {o.index for o in program.outputs if isinstance(o, Ref)}
     lines: list[_Line] = []
     module = None
+    made_by = {info.producer: b for b, info in enumerate(program.buffers)}
     for position, index in enumerate(order):
         step = program.steps[index]
+        note = step.note
+        buffer = made_by.get(index)
+        if buffer in slot_of:
+            step = program.buffers[buffer].out_step
+        elif buffer is not None:
+            note = plan.note(buffer)
         comment = None
         if step.module != module:
             module = step.module
             comment = f"{module or '(the model itself)'}"
-        if step.note:
-            comment = f"{comment + ': ' if comment else ''}{step.note}"
+        if note:
+            comment = f"{comment + ': ' if comment else ''}{note}"
         lines.append(_Line(comment, _call(step, value_names, slot_of)))
         dead = [v for v in last_use.get(position, ()) if v not in keep]
         if dead:
@@ -93,28 +101,6 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
     )
 
 
-def slot_table(plan: ArenaPlan) -> list[str]:
-    """The assignment as aligned rows: slot, offset, bytes, dtype, shape, live positions, step."""
-    program = plan.program
-    rows = [("slot", "offset", "bytes", "dtype", "shape", "live", "value")]
-    for slot, buffer in enumerate(plan.arena_buffers):
-        info = program.buffers[buffer]
-        live = plan.layout.ranges[slot]
-        rows.append(
-            (
-                str(slot),
-                str(plan.layout.assignment.offsets[slot]),
-                str(info.size),
-                info.dtype,
-                "x".join(map(str, info.shape)) or "scalar",
-                f"{live.start}..{live.end}",
-                program.names[info.value],
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-
-
 def _last_uses(program, order) -> dict[int, list[int]]:
     """Position -> the values read or defined for the last time there."""
     last: dict[int, int] = {}
@@ -148,7 +134,7 @@ def _call(step: Step, names: list[str], slot_of: dict[int, int]) -> str:
             if not part.isidentifier():
                 raise ValueError(f"op name {step.op!r} is not made of identifiers")
         parts = args + [f"{k}={_arg(v, names)}" for k, v in step.kwargs if _keyword(k)]
-        if step.buffer is not None:
+        if step.buffer is not None and step.buffer in slot_of:
             parts.append(f"out=arena[{slot_of[step.buffer]}]")
         code = f"torch.ops.{namespace}.{name}.{overload}({', '.join(parts)})"
     if step.result is None:

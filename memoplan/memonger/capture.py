@@ -457,12 +457,12 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
         step = b.steps[step_index]
         tensor = b.values[value]
         note = _why_not(b, step_index, step, value, tensor, pinned)
+        out_step = None
         if not note:
             candidate, note = b.out_variants[step_index]
             if not note:
-                step = Step(candidate.op, candidate.args, candidate.kwargs, candidate.result, candidate.function,
-                            candidate.module, len(buffers))
-                b.steps[step_index] = step
+                out_step = Step(candidate.op, candidate.args, candidate.kwargs, candidate.result, candidate.function,
+                                candidate.module, len(buffers))
         if note and not step.note:
             b.steps[step_index] = Step(step.op, step.args, step.kwargs, step.result, step.function,
                                        step.module, None, note)
@@ -477,6 +477,7 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
                 stride=tuple(tensor.stride()),
                 arena=not note,
                 note=note,
+                out_step=out_step,
             )
         )
     device = next((str(leaf.device) for leaf in leaves if isinstance(leaf, torch.Tensor)), "cpu")

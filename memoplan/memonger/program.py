@@ -76,8 +76,9 @@ class BufferInfo:
     dtype: str
     shape: tuple[int, ...]
     stride: tuple[int, ...]
-    arena: bool  # written into the arena through an out= variant
+    arena: bool  # can be written into the arena through an out= variant (``out_step``)
     note: str = ""  # why not, when not
+    out_step: Step | None = None  # the producing step through its out= variant, writing buffer ``buffer``
 
 
 @dataclass(frozen=True)
@@ -101,4 +102,5 @@ class Program:
         return len(self.inputs) + len(self.attributes)
 
     def arena_buffers(self) -> tuple[int, ...]:
+        """The buffers an out= variant can write into the arena."""
         return tuple(i for i, b in enumerate(self.buffers) if b.arena)

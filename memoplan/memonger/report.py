@@ -1,0 +1,67 @@
+"""Memonger stage: an arena plan as text — its figures and the assignment table (``memoplan explain``)."""
+
+from __future__ import annotations
+
+from memoplan.diagnostics import printable
+from memoplan.memonger.plan import ArenaPlan
+
+
+def _mib(n: int) -> str:
+    return f"{n:,} B ({n / 2**20:.2f} MiB)"
+
+
+def slot_table(plan: ArenaPlan) -> list[str]:
+    """The assignment as aligned rows: slot, offset, bytes, dtype, shape, live positions, value."""
+    program = plan.program
+    rows = [("slot", "offset", "bytes", "dtype", "shape", "live", "value")]
+    for slot, buffer in enumerate(plan.arena_buffers):
+        info = program.buffers[buffer]
+        live = plan.layout.ranges[slot]
+        rows.append(
+            (
+                str(slot),
+                str(plan.layout.assignment.offsets[slot]),
+                str(info.size),
+                info.dtype,
+                "x".join(map(str, info.shape)) or "scalar",
+                f"{live.start}..{live.end}",
+                printable(program.names[info.value]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def describe(plan: ArenaPlan) -> str:
+    """The figures of the arena plan, the results left outside it by reason, and the slot table."""
+    stats = plan.layout.stats
+    program = plan.program
+    optimal = "optimal: " + ("yes" if stats.optimal else "not proven") if plan.algo == "dp" or stats.optimal else ""
+    lines = [
+        f"memonger: inference of the whole model ({printable(program.model_class)}) on one arena, "
+        f"captured with the plan's example on {program.device}",
+        f"  ordering {plan.ordering}, algo {plan.algo}, {len(program.steps)} steps",
+        f"  baseline     {_mib(stats.baseline_bytes)} in {stats.buffers} buffers (each its own allocation)",
+        f"  arena        {_mib(stats.arena_bytes)}" + (f" ({optimal})" if optimal else ""),
+        f"  lower bound  {_mib(stats.lower_bound_bytes)} (the most bytes live at once)",
+        f"  a call's estimated peak: {_mib(plan.arena_peak)} with the arena, {_mib(plan.eager_peak)} in eager",
+    ]
+    reasons: dict[str, list[int]] = {}
+    for index in plan.outside:
+        reasons.setdefault(_reason(plan.note(index)), []).append(program.buffers[index].size)
+    if reasons:
+        total = sum(sum(sizes) for sizes in reasons.values())
+        count = sum(len(sizes) for sizes in reasons.values())
+        lines.append(f"  outside the arena, allocated by their ops on every call: {count} results, {_mib(total)}")
+        for reason in sorted(reasons):
+            lines.append(f"    {len(reasons[reason]):4d}  {printable(reason)}")
+    lines.append("")
+    lines.extend("  " + row for row in slot_table(plan))
+    return "\n".join(lines)
+
+
+def _reason(note: str) -> str:
+    """The kind of reason: the op's own name is left out, so equal reasons are counted together."""
+    if " has no out= variant" in note:
+        return "no out= variant (" + note.split(" has no", 1)[0] + ")"
+    return note.removesuffix(": allocated by the op")
