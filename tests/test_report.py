@@ -301,3 +301,26 @@ def test_spikingjelly_is_a_peer_where_it_applies():
     assert "error" not in point, point
     assert point["targets"] == ["test_spikingjelly_is_a_peer_where_it_applies.<locals>.Block"]
     assert 0 < point["peak_bytes"] < prof.peak_bytes and point["step_seconds"] > 0
+
+
+def test_torch_compile_is_a_peer_with_its_own_metered_peak():
+    import torch
+    from torch import nn
+
+    from memoplan.measure import measure_step
+    from memoplan.report import collect
+    from memoplan.specs import Example
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 4))
+    example = Example((torch.randn(512, 32),))  # activations well above the weights and their gradients
+    eager = measure_step(model, example.args).peak_bytes
+    points = {f: collect.compile_point(model, example, f, seed=0, repeats=1) for f in (1.0, 0.0)}
+    for point in points.values():
+        assert "error" not in point, point
+        assert point["peak_bytes"] > 0 and point["step_seconds"] > 0
+    # Budget 0 recomputes every activation in backward: another partition, another peak (on this
+    # MLP a higher one: the recomputed values are live together).
+    assert points[0.0]["peak_bytes"] != points[1.0]["peak_bytes"]
+    # Compiled at budget 1.0 it keeps about what eager keeps (not the same: other ops, fused decompositions).
+    assert 0.5 * eager < points[1.0]["peak_bytes"] < 2 * eager

@@ -274,9 +274,8 @@ def sweep(
         points.append(spikingjelly_point(model, example, prof, seed, repeats))
     if peers:
         for fraction in dict.fromkeys([1.0, *budgets]):
-            label = f"torch.compile, activation_memory_budget {fraction:g}"
-            tick(label + " (compiling)")
-            points.append(_compile_point(model, example, fraction, seed, repeats, label))
+            tick(f"torch.compile, activation_memory_budget {fraction:g} (compiling)")
+            points.append(compile_point(model, example, fraction, seed, repeats))
     return points
 
 
@@ -320,7 +319,11 @@ def spikingjelly_point(model: nn.Module, example: Example, prof: Profile, seed: 
     return {**entry, "peak_bytes": peak, "step_seconds": seconds, "targets": [t.__qualname__ for t in targets]}
 
 
-def _compile_point(model: nn.Module, example: Example, fraction: float, seed: int, repeats: int, label: str) -> dict[str, Any]:
+def compile_point(model: nn.Module, example: Example, fraction: float, seed: int, repeats: int) -> dict[str, Any]:
+    """``torch.compile`` of model and loss with ``activation_memory_budget = fraction`` on a copy:
+    its peak (metered inside the compiled graphs on the CPU, see :mod:`memoplan.report.peers`)
+    and step time, or the error that stopped it."""
+    label = f"torch.compile, activation_memory_budget {fraction:g}"
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
