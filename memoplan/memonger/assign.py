@@ -19,6 +19,7 @@ a view of any dtype starts on a boundary its kernels accept.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,13 +118,16 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT,
     conflicts = conflicts_of(ranges)
     order = sorted(range(len(ranges)), key=lambda i: (-sizes[i], ranges[i].start, i))
     best = {"size": greedy.size, "offsets": list(greedy.offsets)}
-    seen: set[frozenset[tuple[int, int]]] = set()
+    # Placements seen, by a running hash of their (buffer, offset) pairs (Zobrist-style: updated
+    # in O(1) per placement).  A collision could only skip a branch, never make a layout wrong.
+    seen: set[int] = set()
+    key = 0
     steps = 0
     placed: dict[int, int] = {}
 
     def search(peak: int) -> bool:
         """Place the rest; False when the step bound is reached (stop everything)."""
-        nonlocal steps
+        nonlocal steps, key
         if len(placed) == len(ranges):
             if peak < best["size"]:
                 best["size"] = peak
@@ -141,18 +145,26 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT,
             if top >= best["size"]:
                 continue
             placed[i] = offset
-            key = frozenset(placed.items())
+            token = hash((i, offset))
+            key ^= token
             if key not in seen:
                 seen.add(key)
                 if not search(top):
                     del placed[i]
+                    key ^= token
                     return False
             del placed[i]
+            key ^= token
             if best["size"] <= bound:
                 return True
         return True
 
-    finished = search(0)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 2 * len(ranges) + 1000))  # one frame per buffer placed
+    try:
+        finished = search(0)
+    finally:
+        sys.setrecursionlimit(limit)
     offsets = tuple(best["offsets"])
     return Assignment(offsets, best["size"], "dp", finished or best["size"] <= bound, min(steps, max_steps))
 
