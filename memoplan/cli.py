@@ -400,12 +400,19 @@ def _fmt(args) -> int:
 
 def _explain(args) -> int:
     from memoplan.resolver import explain, render_explain
+    from memoplan.syntax import ast
 
     plan = _load(args.plan)
     model = _model(plan, args.plan, args.model, required=True)
     _resolve(plan, model)  # report errors and warnings first; explain only a plan that resolves
     rows = explain(plan, model)
     print(render_explain(rows, all_modules=not args.planned_only))
+    if plan.block(ast.BlockKind.MEMONGER) is not None:  # the arena: captured with the plan's example
+        from memoplan.memonger.build import plan_arena
+        from memoplan.memonger.report import describe
+
+        print()
+        _show(describe(plan_arena(model, plan)))
     return 0
 
 
