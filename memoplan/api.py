@@ -73,6 +73,16 @@ def _arena(model: nn.Module, parsed: ast.Plan | None, resolved: ResolvedPlan) ->
     """The ``memonger`` block's arena plan: the model captured with the plan's example."""
     if resolved.memonger is None:
         return None
-    if parsed is None:
-        raise PlanError((missing_example(None),))
+    if parsed is None:  # a ResolvedPlan: its example is in the plan file it was resolved from
+        parsed = _plan_file(resolved)
     return plan_arena(model, parsed)
+
+
+def _plan_file(resolved: ResolvedPlan) -> ast.Plan:
+    try:
+        parsed = load(Path(resolved.file)) if Path(resolved.file).is_file() else None
+    except PlanError:
+        parsed = None
+    if parsed is None or parsed.example is None or parsed.block(ast.BlockKind.MEMONGER) is None:
+        raise PlanError((missing_example(None),))
+    return parsed
