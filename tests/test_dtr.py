@@ -329,3 +329,23 @@ def test_bad_dtr_blocks_change_nothing():
         memoplan.apply(model, "memplan 1\ndtr { evictee_minimum_size = 1 KiB }\n")
     assert caught.value.errors[0].code.startswith("MP2")
     assert not any("forward" in m.__dict__ or DTR_ATTR in m.__dict__ for m in model.modules())
+
+
+def test_the_modules_key_names_the_candidates():
+    from memoplan.examples import transformer
+
+    text = 'memplan 1\ndtr {\n  eviction_threshold = 1 KiB\n  modules = "blocks.*.mlp"\n}\n'
+    resolved = memoplan.resolve(memoplan.parse(text), transformer.build())
+    assert [m.path for m in resolved.modules if m.evict] == [f"blocks.{i}.mlp" for i in range(4)]
+    for selector, words in (
+        ("blocks.*.mlpp", "matches no module"),
+        ("blocks.[", "is not a selector"),
+        ("blocks.**", "inside it"),
+    ):
+        bad = text.replace("blocks.*.mlp", selector)
+        model = transformer.build()
+        with pytest.raises(PlanError) as caught:
+            memoplan.apply(model, bad)
+        (error,) = caught.value.errors
+        assert error.code == "MP232" and words in error.message and error.span.line == 4
+        assert not any("forward" in m.__dict__ for m in model.modules())

@@ -28,6 +28,7 @@ VALUES = {
     "evictee_minimum_size": "0",
     "recomp_memory_factor": "1.5",
     "recomp_time_factor": "2",
+    "modules": '"features[1:3]"',
     "thresh_nr_try": "3",
     "genetic_nr_iter": "4",
     "genetic_pool_size": "6",
@@ -92,8 +93,12 @@ def test_every_dtr_key_reaches_the_tracker(key):
     assert key == "eviction_threshold" or expected != default  # the value written is not the default
     model = memoplan.apply(build(), plan)
     tracker = model.__dict__[DTR_ATTR]
-    assert getattr(tracker.settings, key) == expected
-    assert {name for name, m in model.named_modules() if m.__dict__.get(DTR_ATTR) is tracker} - {""}
+    candidates = {name for name, m in model.named_modules() if m.__dict__.get(DTR_ATTR) is tracker} - {""}
+    if key == "modules":  # names the candidates, instead of the blocks
+        assert candidates == {"features.1", "features.2"}
+    else:
+        assert getattr(tracker.settings, key) == expected
+        assert candidates == {f"features.{i}" for i in range(5)}
 
 
 def test_a_dtr_block_with_nothing_to_evict_is_refused():

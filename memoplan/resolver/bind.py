@@ -8,6 +8,7 @@ that disagree are an error naming both lines.  All problems are reported at once
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 
 from torch import nn
@@ -19,6 +20,7 @@ from memoplan.syntax import ast
 from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import is_stateful
 from memoplan.resolver.dtr import candidates as dtr_candidates
+from memoplan.syntax.parser import parse_with_diagnostics
 from memoplan.resolver.effects import statement_effects
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
@@ -126,7 +128,8 @@ def analyse(plan: ast.Plan, model: nn.Module) -> Resolution:
 
 
 def _choose_evictable(res: Resolution, model: nn.Module) -> None:
-    """The `dtr` block's candidates: blocks no memory rule touches (:mod:`memoplan.resolver.dtr`)."""
+    """The `dtr` block's candidates: the blocks, or the modules its `modules` key names, that no
+    memory rule touches (:mod:`memoplan.resolver.dtr`)."""
     block = res.plan.block(ast.BlockKind.DTR)
     if block is None:
         return
@@ -135,15 +138,47 @@ def _choose_evictable(res: Resolution, model: nn.Module) -> None:
         lines = [d.winner.line for aspect, d in aspects.items() if aspect not in ("state", "buffers")]
         if lines:
             ruled[path] = min(lines)
-    res.evictable, res.not_evictable = dtr_candidates(model, ruled)
+    entry = next((e for e in block.entries if e.key == "modules"), None)
+    named = None
+    if entry is not None:
+        named = _named_candidates(res, entry)
+        if named is None:
+            return
+    res.evictable, res.not_evictable = dtr_candidates(model, ruled, named)
     if not res.evictable:
         res.error(
             "MP230",
-            "the `dtr` block has no module to act on: every block of the model has a rule of its own",
+            "the `dtr` block has no module to act on: "
+            + ("every module it names has a rule of its own" if named else "every block of the model has a rule of its own"),
             replace(block.span, end_line=block.span.line, end_column=block.span.column + len("dtr")),
             "remove the `dtr` block, or the rules on the blocks it should evict "
             "(`memoplan explain` lists the blocks and why each is left out)",
         )
+
+
+def _named_candidates(res: Resolution, entry: ast.ConfigEntry) -> list[str] | None:
+    """The modules the `dtr` block's `modules` key selects, or None after an MP232 error."""
+    text = entry.value.value
+    rule, problems = parse_with_diagnostics(f"memplan 1\nmodule {text} {{ keep }}\n", "<modules>")
+    errors = [d for d in problems if d.is_error]
+    statements = [] if rule is None else [s for s in rule.statements if isinstance(s, ast.ModuleRule)]
+    if errors or len(statements) != 1:
+        why = errors[0].message if errors else "it is not one selector"
+        res.error("MP232", f"`modules = {json.dumps(text)}` is not a selector: {why}", entry.span,
+                  'write a selector as in a module rule, e.g. `modules = "layers.*"`')
+        return None
+    paths = select(res.index, statements[0].selector)
+    if not paths:
+        res.error("MP232", f"`modules = {json.dumps(text)}` matches no module of the model", entry.span,
+                  did_you_mean(text, res.index.paths) or "`memoplan explain` lists the model's modules")
+        return None
+    nested = [(outer, p) for outer in paths for p in paths if p != outer and p.startswith(outer + ".")]
+    if nested:
+        outer, inner = nested[0]
+        res.error("MP232", f"`modules = {json.dumps(text)}` selects `{outer}` and `{inner}`, inside it", entry.span,
+                  "candidates must not contain one another: select one level")
+        return None
+    return paths
 
 
 def _in_order(diagnostics):

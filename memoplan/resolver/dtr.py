@@ -13,6 +13,9 @@ The candidates are chosen from the model's structure alone (no profile is needed
 * minus a second path to a module object already chosen (a shared block runs as the
   candidate of its first path).
 
+The block's ``modules`` key (a selector in quotes, as in a module rule) names the candidates
+instead of the blocks; the same modules are left out of what it names.
+
 Blocks that turn out to save little are not evicted at run time
 (``evictee_minimum_size``).  ``memoplan explain`` prints every candidate and every
 excluded block with its reason.
@@ -20,7 +23,7 @@ excluded block with its reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from torch import nn
 
@@ -30,13 +33,16 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList)
 
 
 def candidates(
-    model: nn.Module, ruled: Mapping[str, int]
+    model: nn.Module, ruled: Mapping[str, int], named: Sequence[str] | None = None
 ) -> tuple[dict[str, str], dict[str, str]]:
     """``(chosen, excluded)``: path -> why, in model order.
 
-    ``ruled`` maps the path of every module a rule touches to that rule's line.
+    ``ruled`` maps the path of every module a rule touches to that rule's line; ``named``,
+    the modules the block's ``modules`` key selects (instead of the blocks).
     """
     paths = {path: module for path, module in model.named_modules(remove_duplicate=False)}
+    if named is not None:
+        return _filtered(paths, [p for p in paths if p in set(named)], dict.fromkeys(named, "named by `modules`"), ruled)
     containers = [path for path, module in paths.items() if isinstance(module, _CONTAINERS) and len(module._modules)]
     outer = [p for p in containers if not any(_inside(p, q) for q in containers if q != p)]
     if outer:
@@ -45,6 +51,13 @@ def candidates(
     else:
         blocks = [p for p in paths if p and "." not in p]
         why = {p: "a child of the model, which has no container" for p in blocks}
+    return _filtered(paths, blocks, why, ruled)
+
+
+def _filtered(
+    paths: Mapping[str, nn.Module], blocks: Sequence[str], why: Mapping[str, str], ruled: Mapping[str, int]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``blocks`` without those a rule touches, and second paths to one module."""
     chosen: dict[str, str] = {}
     excluded: dict[str, str] = {}
     seen: dict[int, str] = {}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from memoplan.diagnostics import Diagnostic, Severity, Span, did_you_mean
-from memoplan.syntax.ast import BlockKind, ConfigBlock, Size, Word
+from memoplan.syntax.ast import BlockKind, ConfigBlock, Size, Text, Word
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class DtrConfig:
     evictee_minimum_size: int = 1024**2  # bytes
     recomp_memory_factor: float = 1.0
     recomp_time_factor: float = 1.0
+    modules: str | None = None  # a selector naming the candidates; None: the model's blocks
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ SCHEMA: dict[BlockKind, tuple[type, dict[str, Key]]] = {
             "evictee_minimum_size": Key("size", lambda v: v >= 0, ">= 0"),
             "recomp_memory_factor": Key("float", lambda v: v >= 0, ">= 0"),
             "recomp_time_factor": Key("float", lambda v: v >= 0, ">= 0"),
+            # Checked against the selector grammar and the model by the resolver (MP232).
+            "modules": Key("selector", rule="a selector in quotes"),
         },
     ),
     BlockKind.SUBLINEAR: (
@@ -114,6 +117,7 @@ _KIND_WORDS = {
     "size": "a size with a unit, e.g. `512 MiB`",
     "int": "an integer",
     "float": "a number",
+    "selector": 'a selector in quotes, e.g. `"layers.*"`',
 }
 
 
@@ -137,6 +141,10 @@ def _read(key: Key, value) -> tuple[object | None, str | None]:
         if number:
             return float(value), None
         return None, f"expects {_KIND_WORDS['float']}"
+    if key.kind == "selector":
+        if isinstance(value, Text):
+            return value.value, None
+        return None, f"expects {_KIND_WORDS['selector']}"
     # choice: integers or words, as the choices are
     words = isinstance(key.choices[0], str)
     if words and isinstance(value, Word):
