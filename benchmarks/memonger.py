@@ -15,7 +15,8 @@ mode under ``torch.no_grad``:
   ``memoplan.compare``), the peak of one call by the CPU meter (``LiveStorageMeter``:
   eager; the arena's first call, which allocates it; a later call plus the resident
   arena), allocations per call after the first (fresh storages the ops return), and the
-  median time of a call.
+  median time of a call (one torch thread unless ``--threads``: with two threads on a
+  shared two-core machine, single calls stalled for 8 to 16 ms at random).
 
 The synthetic graph: ``--nodes`` steps, each reading the step before it and, one time in
 five, one of the ten before that; buffer sizes drawn from 1 KiB to 1 MiB (seed 0).
@@ -237,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the CNN only, and a 200-step graph")
     parser.add_argument("--nodes", type=int, default=None, help="steps of the synthetic graph (default 1000)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per model (median)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: times that a busy machine does not scatter)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     nodes = args.nodes or (200 if args.quick else 1000)
     models = [measure_model(name, build, ex, 3 if args.quick else args.repeats) for name, build, ex in _models(args.quick)]
     print(render(models, measure_synthetic(nodes), nodes))
