@@ -7,20 +7,28 @@ import ast
 from memoplan import cli
 
 PLAN = """memplan 1
-model "memoplan.examples.mlp:MLP"
-example randn(32, 512)
+model "tiny.py:build"
+example randn(8, 16)
 memonger { algo = dp; ordering = longest_path }
+"""
+
+MODEL = """from memoplan.examples.mlp import MLP
+
+
+def build():
+    return MLP(depth=3, width=16)
 """
 
 
 def test_explain_compile_and_verify_with_a_memonger_block(tmp_path, capsys):
     plan = tmp_path / "mlp.memplan"
     plan.write_text(PLAN)
+    (tmp_path / "tiny.py").write_text(MODEL)
     assert cli.main(["explain", str(plan), "--planned-only"]) == 0
     out = capsys.readouterr().out
     assert "memonger: inference of the whole model (MLP) on one arena" in out
     assert "ordering longest_path, algo dp" in out and "lower bound" in out
-    assert "slot  offset  bytes" in out and "float32  32x512" in out
+    assert "slot  offset  bytes" in out and "float32  8x16" in out
 
     output = tmp_path / "mlp_plan.py"
     assert cli.main(["compile", str(plan), "-o", str(output)]) == 0
