@@ -157,7 +157,7 @@ def test_the_threshold_holds_at_every_boundary_as_the_meter_measures_it():
     seen = []
 
     def boundary(module, args, output):
-        held = tracker._owners()
+        held = tracker.owners()
         own = output.untyped_storage()
         extra = 0 if own.data_ptr() in held else own.nbytes()
         # The meter sees what ops allocate: not the example, made before it, nor the RNG states

@@ -133,13 +133,72 @@ class _Slot:
     backward ran, or the graph was dropped), the slot goes and the tensor with it.
     """
 
-    __slots__ = ("__weakref__", "call", "index", "pinned", "shape", "dtype", "tensor", "version")
+    __slots__ = ("__weakref__", "call", "index", "pinned", "shape", "dtype", "tensor", "version", "held")
 
     def __init__(self, call: _Call, index: int, tensor: torch.Tensor, pinned: bool) -> None:
         self.call, self.index, self.pinned = call, index, pinned
         self.shape, self.dtype = tensor.shape, tensor.dtype
-        self.tensor: torch.Tensor | None = tensor
+        self.tensor: torch.Tensor | None = None
+        self.version = 0
+        # What the ledger counts for this slot; released when the slot is emptied or dies.
+        self.held: list[tuple[int, int]] = []
+        weakref.finalize(self, call.tracker.ledger.release, self.held)
+        self.fill(tensor)
+
+    def fill(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
         self.version = tensor._version  # autograd's own check, which saved-tensor hooks turn off
+        if self.call.counts(tensor):
+            self.held.extend(self.call.tracker.ledger.hold([tensor], 0 if self.pinned else id(self.call)))
+
+    def empty(self) -> None:
+        self.tensor = None
+        self.call.tracker.ledger.release(self.held)
+
+
+class _Ledger:
+    """The storages the tracker holds, each counted once: key -> [bytes, {holder: references}].
+
+    A holder is a candidate call's id (its evictable saved tensors) or 0 (what is kept:
+    inputs, entry state, RNG states, pinned saved tensors).  ``total`` is kept up to date,
+    so checking the threshold costs nothing while it is not reached.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[int, list[Any]] = {}
+        self.total = 0
+
+    def hold(self, tensors: Sequence[torch.Tensor], holder: int) -> list[tuple[int, int]]:
+        refs = []
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            size = storage.nbytes()
+            if not size:
+                continue
+            key = storage.data_ptr()
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self.entries[key] = [size, {}]
+                self.total += size
+            entry[1][holder] = entry[1].get(holder, 0) + 1
+            refs.append((key, holder))
+        return refs
+
+    def release(self, refs: list[tuple[int, int]]) -> None:
+        for key, holder in refs:
+            entry = self.entries[key]
+            holders = entry[1]
+            holders[holder] -= 1
+            if not holders[holder]:
+                del holders[holder]
+                if not holders:
+                    del self.entries[key]
+                    self.total -= entry[0]
+        refs.clear()
+
+    def owners(self) -> dict[int, tuple[int, set[int]]]:
+        """Every storage held: its bytes and its holders."""
+        return {key: (size, set(holders)) for key, (size, holders) in self.entries.items()}
 
 
 class _Call:
@@ -163,6 +222,16 @@ class _Call:
         self.cpu_rng = torch.get_rng_state()
         self.devices, self.device_rng = get_device_states(*self.inputs)
 
+    def counts(self, tensor: torch.Tensor) -> bool:
+        """Whether a saved tensor counts in the tracked bytes (parameters and buffers do not)."""
+        return _key(tensor) not in self.weights
+
+    def hold_kept(self) -> None:
+        """Count what the call keeps until its backward: inputs, entry state, RNG states."""
+        kept = [*self.inputs, *_state_tensors(self.entry_states), self.cpu_rng, *self.device_rng]
+        refs = self.tracker.ledger.hold([t for t in kept if self.counts(t)], 0)
+        weakref.finalize(self, self.tracker.ledger.release, refs)
+
     # -- the forward
     def pack(self, tensor: torch.Tensor) -> _Slot:
         key = _key(tensor)
@@ -170,6 +239,12 @@ class _Call:
         slot = _Slot(self, len(self.slots), tensor.detach(), pinned)
         self.slots.append(weakref.ref(slot))
         return slot
+
+    def evictable_bytes(self) -> int:
+        """The bytes of the storages its evictable slots hold (each once)."""
+        entries = self.tracker.ledger.entries
+        keys = {key for slot in self.live_slots() for key, holder in slot.held if holder}
+        return sum(entries[key][0] for key in keys)
 
     def live_slots(self) -> list[_Slot]:
         return [s for s in (ref() for ref in self.slots) if s is not None]
@@ -180,7 +255,7 @@ class _Call:
     def evict(self) -> None:
         for slot in self.live_slots():
             if not slot.pinned:
-                slot.tensor = None
+                slot.empty()
 
     # -- the recompute
     def recompute(self) -> None:
@@ -210,8 +285,7 @@ class _Call:
             if slot is not None and slot.tensor is None:
                 if tensor.shape != slot.shape or tensor.dtype != slot.dtype:
                     raise _mismatch(self.where)
-                slot.tensor = tensor.detach()
-                slot.version = tensor._version
+                slot.fill(tensor.detach())
 
         def unpack(_: None) -> torch.Tensor:
             raise RuntimeError(f"memoplan: `{self.where}`: a recomputed graph is never differentiated")
@@ -268,6 +342,7 @@ class Tracker:
         self.size: dict[str, int] = {}  # where -> saved bytes on its last call
         self.warned = False
         self.paths: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self.ledger = _Ledger()
         self._reset()
 
     def __reduce__(self) -> Any:
@@ -308,30 +383,12 @@ class Tracker:
             self.calls = [weakref.ref(c) for c in calls]
         return calls
 
-    def _owners(self) -> dict[int, tuple[int, set[int]]]:
+    def owners(self) -> dict[int, tuple[int, set[int]]]:
         """Every storage the tracker holds: its bytes and who holds it (a call's id, or 0 for kept)."""
-        owners: dict[int, tuple[int, set[int]]] = {}
-
-        def hold(tensor: torch.Tensor, who: int) -> None:
-            storage = tensor.untyped_storage()
-            if storage.nbytes():
-                owners.setdefault(storage.data_ptr(), (storage.nbytes(), set()))[1].add(who)
-
-        for call in self.live_calls():
-            weights = call.weights
-            for tensor in call.inputs:
-                hold(tensor, 0)
-            for tensor in _state_tensors(call.entry_states):
-                hold(tensor, 0)
-            for tensor in (call.cpu_rng, *call.device_rng):  # the RNG states its recompute replays
-                hold(tensor, 0)
-            for slot in call.live_slots():
-                if slot.tensor is not None and _key(slot.tensor) not in weights:
-                    hold(slot.tensor, 0 if slot.pinned or not call.evictable else id(call))
-        return owners
+        return self.ledger.owners()
 
     def total(self) -> int:
-        return sum(size for size, _ in self._owners().values())
+        return self.ledger.total
 
     def _note(self, total: int, running: int = 0) -> None:
         self.peak = max(self.peak, total - running)
@@ -340,11 +397,11 @@ class Tracker:
     def fit(self, room: int = 0, *, keep: _Call | None = None) -> None:
         """Evict resident candidates, lowest score first, until the total plus ``room`` fits."""
         limit = self.settings.eviction_threshold - room
-        owners = self._owners()
-        total = sum(size for size, _ in owners.values())
+        total = self.ledger.total
         if total <= limit:
-            self._note(total, frees_of(owners, keep))
+            self._note(total, frees_of(self.ledger.owners(), keep) if keep is not None else 0)
             return
+        owners = self.ledger.owners()
         frees: dict[int, int] = {}
         for size, who in owners.values():
             if len(who) == 1 and next(iter(who)):
@@ -353,7 +410,7 @@ class Tracker:
         scored = []
         for call in self.live_calls():
             freed = frees.get(id(call), 0)
-            if call is keep or freed == 0 or freed < settings.evictee_minimum_size:
+            if call is keep or not call.evictable or freed == 0 or freed < settings.evictee_minimum_size:
                 continue
             cost = max(self.cost.get(call.where, call.forward_seconds), 1e-9)
             staleness = max(self.clock - call.last_used, 1)
@@ -387,6 +444,7 @@ class Tracker:
     def run(self, module: nn.Module, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         where = self.paths.get(module, type(module).__qualname__)
         call = _Call(self, module, where, fn, args, kwargs)
+        call.hold_kept()
         self.clock += 1
         call.last_used = self.clock
         # Make room first, from its size on its previous call (on its first call, the largest
@@ -414,8 +472,7 @@ class Tracker:
             call.versions = [t._version for t in call.inputs]
         self.count += 1
         self.calls.append(weakref.ref(call))
-        sizes = self._owners()
-        self.size[where] = sum(size for size, who in sizes.values() if id(call) in who)
+        self.size[where] = call.evictable_bytes()
         self.fit(keep=None)
         return out
 
