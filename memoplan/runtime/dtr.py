@@ -9,11 +9,13 @@ the autograd graph owns, and the :class:`Tracker` of the model knows every slot.
 * **Resident**: after a candidate runs, its saved tensors stay in their slots.  The
   tracker counts the bytes it holds: the storages of all candidates' saved tensors and
   of the inputs each candidate keeps (parameters and buffers are never counted; a
-  storage held twice counts once), with the RNG states their recomputes replay.
+  storage held twice counts once), with the RNG states their recomputes replay.  A
+  ledger (:class:`_Ledger`) keeps that total as slots fill, empty and die, so checking
+  the threshold costs nothing until it is reached.
 * **Eviction**: whenever a candidate's saved bytes would take that total over
   ``eviction_threshold`` (checked before it runs, from its size on its previous call or,
-  on its first, the largest size seen so far; and again after it ran), the tracker empties the slots of resident candidates, the
-  lowest score first, until the total fits::
+  on its first, the largest size seen so far; and again after it ran), the tracker
+  empties the slots of resident candidates, the lowest score first, until the total fits::
 
       score = cost ** recomp_time_factor / (bytes ** recomp_memory_factor * staleness)
 
@@ -53,12 +55,11 @@ eviction as without compile, and the rest of the model is compiled.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -109,7 +110,7 @@ class DtrStats:
             f"dtr: {self.evictions} eviction{'' if self.evictions == 1 else 's'}, "
             f"{self.recomputes} recompute{'' if self.recomputes == 1 else 's'} "
             f"({self.recompute_seconds * 1000:.1f} ms), tracked peak {self.tracked_peak} B "
-            f"of a {self.threshold} B threshold ({self.working_peak} B with the region being recomputed)"
+            f"of a {self.threshold} B threshold ({self.working_peak} B with the block running then)"
             + (f"; the threshold could not be met {self.over_threshold} time(s)" if self.over_threshold else "")
         )
 
@@ -249,9 +250,6 @@ class _Call:
     def live_slots(self) -> list[_Slot]:
         return [s for s in (ref() for ref in self.slots) if s is not None]
 
-    def resident(self) -> bool:
-        return any(s.tensor is not None and not s.pinned for s in self.live_slots())
-
     def evict(self) -> None:
         for slot in self.live_slots():
             if not slot.pinned:
@@ -336,7 +334,8 @@ class Tracker:
 
     def __init__(self, settings: DtrSettings) -> None:
         self.settings = settings
-        self.calls: list[weakref.ref[_Call]] = []
+        # Calls whose graph is alive, by id; an entry goes when its call does.
+        self.calls: dict[int, weakref.ref[_Call]] = {}
         self.clock = 0
         self.cost: dict[str, float] = {}  # where -> smoothed recompute seconds
         self.size: dict[str, int] = {}  # where -> saved bytes on its last call
@@ -378,10 +377,7 @@ class Tracker:
 
     # -- accounting
     def live_calls(self) -> list[_Call]:
-        calls = [c for c in (ref() for ref in self.calls) if c is not None]
-        if len(calls) != len(self.calls):
-            self.calls = [weakref.ref(c) for c in calls]
-        return calls
+        return [c for c in (ref() for ref in list(self.calls.values())) if c is not None]
 
     def owners(self) -> dict[int, tuple[int, set[int]]]:
         """Every storage the tracker holds: its bytes and who holds it (a call's id, or 0 for kept)."""
@@ -471,7 +467,8 @@ class Tracker:
             call.evictable = False
             call.versions = [t._version for t in call.inputs]
         self.count += 1
-        self.calls.append(weakref.ref(call))
+        calls = self.calls
+        calls[id(call)] = weakref.ref(call, lambda _, key=id(call): calls.pop(key, None))
         self.size[where] = call.evictable_bytes()
         self.fit(keep=None)
         return out
