@@ -79,7 +79,7 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
             }
         )
     stats = plan.layout.stats
-    return render(
+    text = render(
         "arena_section.py.j2",
         device=program.device,
         model_class=program.model_class,
@@ -99,6 +99,7 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
         lines=lines,
         outputs=[_arg(o, value_names) for o in program.outputs],
     )
+    return text.rstrip("\n")
 
 
 def _last_uses(program, order) -> dict[int, list[int]]:
