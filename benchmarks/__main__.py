@@ -78,7 +78,10 @@ def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
     progress(f"planner_vs_peers: {command}")
     if bench["main"](argv) != 0:
         raise RuntimeError("planner_vs_peers.py exited with an error")
-    return {"command": command, "results": json.loads((out / "planner_vs_peers.json").read_text(encoding="utf-8"))}
+    written = out / "planner_vs_peers.json"
+    results = json.loads(written.read_text(encoding="utf-8"))
+    written.unlink()  # kept in results.json
+    return {"command": command.replace(" --json " + _relative(written), ""), "results": results}
 
 
 def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -100,7 +103,12 @@ def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
             kind = kinds[c["kind"]]
             if c["kind"] == "peer" and not c["name"].startswith("checkpoint every block"):
                 kind = "transformers checkpointing"
-            points.append({"label": c["name"], "kind": kind, "peak_bytes": c["peak_bytes"], "step_seconds": seconds, "budget": budget})
+            if c["kind"] == "memoplan" and c.get("mode") == "nested":
+                kind = "memoplan --nested"
+            points.append(
+                {"label": c["name"], "kind": kind, "peak_bytes": c["peak_bytes"], "step_seconds": seconds, "budget": budget,
+                 "equivalent": c.get("matches")}
+            )
             figures[f"planner_vs_peers.{model}.{c['name']}.peak_bytes"] = c["peak_bytes"]
             figures[f"planner_vs_peers.{model}.{c['name']}.step_ms"] = seconds * 1e3
             rows.append(
@@ -109,6 +117,9 @@ def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
             )
         plot = out / f"planner_vs_peers_{model}.svg"
         title = f"{model}: peak memory against step time"
+        load = r.get("load_average_1min", {}).get("before_timing")
+        if load is not None and load > results["machine"]["threads"]:
+            title += f"\n(timed at load {load:.1f} on {results['machine']['threads']} threads: the times say little)"
         plot.write_text(draw.sweep_svg(data.sweep_plot(points, r["unplanned_peak_bytes"]), title), encoding="utf-8")
         plots.append(plot)
     table = _table(("model", "configuration", "peak (MiB)", "x unplanned", "step (ms, median)", "same as unplanned"), rows)
@@ -135,7 +146,10 @@ def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
     bench = script("spiking_memory")
     if bench["main"](argv) != 0:
         raise RuntimeError("spiking_memory.py exited with an error")
-    return {"command": command, "results": json.loads((out / "spiking_memory.json").read_text(encoding="utf-8"))}
+    written = out / "spiking_memory.json"
+    results = json.loads(written.read_text(encoding="utf-8"))
+    written.unlink()  # kept in results.json
+    return {"command": command.replace(" --json " + _relative(written), ""), "results": results}
 
 
 def render_spiking_memory(raw: dict[str, Any], out: Path) -> dict[str, Any]:

@@ -261,6 +261,7 @@ def sweep_plot(points: Sequence[Mapping[str, Any]], unplanned_bytes: int) -> dic
             "ratio": p["peak_bytes"] / unplanned_bytes if unplanned_bytes else None,
             "budget": p.get("budget"),
             "budget_met": p.get("budget_met"),
+            "equivalent": p.get("equivalent"),
         }
         if p.get("chosen"):
             chosen = point

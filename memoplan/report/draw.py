@@ -18,6 +18,7 @@ SERIES_STYLE = {
     "unplanned": ("#7f7f7f", "s"),
     "chosen": ("#d62728", "*"),
     "memoplan": ("#1f77b4", "o"),
+    "memoplan --nested": ("#17becf", "h"),
     "every block": ("#2ca02c", "^"),
     "torch.compile": ("#9467bd", "D"),
     "spikingjelly": ("#8c564b", "v"),
@@ -139,16 +140,26 @@ def saved_svg(plot: Mapping[str, Any]) -> str:
 
 def sweep_svg(plot: Mapping[str, Any], title: str = "Budget sweep: peak memory against step time") -> str:
     """Peak memory against step time, one marker style per kind of configuration; the chosen
-    plan drawn large; memoplan's budgets labelled."""
+    plan drawn large; budgets labelled; a configuration whose results differ from the
+    unplanned step's (``equivalent`` False) drawn hollow."""
     fig = _figure(8, 4.8)
     ax = fig.add_subplot()
+    hollow_shown = False
     for kind, points in plot["series"].items():
-        color, marker = SERIES_STYLE.get(kind, ("#ff7f0e", "x"))
-        xs = [p["step_seconds"] * 1e3 for p in points]
-        ys = [p["peak_bytes"] / 2**20 for p in points]
+        color, marker = SERIES_STYLE.get(kind, SERIES_STYLE.get(kind.split(" ")[0], ("#ff7f0e", "x")))
         size = 14 if kind == "chosen" else 6
-        linestyle = "-" if kind in ("memoplan", "torch.compile") and len(points) > 1 else "none"
-        ax.plot(xs, ys, marker=marker, ms=size, ls=linestyle, lw=0.8, color=color, label=kind)
+        for wrong in (False, True):
+            chosen = [p for p in points if (p.get("equivalent") is False) == wrong]
+            if not chosen:
+                continue
+            ax.plot(
+                [p["step_seconds"] * 1e3 for p in chosen],
+                [p["peak_bytes"] / 2**20 for p in chosen],
+                marker=marker, ms=size, ls="none", color=color,
+                markerfacecolor="none" if wrong else color,
+                label=kind + (" (results differ)" if wrong else ""),
+            )
+            hollow_shown |= wrong
         for p in points:
             if p.get("budget") is not None:
                 ax.annotate(f"{p['budget']:g}", (p["step_seconds"] * 1e3, p["peak_bytes"] / 2**20),
@@ -157,7 +168,7 @@ def sweep_svg(plot: Mapping[str, Any], title: str = "Budget sweep: peak memory a
     ax.set_ylabel("peak memory of one step (MiB)")
     top = max((p["peak_bytes"] for points in plot["series"].values() for p in points), default=0) / 2**20
     ax.set_ylim(0, top * 1.12 if top > 0 else 1)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="best")
     ax.set_title(title, fontsize=11)
     return _svg(fig)
 
