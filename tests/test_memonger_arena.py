@@ -259,3 +259,16 @@ def test_generated_code_is_deterministic_readable_and_safe_against_any_name(tmp_
     x = torch.randn(4, 8)
     with torch.no_grad():
         assert torch.equal(model(x), reference(x))
+
+
+def test_a_parameter_changed_in_dtype_or_shape_runs_the_models_own_forward():
+    model = _small_mlp().eval()
+    memoplan.apply(model, _plan(SMALL_MLP))
+    state = arena_state(model)
+    with torch.no_grad():
+        model.layers[0].weight = nn.Parameter(torch.randn(64, 64).t())  # same shape, other strides
+        reference = copy.deepcopy(model)
+        memoplan.remove(reference)
+        x = torch.randn(32, 64)
+        assert torch.equal(model(x), reference(x))
+    assert state.arena_calls == 0 and state.eager_calls == 1

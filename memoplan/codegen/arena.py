@@ -93,7 +93,9 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
         guards=[_guard(g) for g in program.inputs],
         in_spec=program.in_spec,
         out_spec=program.out_spec,
-        attribute_paths=list(program.attributes),
+        attribute_guards=[
+            f"({pyrepr(path)}, {_guard(guard)})" for path, guard in zip(program.attributes, program.attribute_guards)
+        ],
         inputs=inputs,
         attributes=attributes,
         lines=lines,

@@ -253,7 +253,7 @@ def _program(model: nn.Module, exported, args: tuple, kwargs: dict, span: Span |
     guards = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            guards.append(TensorGuard(str(leaf.dtype).removeprefix("torch."), tuple(leaf.shape), tuple(leaf.stride())))
+            guards.append(_tensor_guard(leaf))
         elif isinstance(leaf, _LITERALS):
             guards.append(ConstGuard(leaf))
         else:
@@ -298,6 +298,10 @@ def _program(model: nn.Module, exported, args: tuple, kwargs: dict, span: Span |
         else:  # pragma: no cover - an fx graph always ends with its output node
             raise b.error("the graph has no output")
         return _finish(b, model, guards, leaves, spec, out_spec, attributes, outputs)
+
+
+def _tensor_guard(tensor: torch.Tensor) -> TensorGuard:
+    return TensorGuard(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), tuple(tensor.stride()))
 
 
 def _attribute(model: nn.Module, path: str) -> Any:
@@ -488,6 +492,9 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
         in_spec=pytree.treespec_dumps(spec),
         out_spec=pytree.treespec_dumps(out_spec),
         attributes=tuple(attributes),
+        attribute_guards=tuple(
+            _tensor_guard(b.values[len(guards) + i]) for i in range(len(attributes))
+        ),
         names=tuple(b.names),
         steps=tuple(b.steps),
         deps=tuple(tuple(sorted(d)) for d in b.deps),

@@ -91,6 +91,7 @@ class Program:
     in_spec: str  # torch.utils._pytree.treespec_dumps of (args, kwargs)
     out_spec: str
     attributes: tuple[str, ...]  # model attribute paths, values len(inputs) ...
+    attribute_guards: tuple[TensorGuard, ...]  # each attribute as captured
     names: tuple[str, ...]  # a name hint for every value
     steps: tuple[Step, ...]  # capture order
     deps: tuple[tuple[int, ...], ...]  # per step: the steps that must run before it

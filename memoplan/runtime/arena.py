@@ -5,7 +5,8 @@ function and an :class:`ArenaSpec`; :func:`install` makes it the model's forward
 On each call :func:`run` decides: the arena runs the graph only for inference
 (every module in ``eval()`` mode, grad disabled — ``torch.no_grad`` or
 ``torch.inference_mode``) and only for inputs exactly like the captured example
-(the same structure, dtypes, shapes, strides and device, and equal constants).
+(the same structure, dtypes, shapes, strides and device, and equal constants), with
+parameters and buffers still of the captured dtypes, shapes, strides and device.
 Anything else runs the model's own forward, unchanged, so training is exactly as
 without the plan.
 
@@ -18,6 +19,7 @@ threads at once must not use the same model.
 
 from __future__ import annotations
 
+import operator
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ class ArenaSpec:
 
     ``views``: ``(byte offset, dtype, shape, stride)`` per arena buffer; ``inputs``: per flat
     input leaf, ``(dtype, shape, stride)`` for a tensor or ``("const", value)``; ``attributes``:
-    the model's parameters and buffers the graph reads, by path.
+    the model's parameters and buffers the graph reads, ``(path, (dtype, shape, stride))``.
     """
 
     plan_id: str
@@ -50,13 +52,14 @@ class ArenaSpec:
     inputs: tuple[tuple, ...]
     in_spec: str
     out_spec: str
-    attributes: tuple[str, ...]
+    attributes: tuple[tuple[str, tuple], ...]
     device: str
     graph: Callable[..., tuple]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_in_tree", pytree.treespec_loads(self.in_spec))
         object.__setattr__(self, "_out_tree", pytree.treespec_loads(self.out_spec))
+        object.__setattr__(self, "_getters", tuple(operator.attrgetter(path) for path, _ in self.attributes))
 
 
 class ArenaState:
@@ -98,6 +101,16 @@ def _eligible(model: nn.Module) -> bool:
     return not any(m.training for m in model.modules())
 
 
+def _same_tensor(tensor: Any, guard: tuple, device: str) -> bool:
+    return (
+        isinstance(tensor, torch.Tensor)
+        and tensor.dtype == guard[0]
+        and tuple(tensor.shape) == guard[1]
+        and tensor.stride() == guard[2]
+        and str(tensor.device) == device
+    )
+
+
 def _matches(spec: ArenaSpec, leaves: list, tree) -> bool:
     if tree != spec._in_tree or len(leaves) != len(spec.inputs):
         return False
@@ -105,23 +118,18 @@ def _matches(spec: ArenaSpec, leaves: list, tree) -> bool:
         if guard[0] == "const":
             if isinstance(leaf, torch.Tensor) or type(leaf) is not type(guard[1]) or leaf != guard[1]:
                 return False
-        elif not (
-            isinstance(leaf, torch.Tensor)
-            and leaf.dtype == guard[0]
-            and tuple(leaf.shape) == guard[1]
-            and leaf.stride() == guard[2]
-            and str(leaf.device) == spec.device
-            and not leaf.requires_grad
-        ):
+        elif not _same_tensor(leaf, guard, spec.device) or leaf.requires_grad:
             return False
     return True
 
 
-def _attribute(model: nn.Module, path: str) -> torch.Tensor:
-    value: Any = model
-    for part in path.split("."):
-        value = getattr(value, part)
-    return value
+def _attributes(model: nn.Module, spec: ArenaSpec) -> tuple | None:
+    """The parameters and buffers the graph reads, or None if one changed dtype, shape, stride or device."""
+    values = tuple(get(model) for get in spec._getters)
+    for value, (_, guard) in zip(values, spec.attributes):
+        if not _same_tensor(value, guard, spec.device):
+            return None
+    return values
 
 
 def run(model: nn.Module, spec: ArenaSpec, args: tuple, kwargs: dict) -> Any:
@@ -129,9 +137,9 @@ def run(model: nn.Module, spec: ArenaSpec, args: tuple, kwargs: dict) -> Any:
     state = arena_state(model)
     if state is not None and _eligible(model):
         leaves, tree = pytree.tree_flatten((args, kwargs))
-        if _matches(spec, leaves, tree):
+        attributes = _attributes(model, spec) if _matches(spec, leaves, tree) else None
+        if attributes is not None:
             views = state.ensure(spec, torch.device(spec.device))
-            attributes = tuple(_attribute(model, path) for path in spec.attributes)
             outputs = spec.graph(views, leaves, attributes)
             state.arena_calls += 1
             return pytree.tree_unflatten(list(outputs), spec._out_tree)
