@@ -286,3 +286,12 @@ def test_model_resolution_is_off_by_default(server) -> None:
     time.sleep(1.0)
     assert all(list(published) == [] for published in server.published[uri])
     assert "loadModel" in server.hover(uri, 12, 9).contents.value
+
+
+def test_a_file_name_that_needs_escaping_in_its_uri(server) -> None:
+    uri = (ROOT / "build" / "my plan #1 ü.memplan").as_uri()
+    assert "%20" in uri
+    (found,) = _open(server, "memplan 1\nmodule fc { kep }\n", uri)
+    assert found.code == "MP102"
+    assert list(server.diagnostics(uri, server.change(uri, "memplan 1\nmodule fc { keep }\n"))) == []
+    server.close_document(uri)

@@ -49,6 +49,7 @@ _SEVERITY = {
     Severity.WARNING: lsp.DiagnosticSeverity.Warning,
     Severity.NOTE: lsp.DiagnosticSeverity.Information,
 }
+SETTLE = 0.05  # seconds without an edit before a document is checked
 MAX_COMPLETIONS = 1000  # items in one answer; more (a model's paths) and the list is marked incomplete
 _KINDS = {
     "keyword": lsp.CompletionItemKind.Keyword,
@@ -76,6 +77,10 @@ class PlanServer(LanguageServer):
         self._again: set[str] = set()  # resolve these even if their text was resolved before
         self._lock = threading.Lock()
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-model")
+        self._checking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-check")
+        self._settling: dict[str, asyncio.TimerHandle] = {}  # uri -> the check waiting for edits to settle
+        self._again_after_check: dict[str, bool] = {}
+        self.open_documents: set[str] = set()  # as the editor names them (pygls keys its own by another spelling)
 
     # ------------------------------------------------------------ documents
 
@@ -84,27 +89,46 @@ class PlanServer(LanguageServer):
         return str(self.workspace.position_encoding or "utf-16")
 
     def refresh(self, uri: str, again: bool = False) -> None:
-        """Check the document now, publish, and (model loading on) queue its resolution.
+        """Check the document soon, publish, and (model loading on) queue its resolution.
 
+        Edits that come within ``SETTLE`` seconds of each other are checked once, as the last
+        of them left the text, in a thread of its own: typing in a long plan never queues up
+        checks of texts that are already gone, and hover and completion answer meanwhile.
         ``again``: resolve it even if its text was resolved before (a file was saved, which
         may be one the model is built from: the model process checks, and rebuilds the model
         only if one of its files changed).
         """
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
-        document = self.workspace.get_text_document(uri)
-        text = document.source
+        waiting = self._settling.pop(uri, None)
+        if waiting is not None:
+            waiting.cancel()
+        self._again_after_check[uri] = again or self._again_after_check.get(uri, False)
+        self._settling[uri] = self.loop.call_later(SETTLE, self._check, uri)
+
+    def _check(self, uri: str) -> None:
+        self._settling.pop(uri, None)
+        if uri not in self.open_documents:
+            return  # closed meanwhile
+        text = self.workspace.get_text_document(uri).source
         file, folder = _file_and_folder(uri, self.workspace.root_path)
-        try:
-            checked = check_text(text, file)
-        except Exception as exc:  # a bug in memoplan: said in the editor, the server goes on
-            checked = Checked(None, (_internal(exc),))
+        again = self._again_after_check.pop(uri, False)
+        future = self.loop.run_in_executor(self._checking, _check_safely, text, file)
+        future.add_done_callback(lambda done: self._after_check(uri, text, file, folder, again, done.result()))
+
+    def _after_check(self, uri: str, text: str, file: str, folder: str, again: bool, checked: Checked) -> None:
+        if uri not in self.open_documents or self.workspace.get_text_document(uri).source != text:
+            return  # edited meanwhile: the check of the newer text is on its way
         self.checked[uri] = (text, checked)
         self.publish(uri)
         if self.load_model and checked.clean and checked.plan.model is not None:
             self._queue(uri, text, file, folder, again)
 
     def forget(self, uri: str) -> None:
+        self.open_documents.discard(uri)
+        waiting = self._settling.pop(uri, None)
+        if waiting is not None:
+            waiting.cancel()
         self.checked.pop(uri, None)
         self.model_replies.pop(uri, None)
         with self._lock:
@@ -196,6 +220,7 @@ class PlanServer(LanguageServer):
         if self.worker is not None:
             self.worker.close()
         self._background.shutdown(wait=False, cancel_futures=True)
+        self._checking.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ positions
 
@@ -214,6 +239,14 @@ def _file_and_folder(uri: str, root: str | None) -> tuple[str, str]:
 
 def _range(start: tuple[int, int], end: tuple[int, int]) -> lsp.Range:
     return lsp.Range(start=lsp.Position(line=start[0], character=start[1]), end=lsp.Position(line=end[0], character=end[1]))
+
+
+def _check_safely(text: str, file: str) -> Checked:
+    """``check_text``, and a bug in memoplan said in the editor rather than taking the server down."""
+    try:
+        return check_text(text, file)
+    except Exception as exc:
+        return Checked(None, (_internal(exc),))
 
 
 def _internal(exc: BaseException) -> Diagnostic:
@@ -247,6 +280,7 @@ def _initialize(ls: PlanServer, params: lsp.InitializeParams) -> None:
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
 def _did_open(ls: PlanServer, params: lsp.DidOpenTextDocumentParams) -> None:
+    ls.open_documents.add(params.text_document.uri)
     ls.refresh(params.text_document.uri)
 
 

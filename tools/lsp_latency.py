@@ -1,0 +1,103 @@
+"""How long `memoplan lsp` takes to answer an edit with diagnostics, hover and completion.
+
+    .venv/bin/python tools/lsp_latency.py [--rules N] [--edits K]
+
+Starts the server over stdio with pygls's client, opens plans/spiking.memplan and a generated
+plan of N rules (default 1000), and for each makes K edits (default 20), each one character
+that breaks or fixes the last policy, timing every edit until its diagnostics are published, and
+then K hovers and completions.  Prints the median and the largest time of each, in ms.  Model
+loading is off: this is the typing path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from lsprotocol import types as lsp
+from pygls.lsp.client import LanguageClient
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def generated(rules: int) -> str:
+    lines = ["memplan 1", ""]
+    for i in range(rules):
+        lines.append(f"module blocks.{i}.layer[0:4] : Block not class Identity {{ checkpoint segments = 2 }}")
+    return "\n".join(lines) + "\n"
+
+
+async def measure(name: str, text: str, edits: int) -> None:
+    client = LanguageClient("latency", "1")
+    published: asyncio.Queue = asyncio.Queue()
+
+    @client.feature(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    def _published(params: lsp.PublishDiagnosticsParams) -> None:
+        published.put_nowait(time.perf_counter())
+
+    await client.start_io(sys.executable, "-m", "memoplan.cli", "lsp", cwd=str(ROOT))
+    await client.initialize_async(lsp.InitializeParams(capabilities=lsp.ClientCapabilities()))
+    client.initialized(lsp.InitializedParams())
+    uri = (ROOT / "build" / f"latency-{name}.memplan").as_uri()
+    client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="memplan", version=1, text=text)))
+    await published.get()  # the first check imports what it needs: not counted
+    lines = text.rstrip("\n").split("\n")
+    # the last line with a policy: each edit misspells its policy, or puts it back
+    last = max(i for i, line in enumerate(lines) if any(w in line for w in ("checkpoint", "compress", "keep")))
+    word = next(w for w in ("checkpoint", "compress", "keep") if w in lines[last])
+    original = lines[last]
+    times = []
+    for version in range(2, edits + 2):
+        broken = version % 2 == 0
+        change = original.replace(word, word[:-1] + "x") if broken else original
+        started = time.perf_counter()
+        client.text_document_did_change(
+            lsp.DidChangeTextDocumentParams(
+                text_document=lsp.VersionedTextDocumentIdentifier(version=version, uri=uri),
+                content_changes=[
+                    lsp.TextDocumentContentChangePartial(
+                        range=lsp.Range(start=lsp.Position(line=last, character=0), end=lsp.Position(line=last, character=len(lines[last]))),
+                        text=change,
+                    )
+                ],
+            )
+        )
+        finished = await published.get()
+        times.append((finished - started) * 1000)
+        lines[last] = change
+    hovers, completions = [], []
+    selector = max(i for i, line in enumerate(lines) if line.startswith("module "))
+    position = lsp.Position(line=selector, character=len("module ") + 1)  # on the last rule's selector
+    for _ in range(edits):
+        started = time.perf_counter()
+        await client.text_document_hover_async(lsp.HoverParams(text_document=lsp.TextDocumentIdentifier(uri=uri), position=position))
+        hovers.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        await client.text_document_completion_async(
+            lsp.CompletionParams(text_document=lsp.TextDocumentIdentifier(uri=uri), position=position)
+        )
+        completions.append((time.perf_counter() - started) * 1000)
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    for what, found in (("edit -> diagnostics", times), ("hover", hovers), ("completion", completions)):
+        print(f"{name:>24}  {what:<20} median {statistics.median(found):7.1f} ms   max {max(found):7.1f} ms")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rules", type=int, default=1000)
+    parser.add_argument("--edits", type=int, default=20)
+    args = parser.parse_args()
+    spiking = (ROOT / "plans" / "spiking.memplan").read_text(encoding="utf-8")
+    asyncio.run(measure("plans/spiking.memplan", spiking, args.edits))
+    asyncio.run(measure(f"{args.rules} rules", generated(args.rules), args.edits))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
