@@ -86,7 +86,10 @@ def test_sweep_for_a_plan_with_a_budget(tmp_path, capsys):
         'model "memoplan.examples.cnn:build"', f'model "memoplan.examples.cnn:build"\nbudget 90% hint'
     ))
     out = tmp_path / "r.html"
-    code, stdout, err = run(capsys, "report", plan, "--model", "memoplan.examples.cnn:build", "-o", out, "--json", "--budgets", "0.8")
+    code, stdout, err = run(
+        capsys, "report", plan, "--model", "memoplan.examples.cnn:build", "--example", "randn(2, 3, 32, 32)",
+        "-o", out, "--json", "--budgets", "0.8",
+    )
     assert code == 0, err
     assert "sweep 4/4" in err  # progress on stderr, as `memoplan plan` shows it
     text = out.read_text(encoding="utf-8")
@@ -121,8 +124,8 @@ def test_a_dtr_block_gets_its_section(tmp_path, capsys):
     plan = write(
         tmp_path,
         "dtr.memplan",
-        'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(8, 3, 32, 32)\n'
-        "dtr { eviction_threshold = 1 MiB; evictee_minimum_size = 1 KiB }\n",
+        'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(2, 3, 32, 32)\n'
+        "dtr { eviction_threshold = 256 KiB; evictee_minimum_size = 1 KiB }\n",
     )
     out = tmp_path / "r.html"
     code, _, err = run(capsys, "report", plan, "-o", out, "--no-sweep")
