@@ -16,7 +16,10 @@ mode under ``torch.no_grad``:
   eager; the arena's first call, which allocates it; a later call plus the resident
   arena), allocations per call after the first (fresh storages the ops return), and the
   median time of a call (one torch thread unless ``--threads``: with two threads on a
-  shared two-core machine, single calls stalled for 8 to 16 ms at random).
+  shared two-core machine, single calls stalled for 8 to 16 ms at random);
+* unless ``--no-compile``: ``torch.compile`` (Inductor, which plans its buffers too) of the
+  same model, its peak from torch.profiler's memory events (the running sum of their bytes;
+  the CPU meter does not see compiled code), eager's measured the same way, and its time.
 
 The synthetic graph: ``--nodes`` steps, each reading the step before it and, one time in
 five, one of the ten before that; buffer sizes drawn from 1 KiB to 1 MiB (seed 0).
@@ -73,6 +76,28 @@ def _peak(fn) -> int:
     return meter.peak_bytes
 
 
+def profiled_peak(fn) -> int:
+    """The peak of ``fn()`` from torch.profiler's memory events: the running sum of their bytes in
+    time order (the CPU meter does not see what torch.compile runs)."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    memory = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    live = peak = 0
+    for event in memory:
+        live += event["args"]["Bytes"]
+        peak = max(peak, live)
+    return peak
+
+
 def _median_time(fn, repeats: int) -> float:
     fn()
     times = []
@@ -83,7 +108,7 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_model(name, build, example, repeats: int) -> dict:
+def measure_model(name, build, example, repeats: int, compiled: bool = False) -> dict:
     torch.manual_seed(0)
     model = build().eval()
     ex = example()
@@ -133,6 +158,16 @@ def measure_model(name, build, example, repeats: int) -> dict:
         row["arena_allocs"] = count_allocations(call)[0]
         row["eager_ms"] = _median_time(eager, repeats) * 1e3
         row["arena_ms"] = _median_time(call, repeats) * 1e3
+        row["eager_profiled_peak"] = profiled_peak(eager)
+        if compiled:
+            inductor = torch.compile(copy.deepcopy(reference))
+            run = lambda: inductor(*ex.args, **ex.kwargs)  # noqa: E731
+            start = time.perf_counter()
+            run()
+            row["compile_s"] = time.perf_counter() - start
+            run()
+            row["compiled_peak"] = profiled_peak(run)
+            row["compiled_ms"] = _median_time(run, repeats) * 1e3
     row["arena_calls"] = state.arena_calls
     return row
 
@@ -215,6 +250,16 @@ def render(models: list[dict], graph: list[dict], nodes: int) -> str:
             f"{row['eager_allocs'].count} ({_mib(row['eager_allocs'].bytes)} MiB) → {row['arena_allocs'].count} "
             f"({_mib(row['arena_allocs'].bytes)} MiB) | {row['eager_ms']:.2f} | {row['arena_ms']:.2f} |"
         )
+    if any("compiled_peak" in row for row in models):
+        out += ["", "### Against torch.compile (Inductor), peaks from torch.profiler's memory events", "",
+                "| model | eager peak MiB (profiler) | torch.compile peak MiB | arena: later call + arena MiB (meter) | compile s | compiled ms |",
+                "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for row in models:
+            if "compiled_peak" in row:
+                out.append(
+                    f"| {row['model']} | {_mib(row['eager_profiled_peak'])} | {_mib(row['compiled_peak'])} | "
+                    f"{_mib(row['arena_steady_peak'])} | {row['compile_s']:.1f} | {row['compiled_ms']:.2f} |"
+                )
     out += ["", "### Keeping a call's estimated peak within 2% of eager's (`lay_out(..., slack=0.02)`)", "",
             "| model | buffers kept in the arena | arena MiB |", "| --- | ---: | ---: |"]
     for row in models:
@@ -238,11 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the CNN only, and a 200-step graph")
     parser.add_argument("--nodes", type=int, default=None, help="steps of the synthetic graph (default 1000)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per model (median)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison (minutes)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: times that a busy machine does not scatter)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     nodes = args.nodes or (200 if args.quick else 1000)
-    models = [measure_model(name, build, ex, 3 if args.quick else args.repeats) for name, build, ex in _models(args.quick)]
+    compiled = not (args.quick or args.no_compile)
+    models = [
+        measure_model(name, build, ex, 3 if args.quick else args.repeats, compiled) for name, build, ex in _models(args.quick)
+    ]
     print(render(models, measure_synthetic(nodes), nodes))
     return 0
 
