@@ -272,3 +272,33 @@ def test_a_parameter_changed_in_dtype_or_shape_runs_the_models_own_forward():
         x = torch.randn(32, 64)
         assert torch.equal(model(x), reference(x))
     assert state.arena_calls == 0 and state.eager_calls == 1
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, *, scale: int = 1, extra=None):
+        y = torch.relu(self.fc(x)) * scale
+        return {"y": y, "extra": extra if extra is None else extra + y}
+
+
+def test_keyword_arguments_constants_and_structured_outputs():
+    model = Scaled().eval()
+    reference = copy.deepcopy(model)
+    memoplan.apply(model, 'memplan 1\nexample "tests.test_memonger_arena:scaled_example"\nmemonger { }\n')
+    state = arena_state(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for kwargs in ({"scale": 3}, {"scale": 2}, {}, {"scale": 3, "extra": torch.ones(2, 4)}):
+            got, expected = model(x, **kwargs), reference(x, **kwargs)
+            assert got.keys() == expected.keys() and torch.equal(got["y"], expected["y"])
+            assert (got["extra"] is None) == (expected["extra"] is None)
+    assert state.arena_calls == 1 and state.eager_calls == 3  # only the captured constant and structure
+
+
+def scaled_example():
+    from memoplan.specs import Example
+
+    return Example((torch.randn(2, 4),), {"scale": 3})
