@@ -327,3 +327,32 @@ def test_torch_compile_is_a_peer_with_its_own_metered_peak():
     assert points[0.0]["peak_bytes"] != points[1.0]["peak_bytes"]
     # Compiled at budget 1.0 it keeps about what eager keeps (not the same: other ops, fused decompositions).
     assert 0.5 * eager < points[1.0]["peak_bytes"] < 2 * eager
+
+
+def test_hostile_module_names_are_escaped_in_the_page_and_the_plots(tmp_path, capsys):
+    write(
+        tmp_path,
+        "weird.py",
+        "import torch\nfrom torch import nn\n\n"
+        "NAMES = ['a$b$', '\\x1b[31mred', '<script>alert(1)</script>', 'sur\\udc80']\n\n"
+        "class Weird(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        for name in NAMES:\n"
+        "            self.add_module(name, nn.Sequential(nn.Linear(8, 8), nn.GELU()))\n\n"
+        "    def forward(self, x):\n"
+        "        for module in self.children():\n"
+        "            x = module(x)\n"
+        "        return x\n\n"
+        "def build():\n"
+        "    return Weird()\n",
+    )
+    plan = write(tmp_path, "weird.memplan", 'memplan 1\nmodel "weird.py:build"\nexample randn(4, 8)\nmodule * { checkpoint }\n')
+    out = tmp_path / "r.html"
+    code, _, err = run(capsys, "report", plan, "-o", out, "--json")
+    assert code == 0, err
+    text = out.read_text(encoding="utf-8")
+    assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "\x1b" not in text and "\\x1b[31mred" in text and "sur\\udc80" in text
+    saved = json.loads((tmp_path / "r.saved.json").read_text(encoding="utf-8"))
+    assert {r["module"] for r in saved["rows"]} == {"a$b$", "\x1b[31mred", "<script>alert(1)</script>", "sur\udc80"}

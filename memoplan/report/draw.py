@@ -13,6 +13,8 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
+from memoplan.diagnostics import printable
+
 COLORS = {"unplanned": "#7f7f7f", "planned": "#1f77b4"}
 SERIES_STYLE = {
     "unplanned": ("#7f7f7f", "s"),
@@ -34,6 +36,11 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def label(text: str) -> str:
+    """A module name as matplotlib text: control characters escaped, ``$`` not math."""
+    return printable(text).replace("$", r"\$")
 
 
 def mib(n: float) -> str:
@@ -84,7 +91,7 @@ def memory_svg(plot: Mapping[str, Any]) -> str:
         ax.text(
             (region["x0"] + region["x1"]) / 2,
             top * 1.10,
-            region["module"] or "(root)",
+            label(region["module"] or "(root)"),
             ha="center",
             va="top",
             rotation=90,
@@ -98,9 +105,9 @@ def memory_svg(plot: Mapping[str, Any]) -> str:
     ax.text(backward, top * 0.02, "\u2190 forward ", fontsize=8, color="#444444", va="bottom", ha="right")
     for name, run in runs.items():
         color = COLORS.get(name, "#ff7f0e")
-        ax.plot(run["x"], run["bytes"], color=color, lw=1.2, label=f"{name} (peak {mib(run['peak']['bytes'])})")
+        ax.plot(run["x"], run["bytes"], color=color, lw=1.2, label=label(f"{name} (peak {mib(run['peak']['bytes'])})"))
         peak = run["peak"]
-        where = f"{peak['phase']} of {peak['module'] or '(root)'}" if peak["module"] is not None else "outside the shown modules"
+        where = f"{peak['phase']} of {label(peak['module'] or '(root)')}" if peak["module"] is not None else "outside the shown modules"
         ax.annotate(
             f"{peak['bytes']:,} B\n{where}",
             xy=(peak["x"], peak["bytes"]),
@@ -127,7 +134,7 @@ def saved_svg(plot: Mapping[str, Any]) -> str:
     height = 0.4
     ax.barh([y - height / 2 for y in ys], [r["before"] for r in rows], height, color=COLORS["unplanned"], label="unplanned")
     ax.barh([y + height / 2 for y in ys], [r["after"] for r in rows], height, color=COLORS["planned"], label="planned")
-    ax.set_yticks(ys, [r["module"] or "(root)" for r in rows], fontsize=8)
+    ax.set_yticks(ys, [label(r["module"] or "(root)") for r in rows], fontsize=8)
     ax.invert_yaxis()
     from matplotlib.ticker import FuncFormatter
 
@@ -157,7 +164,7 @@ def sweep_svg(plot: Mapping[str, Any], title: str = "Budget sweep: peak memory a
                 [p["peak_bytes"] / 2**20 for p in chosen],
                 marker=marker, ms=size, ls="none", color=color,
                 markerfacecolor="none" if wrong else color,
-                label=kind + (" (results differ)" if wrong else ""),
+                label=label(kind + (" (results differ)" if wrong else "")),
             )
             hollow_shown |= wrong
         for p in points:
@@ -179,7 +186,7 @@ def bars_svg(title: str, labels: list[str], values: list[float], unit: str) -> s
     ax = fig.add_subplot()
     ys = list(range(len(labels)))
     ax.barh(ys, values, color=COLORS["planned"])
-    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_yticks(ys, [label(text) for text in labels], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(unit)
     for y, v in zip(ys, values):

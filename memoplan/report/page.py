@@ -1,6 +1,6 @@
 """Report stage: one self-contained HTML page from finished sections.
 
-Pure text: every string from the model or the plan goes through ``html.escape``; plots
+Pure text: every string from the model or the plan goes through :func:`esc`; plots
 arrive as inline SVG from :mod:`memoplan.report.draw`.  No script, no stylesheet or
 font from elsewhere, so the page opens offline and prints as it shows.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from memoplan.diagnostics import printable
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
@@ -28,7 +30,9 @@ figcaption { font-size: .9em; color: #444; }
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """Escaped for HTML, with control characters, lone surrogates and bidirectional overrides
+    (from module names) written as Python-style escapes, line by line."""
+    return html.escape("\n".join(printable(line) for line in str(text).split("\n")), quote=True)
 
 
 @dataclass
