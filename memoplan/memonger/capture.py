@@ -555,9 +555,13 @@ def _with_out_variant(b: _Builder, step: Step, tensor: torch.Tensor, buffer: int
 
 
 def _redrawn(value, generator):
+    """A floating tensor argument with other values (same shape, strides and dtype); others as they are."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return torch.randn(value.shape, generator=generator, dtype=value.dtype, device=value.device).as_strided(
-            value.shape, value.stride()) if value.is_contiguous() else value.clone().normal_(generator=generator)
+        fresh = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+        try:
+            return fresh.normal_(generator=generator)
+        except RuntimeError:  # overlapping strides (an expanded tensor): keep the example's values
+            return value
     return value
 
 
