@@ -154,6 +154,8 @@ def test_frontier_expands_containers_that_hold_planned_modules():
     assert data.frontier(names, ["features.1"]) == ["features.0", "features.1", "pool", "head"]
     assert data.frontier(names, ["features.0.conv"]) == ["features.0.conv", "features.1", "pool", "head"]
     assert data.frontier(names, []) == ["features", "pool", "head"]
+    # A planned module stays whole, whatever rules name its parts.
+    assert data.frontier(names, ["features.0", "features.0.conv"]) == ["features.0", "features.1", "pool", "head"]
 
 
 def test_regions_and_alignment():

@@ -37,14 +37,17 @@ def split_mark(label: str) -> tuple[str, str]:
 
 
 def frontier(names: Sequence[str], planned: Iterable[str]) -> list[str]:
-    """The modules a report shows one by one: the root's children, each one that holds a
-    planned module further down replaced by its own children (recursively).
+    """The modules a report shows one by one: the root's children, each one that is not planned
+    itself but holds a planned module further down replaced by its own children (recursively).
 
     ``names`` are ``named_modules()`` paths in order (the root ``""`` included or not);
     the result keeps that order.  With ``features.1`` planned in a model ``features``,
-    ``pool``, ``classifier``, it is ``features.0 ... features.4, pool, classifier``.
+    ``pool``, ``classifier``, it is ``features.0 ... features.4, pool, classifier``.  A
+    planned module is shown whole even when a rule also names a part of it (its region,
+    a time chunk say, runs its parts where their backward cannot be told apart).
     """
     planned = [p for p in planned if p]
+    whole = set(planned)
     children: dict[str, list[str]] = {}
     for name in names:
         if name:
@@ -53,7 +56,7 @@ def frontier(names: Sequence[str], planned: Iterable[str]) -> list[str]:
 
     def expand(parent: str) -> None:
         for child in children.get(parent, []):
-            if any(p.startswith(child + ".") for p in planned) and children.get(child):
+            if child not in whole and any(p.startswith(child + ".") for p in planned) and children.get(child):
                 expand(child)
             else:
                 out.append(child)

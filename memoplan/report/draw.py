@@ -101,8 +101,6 @@ def memory_svg(plot: Mapping[str, Any]) -> str:
         )
     backward = shaded["backward_x"]
     ax.axvline(backward, color="#444444", lw=0.8, ls="--")
-    ax.text(backward, top * 0.02, " backward \u2192", fontsize=8, color="#444444", va="bottom")
-    ax.text(backward, top * 0.02, "\u2190 forward ", fontsize=8, color="#444444", va="bottom", ha="right")
     for name, run in runs.items():
         color = COLORS.get(name, "#ff7f0e")
         ax.plot(run["x"], run["bytes"], color=color, lw=1.2, label=label(f"{name} (peak {mib(run['peak']['bytes'])})"))
@@ -111,7 +109,7 @@ def memory_svg(plot: Mapping[str, Any]) -> str:
         ax.annotate(
             f"{peak['bytes']:,} B\n{where}",
             xy=(peak["x"], peak["bytes"]),
-            xytext=(8, -2 if name == "unplanned" else -26),
+            xytext=(8, -2 if name == "unplanned" else 12),
             textcoords="offset points",
             fontsize=8,
             color=color,
@@ -119,7 +117,7 @@ def memory_svg(plot: Mapping[str, Any]) -> str:
         )
         ax.plot([peak["x"]], [peak["bytes"]], marker="o", color=color, ms=4)
     ax.set_xlim(0, end)
-    ax.set_xlabel("one training step: " + plot["x_unit"])
+    ax.set_xlabel("one training step, forward | backward (dashed line): " + plot["x_unit"])
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=len(runs), fontsize=8, frameon=False)
     ax.set_title("Memory over one training step", fontsize=11)
     return _svg(fig)
