@@ -13,7 +13,10 @@ import memoplan
 from memoplan.runtime.arena import arena_state
 
 WIDTH = 8  # square values, so a transpose (a view) keeps the shape
-OPS = ("linear", "relu", "gelu", "add", "mul", "transpose", "scale_", "tanh", "softmax", "cat_half")
+OPS = (
+    "linear", "relu", "gelu", "add", "mul", "transpose", "scale_", "tanh", "softmax", "cat_half",
+    "chunk_swap", "rowmax", "relu_",
+)
 
 
 class RandomGraph(nn.Module):
@@ -48,6 +51,13 @@ class RandomGraph(nn.Module):
                 out = torch.tanh(u)
             elif op == "softmax":
                 out = torch.softmax(u, dim=-1)
+            elif op == "chunk_swap":  # views from an op with several results
+                left, right = torch.chunk(u, 2, dim=1)
+                out = torch.cat([right, left], dim=1)
+            elif op == "rowmax":  # an op with several fresh results, then a broadcast view
+                out = u.max(dim=1, keepdim=True).values.expand(WIDTH, WIDTH) * v
+            elif op == "relu_":
+                out = torch.relu_(u) if a else torch.relu(u)
             else:
                 out = torch.cat([u[:, : WIDTH // 2], v[:, WIDTH // 2 :]], dim=1)
             values.append(out)
