@@ -302,3 +302,15 @@ def scaled_example():
     from memoplan.specs import Example
 
     return Example((torch.randn(2, 4),), {"scale": 3})
+
+
+def test_a_submodule_replaced_after_apply_is_used():
+    model = _small_mlp().eval()
+    memoplan.apply(model, _plan(SMALL_MLP))
+    model.layers[2] = nn.Linear(64, 64)  # the same shapes: the arena runs, with the new weights
+    reference = copy.deepcopy(model)
+    memoplan.remove(reference)
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))
+    assert arena_state(model).arena_calls == 1

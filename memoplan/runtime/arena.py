@@ -19,7 +19,6 @@ threads at once must not use the same model.
 
 from __future__ import annotations
 
-import operator
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,7 +58,12 @@ class ArenaSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_in_tree", pytree.treespec_loads(self.in_spec))
         object.__setattr__(self, "_out_tree", pytree.treespec_loads(self.out_spec))
-        object.__setattr__(self, "_getters", tuple(operator.attrgetter(path) for path, _ in self.attributes))
+        object.__setattr__(self, "_device", torch.device(self.device))
+        owners: dict[str, list[tuple[str, int]]] = {}  # module path -> (name, index) of what it holds
+        for index, (path, _) in enumerate(self.attributes):
+            prefix, _, name = path.rpartition(".")
+            owners.setdefault(prefix, []).append((name, index))
+        object.__setattr__(self, "_owners", {k: tuple(v) for k, v in owners.items()})
 
 
 class ArenaState:
@@ -95,19 +99,13 @@ def arena_state(model: nn.Module) -> ArenaState | None:
     return state if isinstance(state, ArenaState) else None
 
 
-def _eligible(model: nn.Module) -> bool:
-    if torch.is_grad_enabled():
-        return False
-    return not any(m.training for m in model.modules())
-
-
-def _same_tensor(tensor: Any, guard: tuple, device: str) -> bool:
+def _same_tensor(tensor: Any, guard: tuple, device: torch.device) -> bool:
     return (
         isinstance(tensor, torch.Tensor)
         and tensor.dtype == guard[0]
-        and tuple(tensor.shape) == guard[1]
+        and tensor.shape == guard[1]
         and tensor.stride() == guard[2]
-        and str(tensor.device) == device
+        and tensor.device == device
     )
 
 
@@ -118,28 +116,38 @@ def _matches(spec: ArenaSpec, leaves: list, tree) -> bool:
         if guard[0] == "const":
             if isinstance(leaf, torch.Tensor) or type(leaf) is not type(guard[1]) or leaf != guard[1]:
                 return False
-        elif not _same_tensor(leaf, guard, spec.device) or leaf.requires_grad:
+        elif not _same_tensor(leaf, guard, spec._device) or leaf.requires_grad:
             return False
     return True
 
 
 def _attributes(model: nn.Module, spec: ArenaSpec) -> tuple | None:
-    """The parameters and buffers the graph reads, or None if one changed dtype, shape, stride or device."""
-    values = tuple(get(model) for get in spec._getters)
-    for value, (_, guard) in zip(values, spec.attributes):
-        if not _same_tensor(value, guard, spec.device):
+    """The parameters and buffers the graph reads, found by one walk over the modules; None when a
+    module is in training mode or one of them is gone or changed dtype, shape, stride or device.
+
+    The walk runs on every call, so a submodule or parameter replaced after ``apply`` is seen.
+    """
+    values: list[Any] = [None] * len(spec.attributes)
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        if module.training:
             return None
-    return values
+        for name, index in spec._owners.get(prefix, ()):
+            value = module._parameters.get(name)
+            values[index] = value if value is not None else module._buffers.get(name)
+    for value, (_, guard) in zip(values, spec.attributes):
+        if not _same_tensor(value, guard, spec._device):
+            return None
+    return tuple(values)
 
 
 def run(model: nn.Module, spec: ArenaSpec, args: tuple, kwargs: dict) -> Any:
     """The graph on the arena when the call is inference on the captured inputs; else the model's forward."""
     state = arena_state(model)
-    if state is not None and _eligible(model):
+    if state is not None and not torch.is_grad_enabled():
         leaves, tree = pytree.tree_flatten((args, kwargs))
         attributes = _attributes(model, spec) if _matches(spec, leaves, tree) else None
         if attributes is not None:
-            views = state.ensure(spec, torch.device(spec.device))
+            views = state.ensure(spec, spec._device)
             outputs = spec.graph(views, leaves, attributes)
             state.arena_calls += 1
             return pytree.tree_unflatten(list(outputs), spec._out_tree)
