@@ -128,13 +128,19 @@ def test_a_dtr_block_gets_its_section(tmp_path, capsys):
         "dtr { eviction_threshold = 256 KiB; evictee_minimum_size = 1 KiB }\n",
     )
     out = tmp_path / "r.html"
-    code, _, err = run(capsys, "report", plan, "-o", out, "--no-sweep")
+    code, _, err = run(capsys, "report", plan, "-o", out, "--no-sweep", "--json")
     assert code == 0, err
     text = out.read_text(encoding="utf-8")
     assert re.findall(r'<section id="([a-z]+)">', text) == ["plan", "memory", "saved", "dtr"]
     section = text[text.index('<section id="dtr">') :]
+    assert section.count('<figure class="plot" id="plot-dtr">') == 1
     evictions = re.search(r"<td>evictions</td><td class=num>([\d,]+)</td>", section)
     assert evictions and int(evictions[1].replace(",", "")) > 0
+    # Over the step: counts that only grow, ending at the totals of the table.
+    over = json.loads((tmp_path / "r.memory.json").read_text(encoding="utf-8"))["runs"]["planned"]["dtr"]
+    assert over["evictions"] == sorted(over["evictions"]) and over["recomputes"] == sorted(over["recomputes"])
+    assert over["evictions"][-1] == int(evictions[1].replace(",", "")) and over["evictions"][0] < over["evictions"][-1]
+    assert over["x"] == sorted(over["x"]) and len(over["x"]) == len(over["tracked_bytes"])
 
 
 def test_bad_budgets_and_missing_matplotlib_write_nothing(tmp_path, capsys, monkeypatch):

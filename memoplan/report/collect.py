@@ -6,7 +6,8 @@ RNG state are left as they were) and returns JSON-serialisable values for
 
 * :func:`timelines` -- one training step without and one with the plan under the
   recording live-storage meter, seeded as ``memoplan verify`` seeds its steps, so the
-  peaks are the ones ``verify`` prints, to the byte;
+  peaks are the ones ``verify`` prints, to the byte (with a ``dtr`` block, the tracker's
+  evictions, recomputes and held bytes at every module boundary too);
 * :func:`saved_bytes` -- the profiler's saved-activation bytes per module, of the
   model and of the planned copy;
 * :func:`sweep` -- memoplan's planner at several budgets, checkpointing every block,
@@ -122,23 +123,50 @@ def timelines(
     ``memoplan verify`` runs its steps); the RNG is restored afterwards.
     """
     out: dict[str, dict[str, Any]] = {}
+    stats_of = _dtr_stats_function() if resolved.dtr is not None else None
     with torch.random.fork_rng(devices=[]):
         for name in ("unplanned", "planned"):
             copied = copy.deepcopy(model)
             if name == "planned":
                 copied = memoplan.apply(copied, resolved)
+            counts: list[list[int]] = []
+            counting = stats_of if name == "planned" else None
+
+            def marks(mark: Callable[[str], None], m: nn.Module = copied) -> Any:
+                if counting is None:
+                    return module_marks(m, shown, mark)
+
+                def counted(label: str) -> None:  # the dtr block's counters at every module boundary
+                    mark(label)
+                    stats = counting(m)
+                    counts.append([stats.evictions, stats.recomputes, stats.tracked_now])
+
+                return module_marks(m, shown, counted)
+
             torch.manual_seed(seed)
-            memory, timeline = timeline_step(
-                copied, example.args, example.kwargs, marks=lambda mark, m=copied: module_marks(m, shown, mark)
-            )
+            memory, timeline = timeline_step(copied, example.args, example.kwargs, marks=marks)
             out[name] = {
                 "samples": list(timeline.samples),
                 "backward": timeline.backward,
                 "marks": [list(m) for m in timeline.marks],
                 "peak_bytes": memory.peak_bytes,
             }
+            if counting is not None:
+                end = counting(copied)
+                out[name]["dtr"] = [[index, *c] for (index, _), c in zip(timeline.marks, counts)] + [
+                    [len(timeline.samples) - 1, end.evictions, end.recomputes, end.tracked_now]
+                ]
             del copied
     return out
+
+
+def _dtr_stats_function() -> Callable[[nn.Module], Any] | None:
+    """``memoplan.dtr_stats`` where the runtime has it (the ``dtr`` block's tracker), else None."""
+    try:
+        importlib.import_module("memoplan.runtime.dtr")
+        return getattr(memoplan, "dtr_stats")
+    except (ImportError, AttributeError):
+        return None
 
 
 # ---------------------------------------------------------------- saved bytes per module
@@ -354,10 +382,8 @@ def dtr_statistics(model: nn.Module, resolved: ResolvedPlan, example: Example, s
     has no ``dtr`` block; ``{"available": False}`` while the runtime has no ``dtr_stats``."""
     if resolved.dtr is None:
         return None
-    try:
-        importlib.import_module("memoplan.runtime.dtr")
-        stats_of = getattr(memoplan, "dtr_stats")
-    except (ImportError, AttributeError):
+    stats_of = _dtr_stats_function()
+    if stats_of is None:
         return {"available": False}
     planned = memoplan.apply(copy.deepcopy(model), resolved)
     with torch.random.fork_rng(devices=[]):

@@ -189,6 +189,7 @@ def write_report(
         "memory": draw.memory_svg(plots["memory"]) if "memory" in plots else None,
         "saved": draw.saved_svg(plots["saved"]),
         "sweep": draw.sweep_svg(plots["sweep"]) if "sweep" in plots else None,
+        "dtr": draw.dtr_svg(plots["memory"]) if "memory" in plots and "dtr" in plots["memory"]["runs"]["planned"] else None,
     }
     sections = _sections(plan, resolved, report, render_report(report), budget_line, plots, svgs, dtr, cpu)
     title = f"memoplan report: {resolved.file}"
@@ -276,7 +277,13 @@ def _sections(plan, resolved, report, verify_text, budget_line, plots, svgs, dtr
             "saved",
             svgs["saved"],
             f"Activation bytes saved for backward by each module and everything inside it (the profiler's attribution), "
-            f"largest first: {s['total_before']:,} B unplanned, {s['total_after']:,} B planned.",
+            f"largest first: {s['total_before']:,} B unplanned, {s['total_after']:,} B planned."
+            + (
+                " The dtr block's tracker saves activations through hooks of its own, which the profiler does "
+                "not see: what it holds over the step is in the dtr section."
+                if resolved.dtr is not None
+                else ""
+            ),
         )
     )
     saved.add(
@@ -311,6 +318,15 @@ def _sections(plan, resolved, report, verify_text, budget_line, plots, svgs, dtr
 
     if dtr is not None:
         section = page.Section("dtr", "Dynamic tensor rematerialisation")
+        if svgs.get("dtr"):
+            section.add(
+                page.figure(
+                    "dtr",
+                    svgs["dtr"],
+                    "The dtr block's tracker at every module boundary of the planned step above (memoplan.dtr_stats): "
+                    "evictions and recomputes so far, and the bytes it holds.",
+                )
+            )
         if dtr.get("available"):
             section.add(page.paragraph("What the dtr block's tracker did over one training step of a planned copy (memoplan.dtr_stats):"))
             section.add(

@@ -202,6 +202,14 @@ def memory_plot(runs: Mapping[str, Mapping[str, Any]], shown: Sequence[str], lim
             ],
             "peak": {**holder, "x": xs[holder["index"]]},
         }
+        if run.get("dtr"):
+            # (sample index, evictions, recomputes, bytes held) at every module boundary: cumulative counts
+            out["runs"][name]["dtr"] = {
+                "x": [xs[row[0]] for row in run["dtr"]],
+                "evictions": [row[1] for row in run["dtr"]],
+                "recomputes": [row[2] for row in run["dtr"]],
+                "tracked_bytes": [row[3] for row in run["dtr"]],
+            }
     return out
 
 

@@ -123,6 +123,31 @@ def memory_svg(plot: Mapping[str, Any]) -> str:
     return _svg(fig)
 
 
+def dtr_svg(plot: Mapping[str, Any]) -> str:
+    """The dtr block over one step, on the memory plot's axis: cumulative evictions and
+    recomputes (left) and the bytes the tracker holds (right), forward | backward."""
+    run = plot["runs"]["planned"]
+    series = run["dtr"]
+    fig = _figure(10, 3.2)
+    ax = fig.add_subplot()
+    ax.step(series["x"], series["evictions"], where="post", color="#d62728", lw=1.2, label="evictions (cumulative)")
+    ax.step(series["x"], series["recomputes"], where="post", color="#2ca02c", lw=1.2, label="recomputes (cumulative)")
+    ax.set_ylabel("count")
+    ax.set_ylim(bottom=0)
+    held = ax.twinx()
+    held.plot(series["x"], series["tracked_bytes"], color=COLORS["planned"], lw=0.8, ls=":", label="bytes held by the tracker")
+    _bytes_axis(held, max(series["tracked_bytes"], default=0))
+    held.set_ylabel("held (MiB)")
+    ax.axvline(run["backward_x"], color="#444444", lw=0.8, ls="--")
+    ax.set_xlim(0, max(r["end_x"] for r in plot["runs"].values()))
+    ax.set_xlabel("one training step, forward | backward (dashed line): the memory plot's axis")
+    lines = ax.get_legend_handles_labels()
+    more = held.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize=8)
+    ax.set_title("dtr: evictions and recomputes over one training step", fontsize=11)
+    return _svg(fig)
+
+
 def saved_svg(plot: Mapping[str, Any]) -> str:
     """Horizontal bars: saved-activation bytes per module without and with the plan, largest first."""
     rows = plot["rows"]
