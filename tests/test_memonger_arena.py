@@ -307,7 +307,7 @@ def scaled_example():
 def test_a_submodule_replaced_after_apply_is_used():
     model = _small_mlp().eval()
     memoplan.apply(model, _plan(SMALL_MLP))
-    model.layers[2] = nn.Linear(64, 64)  # the same shapes: the arena runs, with the new weights
+    model.layers[2] = nn.Linear(64, 64).eval()  # the same shapes: the arena runs, with the new weights
     reference = copy.deepcopy(model)
     memoplan.remove(reference)
     x = torch.randn(32, 64)
