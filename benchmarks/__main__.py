@@ -66,8 +66,15 @@ def _relative(path: Path) -> str:
 # ---------------------------------------------------------------- suites
 
 
+def _device_options() -> list[str]:
+    """``--device cuda`` where there is a GPU: the scripts measure there (the allocator's peaks)."""
+    import torch
+
+    return ["--device", "cuda"] if torch.cuda.is_available() else []
+
+
 def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
-    argv = ["--json", _relative(out / "planner_vs_peers.json")]
+    argv = [*_device_options(), "--json", _relative(out / "planner_vs_peers.json")]
     if quick:
         argv = [
             "--models", "cnn", "--batch", "8", "--budgets", "0.8", "--compile-budgets", "--memoplan", "blocks",
@@ -137,7 +144,7 @@ def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
-    argv = ["--json", _relative(out / "spiking_memory.json")]
+    argv = [*_device_options(), "--json", _relative(out / "spiking_memory.json")]
     if quick:
         argv = ["--plan", "plans/spiking_blocks.memplan", "--also", "--batch", "1", "--steps", "1", "--warmup", "0",
                 "--no-breakdown", *argv]
@@ -293,7 +300,8 @@ def summary(sections: list[dict[str, Any]], out: Path, command: str, machine: di
     lines = [
         "# memoplan benchmarks: summary",
         "",
-        f"Written by `{command}`; rerun it to check every figure. Machine: {machine['torch']} on {machine['device']}, "
+        "Written by " + ", then ".join(f"`{c}`" for c in command.split("; "))
+        + f"; rerun it to check every figure. Machine: {machine['torch']} on {machine['device']}, "
         f"{machine['threads']} threads, Python {machine['python']}.",
     ]
     if machine.get("quick"):
@@ -309,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one timed step: a check that runs in CI")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks", help="where to write (default docs/benchmarks)")
-    parser.add_argument("--only", nargs="+", choices=list(SUITES), help="run only these")
+    parser.add_argument(
+        "--only", nargs="+", choices=list(SUITES),
+        help="run only these; the others keep their results from OUT/results.json, if it holds a run of the same kind",
+    )
     parser.add_argument(
         "--render", action="store_true", help="measure nothing: draw the plots and the summary again from OUT/results.json"
     )
@@ -336,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick,
         }
         raws, failed = {}, []
+        previous = args.out / "results.json"
+        if args.only and previous.exists():
+            # Refresh some benchmarks: the others keep their saved results and the commands that made them.
+            saved = json.loads(previous.read_text(encoding="utf-8"))
+            if saved.get("machine", {}).get("quick") == args.quick:
+                raws = {name: raw for name, raw in saved["suites"].items() if name not in args.only}
+                command = "; ".join(dict.fromkeys([*saved["command"].split("; "), command]))
         for name in args.only or list(SUITES):
             start = time.perf_counter()
             try:
@@ -350,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 progress(f"{name}: done in {time.perf_counter() - start:.1f} s")
     sections = []
-    for name, raw in raws.items():
+    for name, raw in sorted(raws.items(), key=lambda item: list(SUITES).index(item[0])):
         if raw.get("failed"):
             sections.append({"title": name, "command": raw["command"], "figures": {}, "plots": [],
                              "markdown": f"**Failed** in this run: `{raw['failed']}`"})
