@@ -191,7 +191,7 @@ def write_report(
         "sweep": draw.sweep_svg(plots["sweep"]) if "sweep" in plots else None,
         "dtr": draw.dtr_svg(plots["memory"]) if "memory" in plots and "dtr" in plots["memory"]["runs"]["planned"] else None,
     }
-    sections = _sections(plan, resolved, report, render_report(report), budget_line, plots, svgs, dtr, cpu)
+    sections = _sections(resolved, report, render_report(report), budget_line, plots, svgs, dtr)
     title = f"memoplan report: {resolved.file}"
     intro = [
         page.paragraph(
@@ -213,7 +213,7 @@ def write_report(
     return ReportResult(path, tuple(written), tuple(s.id for s in sections), plots, peaks)
 
 
-def _sections(plan, resolved, report, verify_text, budget_line, plots, svgs, dtr, cpu) -> list[page.Section]:
+def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> list[page.Section]:
     sections = []
 
     rows = []
