@@ -40,3 +40,50 @@ def test_explain_compile_and_verify_with_a_memonger_block(tmp_path, capsys):
 
     assert cli.main(["verify", str(plan)]) == 0  # a training step: the arena steps aside
     assert "verdict: EQUIVALENT" in capsys.readouterr().out
+
+
+def test_compiled_in_two_processes_with_other_hash_seeds_the_bytes_are_the_same(tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+
+    plan = tmp_path / "mlp.memplan"
+    plan.write_text(PLAN)
+    (tmp_path / "tiny.py").write_text(MODEL)
+    here = tmp_path / "plan_here.py"
+    assert cli.main(["compile", str(plan), "-o", str(here)]) == 0
+    out = tmp_path / "plan_there.py"
+    env = dict(os.environ, PYTHONHASHSEED="12345")  # this process has another seed (or a random one)
+    code = f"from memoplan.cli import main; raise SystemExit(main(['compile', {str(plan)!r}, '-o', {str(out)!r}]))"
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path, capture_output=True)
+    texts = [here.read_bytes(), out.read_bytes()]
+    assert texts[0] == texts[1]
+
+
+def test_a_pickled_arena_model_runs_on_the_arena_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    import memoplan
+    from memoplan.examples.mlp import MLP
+
+    model = MLP(depth=3, width=16).eval()
+    memoplan.apply(model, "memplan 1\nexample randn(8, 16)\nmemonger { }\n")
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        expected = model(x)
+    torch.save({"model": model, "x": x, "expected": expected}, tmp_path / "saved.pt")
+    code = (
+        "import torch, memoplan\n"
+        "from memoplan.runtime.arena import arena_state\n"
+        f"saved = torch.load({str(tmp_path / 'saved.pt')!r}, weights_only=False)\n"
+        "model = saved['model']\n"
+        "with torch.no_grad():\n"
+        "    assert torch.equal(model(saved['x']), saved['expected'])\n"
+        "assert arena_state(model).arena_calls == 1\n"
+        "memoplan.remove(model)\n"
+        "assert 'forward' not in model.__dict__\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, capture_output=True)
