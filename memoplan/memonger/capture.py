@@ -178,6 +178,7 @@ class _Builder:
         self.written: dict[int, set[int]] = {}  # step -> roots it writes in place
         self.random: list[int] = []  # steps that draw random numbers
         self.out_variants: dict[int, tuple[Step, str]] = {}  # step -> its out= form (buffer -1), or why not
+        self.allocates: dict[tuple, int] = {}  # (out= overload, argument signature) -> bytes it allocates inside
 
     def add_value(self, name: str, value: Any, step: int | None) -> int:
         index = len(self.values)
@@ -547,7 +548,7 @@ def _with_out_variant(b: _Builder, step: Step, tensor: torch.Tensor, buffer: int
             expected = functional(*real_args, **real_kwargs)
         else:
             expected = tensor
-        problem = _probe(out, real_args, real_kwargs, expected)
+        problem = _probe(out, real_args, real_kwargs, expected, b.allocates if trial == 0 else None)
         if problem:
             return step, problem
     name_out = f"{namespace}.{name}.{out._overloadname}"
@@ -565,14 +566,26 @@ def _redrawn(value, generator):
     return value
 
 
-def _probe(out, args, kwargs, expected: torch.Tensor) -> str:
-    """Why ``out(*args, **kwargs, out=view)`` does not stand for the op that gave ``expected``."""
+def _probe(out, args, kwargs, expected: torch.Tensor, allocates: dict | None) -> str:
+    """Why ``out(*args, **kwargs, out=view)`` does not stand for the op that gave ``expected``.
+
+    ``allocates``: whether the call allocates inside is measured (and remembered there, by the
+    op and its arguments' shapes, strides and dtypes) when given, else only the result checked.
+    """
     probe = torch.empty(expected.untyped_storage().nbytes(), dtype=torch.uint8, device=expected.device)
     view = probe.view(expected.dtype).as_strided(expected.shape, expected.stride())
+    key = (str(out), _signature((args, kwargs)), _signature(expected))
     try:
-        result = out(*args, **kwargs, out=view)
+        if allocates is not None and key not in allocates:
+            allocated, result = _allocated_inside(lambda: out(*args, **kwargs, out=view), expected.device)
+            allocates[key] = allocated
+        else:
+            result = out(*args, **kwargs, out=view)
     except Exception as error:  # the variant refuses these arguments: keep the op as the model called it
         return f"its out= variant fails here ({type(error).__name__}): allocated by the op"
+    allocated = allocates.get(key, 0) if allocates is not None else 0
+    if allocated:
+        return f"its out= variant allocates {allocated} bytes inside (the op's result, then a copy): allocated by the op"
     same_place = (
         isinstance(result, torch.Tensor)
         and result.data_ptr() == view.data_ptr() == probe.data_ptr()
@@ -585,6 +598,36 @@ def _probe(out, args, kwargs, expected: torch.Tensor) -> str:
     if not _same_bits(result, expected):
         return "its out= variant gives other bits than the op: allocated by the op"
     return ""
+
+
+def _signature(tree) -> tuple:
+    """Shapes, strides and dtypes of the tensors in ``tree``, and its other values, in order."""
+    return tuple(
+        (tuple(v.shape), v.stride(), str(v.dtype), str(v.device)) if isinstance(v, torch.Tensor) else repr(v)
+        for v in pytree.tree_leaves(tree)
+    )
+
+
+def _allocated_inside(fn, device: torch.device) -> tuple[int, Any]:
+    """Bytes the allocator hands out while ``fn()`` runs (kernels' temporaries too), and its result.
+
+    Many ``out=`` overloads are wrappers that run the op into a tensor of their own and copy it
+    (``relu.out``, ``masked_fill.Scalar_out``, ``embedding.out``): writing through them saves
+    nothing, and the live-storage meter, which sees only what ops return, would not show it.
+    On CPU the profiler's memory events see every allocation; on CUDA the allocator's peak.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = fn()
+        torch.cuda.synchronize(device)
+        return max(0, torch.cuda.max_memory_allocated(device) - before), result
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    return sum(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), result
 
 
 def _out_overload(op):

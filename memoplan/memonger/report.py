@@ -64,4 +64,6 @@ def _reason(note: str) -> str:
     """The kind of reason: the op's own name is left out, so equal reasons are counted together."""
     if " has no out= variant" in note:
         return "no out= variant (" + note.split(" has no", 1)[0] + ")"
+    if note.startswith("its out= variant allocates "):
+        return "its out= variant allocates inside (the op's result, then a copy)"
     return note.removesuffix(": allocated by the op")
