@@ -301,7 +301,7 @@ def summary(sections: list[dict[str, Any]], out: Path, command: str, machine: di
         "# memoplan benchmarks: summary",
         "",
         "Written by " + ", then ".join(f"`{c}`" for c in command.split("; "))
-        + f"; rerun it to check every figure. Machine: {machine['torch']} on {machine['device']}, "
+        + f"; rerun to check every figure. Machine: {machine['torch']} on {machine['device']}, "
         f"{machine['threads']} threads, Python {machine['python']}.",
     ]
     if machine.get("quick"):
