@@ -32,8 +32,11 @@ def cnn_report(tmp_path_factory):
     and what `memoplan verify` prints for the same plan."""
     from memoplan import cli
 
-    out = tmp_path_factory.mktemp("report") / "cnn.html"
-    assert cli.main(["report", str(CNN_PLAN), "-o", str(out), "--json"]) == 0
+    folder = tmp_path_factory.mktemp("report")
+    out = folder / "cnn.html"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MEMOPLAN_CACHE_DIR", str(folder / "cache"))
+        assert cli.main(["report", str(CNN_PLAN), "-o", str(out), "--json"]) == 0
     return out
 
 
