@@ -3,7 +3,9 @@
 Generated modules call exactly these names: :class:`Target`, :func:`install`,
 :func:`uninstall`, :func:`run_checkpointed`, :func:`run_segmented` and
 :func:`run_planned` (memoplan's own region: compressed input, threaded state,
-temporal chunks), :func:`run_evictable` and :class:`DtrSettings` (the ``dtr`` block).  This
+temporal chunks), :func:`run_evictable` and :class:`DtrSettings` (the ``dtr`` block), and
+from :mod:`memoplan.runtime.arena` ``ArenaSpec``, ``run``, ``install`` and ``uninstall`` (the
+``memonger`` block).  This
 package imports only ``torch``, the standard library and
 :mod:`memoplan.diagnostics`, never the parser, resolver or planner.
 """
