@@ -47,6 +47,9 @@ TEMPLATE_NAMES = {
     "Target", "install", "uninstall", "run_checkpointed", "run_segmented",
     "run_planned", "RegionOptions", "region", "stateful", "codec", "validate", "tolerance",
     "chunks", "dim", "chunk_args", "boundaries",
+    # a `dtr` block: its settings and the candidates' forward
+    "DTR", "dtr", "DtrSettings", "eviction_threshold", "evictee_minimum_size", "recomp_memory_factor",
+    "recomp_time_factor", "run_evictable", "evictable",
 }  # fmt: skip
 
 
@@ -86,7 +89,7 @@ def assert_well_formed(text: str, user_strings=()) -> None:
         else:
             assert isinstance(node, ast.FunctionDef), ast.dump(node)[:200]
             assert not node.decorator_list
-    assert assigned == ["PLAN_ID", "SOURCE", "TARGETS"]
+    assert [name for name in assigned if name != "DTR"] == ["PLAN_ID", "SOURCE", "TARGETS"]
     assert [n.name for n in body if isinstance(n, ast.FunctionDef)][-2:] == ["apply", "remove"]
     # no other imports, calls only to _rt.* and type()
     for node in ast.walk(tree):
