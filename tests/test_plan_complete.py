@@ -9,7 +9,8 @@ import pytest
 import memoplan
 from memoplan import specs
 from memoplan.cli import main
-from memoplan.syntax import parse_example_spec
+from memoplan.examples import transformer
+from memoplan.syntax import ast, parse_example_spec
 from memoplan.verify import verify
 
 START = """\
@@ -78,6 +79,19 @@ def test_the_sublinear_block_sets_the_search_and_options_override_it(tmp_path, t
     assert main(["plan", str(start), "--profile", transformer_profile, "--planner", "optimal", "-o", str(out)]) == 2
 
 
+def test_a_dtr_block_keeps_its_candidates_from_the_planner(tmp_path, transformer_profile):
+    """The blocks a `dtr` block evicts are its own: completing the plan adds no rule over them."""
+    start = tmp_path / "start.memplan"
+    start.write_text(START.replace("budget 65%", "budget 95% hint") + "\ndtr { eviction_threshold = 1 TiB }\n")
+    out = tmp_path / "done.memplan"
+    assert main(["plan", str(start), "--profile", transformer_profile, "-o", str(out)]) == 0
+    done = memoplan.parse(out.read_text())
+    assert done.block(ast.BlockKind.DTR) is not None
+    resolved = memoplan.resolve(done, transformer.build())
+    assert [m.path for m in resolved.modules if m.evict] == ["blocks.1", "blocks.2"]
+    assert not any(m.checkpoint for m in resolved.modules if m.path in ("blocks.1", "blocks.2"))
+
+
 def test_options_override_the_plans_budget_and_a_refused_block_writes_nothing(tmp_path, transformer_profile, capsys):
     start = tmp_path / "start.memplan"
     start.write_text(START)
@@ -85,10 +99,10 @@ def test_options_override_the_plans_budget_and_a_refused_block_writes_nothing(tm
     assert main(["plan", str(start), "--profile", transformer_profile, "--budget", "90%", "-o", str(out)]) == 0
     assert "# budget: 90% of the unplanned peak" in out.read_text()
 
-    start.write_text(START + "\ndtr { eviction_threshold = 1 MiB }\n")
+    start.write_text(START + '\ndtr {\n    eviction_threshold = 1 MiB\n    modules = "nothing"\n}\n')
     out.unlink()
     assert main(["plan", str(start), "--profile", transformer_profile, "-o", str(out)]) == 1
-    assert f"{start}:13:1: error[MP220]" in capsys.readouterr().err
+    assert f"{start}:15:5: error[MP232]" in capsys.readouterr().err  # names no module
     assert not out.exists()
     assert main(["plan", str(start), "--preset", "memory", "-o", str(out)]) == 2
     assert "refines by measurement" in capsys.readouterr().err

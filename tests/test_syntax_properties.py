@@ -151,6 +151,8 @@ def _entry_value(kind: ast.BlockKind, key: str):
         return st.integers(low, 10**9)
     if spec.kind == "float":
         return st.integers(0, 10**6) | st.floats(min_value=0, max_value=1e300)
+    if spec.kind == "selector":  # any text: the resolver checks it against the selector grammar
+        return st.builds(ast.Text, st.text(max_size=20))
     choices = spec.choices + tuple(a for a, _ in spec.aliases)
     return st.sampled_from([ast.Word(c) if isinstance(c, str) else c for c in choices])
 

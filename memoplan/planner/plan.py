@@ -382,13 +382,13 @@ class Search:
     planner: Planner
     sublinear: SublinearConfig = SublinearConfig()
     start: ast.Plan | None = None
-    regions: frozenset[str] = frozenset()  # checkpointed, compressed or chunked by ``start``
+    regions: frozenset[str] = frozenset()  # checkpointed, compressed, chunked or evicted (`dtr`) by ``start``
     kept: frozenset[str] = frozenset()  # marked `keep` by ``start``: never recomputed, nor any part
     stateful: frozenset[str] = frozenset()  # modules whose state ``start`` already threads
 
     @property
     def fixed(self) -> bool:
-        return self.start is not None and bool(self.start.rules)
+        return self.start is not None and (bool(self.start.rules) or self.start.block(ast.BlockKind.DTR) is not None)
 
     def blocks(self, name: str) -> bool:
         """Whether a candidate would touch what ``start`` fixed."""
@@ -412,7 +412,8 @@ def _fixed_by(start: ast.Plan, model: nn.Module, how: Search) -> Search:
     return replace(
         how,
         start=start,
-        regions=frozenset(m.path for m in resolved.modules if m.changes_forward),
+        # A `dtr` block's candidates are its own: the planner adds no rule over them.
+        regions=frozenset(m.path for m in resolved.modules if m.changes_forward or m.evict is not None),
         kept=frozenset(m.path for m in resolved.modules if m.keep is not None),
         stateful=frozenset(m.path for m in resolved.modules if m.state is not None),
     )
