@@ -95,6 +95,7 @@ def test_make_dtr_plan_meets_the_budget_by_measurement():
     model, example = transformer.build(), _example(transformer)
     result = make_dtr_plan(model, example, FractionOfPeak.percent(60), progress=False)
     assert result.met and result.measured_after <= result.limit < result.measured_before
+    assert abs(result.predicted_after - result.measured_after) <= 0.10 * result.measured_after
     (block,) = result.plan.statements
     assert block.kind.value == "dtr" and block.entries[0].value.bytes == result.threshold
     assert any("simulated: peak" in line for line in result.plan.header_comments.leading)

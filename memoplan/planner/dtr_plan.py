@@ -20,7 +20,7 @@ from torch import nn
 import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner.budgets import ByteBudget, Bytes, FractionOfPeak, byte_limit, format_duration, format_size
-from memoplan.planner.dtr_sim import Simulation, candidates_from_chain, simulate, threshold_for
+from memoplan.planner.dtr_sim import Simulation, candidates_from_chain, parameter_bytes, simulate, threshold_for
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
 from memoplan.planner.schema import Profile, chain
@@ -79,12 +79,13 @@ def make_dtr_plan(
     limit = byte_limit(budget, prof.peak_bytes)
     names = dtr_candidates(model)
     links = chain(prof, names)
-    calls = candidates_from_chain(links)
+    own, outside = parameter_bytes(model, [link.name for link in links])
+    calls = candidates_from_chain(links, own)
     minimum = min((c.evictable_bytes for c in calls if c.evictable_bytes), default=0)
     minimum = min(minimum, 2**20)  # every candidate may be evicted; never above the language's default
-    found = threshold_for(calls, prof.peak_bytes, limit, minimum=minimum)
+    found = threshold_for(calls, prof.peak_bytes, limit, minimum=minimum, outside_grads=outside)
     if found is None:
-        everything = simulate(calls, max(sum(c.kept_bytes for c in calls), 1), minimum=minimum)
+        everything = simulate(calls, max(sum(c.kept_bytes for c in calls), 1), minimum=minimum, outside_grads=outside)
         raise _missed(limit, everything.predicted_peak(prof.peak_bytes), measured=False)
     threshold, sim = found
     predicted = sim.predicted_peak(prof.peak_bytes)
@@ -105,7 +106,7 @@ def make_dtr_plan(
         floor = sum(c.kept_bytes for c in calls)
         if lower < floor:
             break
-        threshold, sim = lower, simulate(calls, lower, minimum=minimum)
+        threshold, sim = lower, simulate(calls, lower, minimum=minimum, outside_grads=outside)
         predicted = sim.predicted_peak(prof.peak_bytes)
     if measured > limit and hard:
         raise _missed(limit, measured, measured=True)

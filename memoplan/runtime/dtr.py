@@ -143,8 +143,11 @@ class _Slot:
         self.version = 0
         # What the ledger counts for this slot; released when the slot is emptied or dies.
         self.held: list[tuple[int, int]] = []
-        weakref.finalize(self, call.tracker.ledger.release, self.held)
         self.fill(tensor)
+
+    def __del__(self) -> None:
+        if self.held:
+            self.call.tracker.ledger.release(self.held)
 
     def fill(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
@@ -211,10 +214,10 @@ class _Call:
         self.tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
         self.leaves = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         self.inputs: list[torch.Tensor] = [leaves[i] for i in self.tensor_at]
-        self.stateful = [m for m in module.modules() if is_stateful(m)]
+        self.stateful = tracker.stateful_in(module)
         self.entry_states = [get_state(m) for m in self.stateful]
         self.slots: list[weakref.ref[_Slot]] = []
-        self.weights = _storages_of(list(module.parameters()) + list(module.buffers()))
+        self.weights = _storages_of(tracker.weights_of(module))
         self.held = _storages_of(self.inputs) | _storages_of(_state_tensors(self.entry_states))
         self.evictable = True
         self.last_used = 0
@@ -342,12 +345,29 @@ class Tracker:
         self.warned = False
         self.paths: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self.ledger = _Ledger()
+        self.stateful: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
+        self.weights: weakref.WeakKeyDictionary[nn.Module, list[torch.Tensor]] = weakref.WeakKeyDictionary()
         self._reset()
 
     def __reduce__(self) -> Any:
         # Copies and pickles get a fresh tracker with the same settings and the (copied)
         # candidates, with nothing resident and nothing counted.
         return (_restore, (self.settings, list(self.paths.items())))
+
+    def weights_of(self, module: nn.Module) -> list[torch.Tensor]:
+        """The parameters and buffers of ``module`` (listed once per module; their storages are
+        read at every call, so a parameter changed in place or moved is still known)."""
+        found = self.weights.get(module)
+        if found is None:
+            found = self.weights[module] = [*module.parameters(), *module.buffers()]
+        return found
+
+    def stateful_in(self, module: nn.Module) -> list[nn.Module]:
+        """The stateful modules in ``module`` (looked up once per module)."""
+        found = self.stateful.get(module)
+        if found is None:
+            found = self.stateful[module] = [m for m in module.modules() if is_stateful(m)]
+        return found
 
     def attach(self, module: nn.Module, path: str) -> None:
         """Make ``module`` (at ``path`` in the model) a candidate of this tracker."""
