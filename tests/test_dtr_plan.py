@@ -109,6 +109,8 @@ def test_dtr_plans_need_a_byte_budget_and_a_reachable_one():
     with pytest.raises(PlanError) as caught:
         make_dtr_plan(model, example, Bytes(1024), progress=False)
     assert caught.value.errors[0].code == "MP602" and "cannot be met" in caught.value.errors[0].message
+    hint = make_dtr_plan(model, example, Bytes(1024), hard=False, progress=False)  # the least it reaches, reported
+    assert not hint.met and hint.measured_after < hint.measured_before
 
 
 def test_plan_dtr_cli_writes_a_plan_that_verifies(tmp_path, capsys):
