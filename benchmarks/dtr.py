@@ -16,7 +16,9 @@ config as in ``benchmarks/planner_vs_peers.py``), at each share of the unplanned
   ``planner_vs_peers.py``);
 
 and once per model: the unplanned step, checkpointing every block, and dtr with a threshold
-above everything (nothing is evicted: the tracker's own cost).  Every memoplan plan is
+above everything (nothing is evicted: the tracker's own cost).  ``--overhead ROUNDS`` times
+only those two, over many interleaved rounds (the tracker's cost is a few percent at most,
+below the noise of a short run).  Every memoplan plan is
 checked with ``memoplan.verify`` (bit for bit).  Step times are medians of ``--steps``
 rounds, the configurations interleaved and rotated each round.
 
@@ -108,6 +110,25 @@ def _verified(model, plan, example: Example, seed: int) -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return verify(model, plan, example, seed=seed).exact
+
+
+def overhead(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Unplanned against dtr evicting nothing only, over ``--overhead`` interleaved rounds."""
+    built = BUILDERS[name](args)
+    model, example = built["model"], _as_example(built["example"])
+    steps = {
+        "unplanned": peers.eager_step(copy.deepcopy(model), example),
+        "dtr, nothing evicted": peers.eager_step(memoplan.apply(copy.deepcopy(model), EVERYTHING), example),
+    }
+    times = peers.timed_rounds(steps, args.overhead, args.warmup, "cpu", args.seed)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "model": name,
+        "rounds": args.overhead,
+        "median_seconds": medians,
+        "min_seconds": {k: min(v) for k, v in times.items()},
+        "overhead": medians["dtr, nothing evicted"] / medians["unplanned"] - 1,
+    }
 
 
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -251,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
         if action.dest == "models":
             action.choices, action.default = MODELS, list(MODELS)
     parser.add_argument("--shares", nargs="+", type=float, default=list(SHARES), help="shares of the unplanned peak")
+    parser.add_argument(
+        "--overhead", type=int, metavar="ROUNDS", help="only time unplanned against dtr evicting nothing, over ROUNDS rounds"
+    )
     return parser
 
 
@@ -260,8 +284,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    results = [run_model(name, args) for name in args.models]
     command = " ".join([".venv/bin/python benchmarks/dtr.py", *argv])
+    if args.overhead:
+        rows = [overhead(name, args) for name in args.models]
+        print(f"Command: `{command}`\n\n| model | unplanned ms | dtr, nothing evicted ms | overhead (medians) | minimums |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for row in rows:
+            med, low = row["median_seconds"], row["min_seconds"]
+            print(
+                f"| {row['model']} | {med['unplanned'] * 1000:.1f} | {med['dtr, nothing evicted'] * 1000:.1f} | "
+                f"{row['overhead']:+.1%} | {low['dtr, nothing evicted'] / low['unplanned'] - 1:+.1%} |"
+            )
+        return 0
+    results = [run_model(name, args) for name in args.models]
     text = render(results, command)
     print(text)
     if args.json:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import copy
-import importlib
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -123,7 +122,7 @@ def timelines(
     ``memoplan verify`` runs its steps); the RNG is restored afterwards.
     """
     out: dict[str, dict[str, Any]] = {}
-    stats_of = _dtr_stats_function() if resolved.dtr is not None else None
+    stats_of = memoplan.dtr_stats if resolved.dtr is not None else None
     with torch.random.fork_rng(devices=[]):
         for name in ("unplanned", "planned"):
             copied = copy.deepcopy(model)
@@ -158,15 +157,6 @@ def timelines(
                 ]
             del copied
     return out
-
-
-def _dtr_stats_function() -> Callable[[nn.Module], Any] | None:
-    """``memoplan.dtr_stats`` where the runtime has it (the ``dtr`` block's tracker), else None."""
-    try:
-        importlib.import_module("memoplan.runtime.dtr")
-        return getattr(memoplan, "dtr_stats")
-    except (ImportError, AttributeError):
-        return None
 
 
 # ---------------------------------------------------------------- saved bytes per module
@@ -378,17 +368,13 @@ def compile_point(model: nn.Module, example: Example, fraction: float, seed: int
 
 
 def dtr_statistics(model: nn.Module, resolved: ResolvedPlan, example: Example, seed: int = 0) -> dict[str, Any] | None:
-    """Evictions and recomputes of the plan's ``dtr`` block over one step, or None when the plan
-    has no ``dtr`` block; ``{"available": False}`` while the runtime has no ``dtr_stats``."""
+    """Evictions and recomputes of the plan's ``dtr`` block over one step (``memoplan.dtr_stats``),
+    or None when the plan has no ``dtr`` block."""
     if resolved.dtr is None:
         return None
-    stats_of = _dtr_stats_function()
-    if stats_of is None:
-        return {"available": False}
     planned = memoplan.apply(copy.deepcopy(model), resolved)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         training_step(planned, example.args, example.kwargs)
-    stats = stats_of(planned)
-    as_dict = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
-    return {"available": True, "statistics": {str(k): v for k, v in as_dict.items()}}
+    as_dict = dataclasses.asdict(memoplan.dtr_stats(planned))
+    return {"statistics": {str(k): v for k, v in as_dict.items()}}

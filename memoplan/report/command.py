@@ -327,17 +327,14 @@ def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> l
                     "evictions and recomputes so far, and the bytes it holds.",
                 )
             )
-        if dtr.get("available"):
-            section.add(page.paragraph("What the dtr block's tracker did over one training step of a planned copy (memoplan.dtr_stats):"))
-            section.add(
-                page.table(
-                    ("statistic", "value"),
-                    [(k, f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else v) for k, v in sorted(dtr["statistics"].items())],
-                    numeric=(1,),
-                )
+        section.add(page.paragraph("What the dtr block's tracker did over one training step of a planned copy (memoplan.dtr_stats):"))
+        section.add(
+            page.table(
+                ("statistic", "value"),
+                [(k, f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else v) for k, v in sorted(dtr["statistics"].items())],
+                numeric=(1,),
             )
-        else:
-            section.add(page.paragraph("The plan has a dtr block; its evictions and recomputes appear here once the runtime reports them.", "note"))
+        )
         sections.append(section)
     return sections
 
