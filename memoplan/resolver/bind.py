@@ -172,7 +172,9 @@ def _named_candidates(res: Resolution, entry: ast.ConfigEntry) -> list[str] | No
         res.error("MP232", f"`modules = {json.dumps(text)}` matches no module of the model", entry.span,
                   did_you_mean(text, res.index.paths) or "`memoplan explain` lists the model's modules")
         return None
-    nested = [(outer, p) for outer in paths for p in paths if p != outer and p.startswith(outer + ".")]
+    chosen = set(paths)
+    nested = [(".".join(p.split(".")[:k]), p) for p in paths for k in range(1, p.count(".") + 1)]
+    nested = [(outer, inner) for outer, inner in nested if outer in chosen]
     if nested:
         outer, inner = nested[0]
         res.error("MP232", f"`modules = {json.dumps(text)}` selects `{outer}` and `{inner}`, inside it", entry.span,
@@ -734,9 +736,13 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
         modules.append(ir.ModulePlan(path, qualified_type_name(cls), **fields))
     plan = res.plan
     dtr_block = plan.block(ast.BlockKind.DTR)
+    at = {m.path: i for i, m in enumerate(modules)}
     for path in res.evictable:
         origin = ir.Origin(plan.file, dtr_block.span.line, "dtr", "dtr")
-        modules.append(ir.ModulePlan(path, qualified_type_name(type(res.index.modules[path])), evict=origin))
+        if path in at:  # a block with a `state` or `buffers` rule only: it is evicted too
+            modules[at[path]] = replace(modules[at[path]], evict=origin)
+        else:
+            modules.append(ir.ModulePlan(path, qualified_type_name(type(res.index.modules[path])), evict=origin))
     modules.sort(key=lambda m: ir.path_key(m.path))
     blocks = {kind: plan.block(kind) for kind in ast.BlockKind}
     return ir.ResolvedPlan(
