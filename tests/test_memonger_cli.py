@@ -9,7 +9,7 @@ from memoplan import cli
 PLAN = """memplan 1
 model "tiny.py:build"
 example randn(8, 16)
-memonger { algo = dp; ordering = longest_path }
+memonger { algo = dp; ordering = longest_path; peak_slack = 10 }
 """
 
 MODEL = """from memoplan.examples.mlp import MLP
@@ -40,6 +40,18 @@ def test_explain_compile_and_verify_with_a_memonger_block(tmp_path, capsys):
 
     assert cli.main(["verify", str(plan)]) == 0  # a training step: the arena steps aside
     assert "verdict: EQUIVALENT" in capsys.readouterr().out
+
+
+def test_explain_says_what_the_default_peak_slack_left_out(tmp_path, capsys):
+    # An MLP holds as much at every step as at its peak: any resident arena raises the peak.
+    plan = tmp_path / "mlp.memplan"
+    plan.write_text(PLAN.replace("; peak_slack = 10", ""))
+    (tmp_path / "tiny.py").write_text(MODEL)
+    assert cli.main(["explain", str(plan), "--planned-only"]) == 0
+    out = capsys.readouterr().out
+    assert "peak_slack 0.02: 0 of the 5 buffers an out= form can write are in the arena; 5 left out" in out
+    assert "5  left out of the arena to keep the peak (peak_slack)" in out
+    assert "no buffer is in the arena" in out
 
 
 def test_compiled_in_two_processes_with_other_hash_seeds_the_bytes_are_the_same(tmp_path, capsys):

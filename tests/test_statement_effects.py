@@ -38,6 +38,7 @@ VALUES = {
     "atomic_clean_policy": "0",
     "algo": "dp",
     "ordering": "longest_path",
+    "peak_slack": "0.5",
 }
 
 # The code that refuses each block kind while its run-time part is not built.  `memory` acts
@@ -74,7 +75,8 @@ def test_every_memonger_key_acts_in_the_arena_module(key, tmp_path):
     text = HEAD + f"memonger {{ {key} = {VALUES[key]} }}\n"
     model = build()
     path = memoplan.compile(parse(text, "p.memplan"), model, tmp_path / "plan_module.py")
-    word = {"algo": "assigned by `dp`", "ordering": "steps in `longest_path` order"}[key]
+    word = {"algo": "assigned by `dp`", "ordering": "steps in `longest_path` order",
+            "peak_slack": "`peak_slack = 0.5`: "}[key]
     assert word in path.read_text()
     memoplan.apply(model, parse(text, "p.memplan"))
     assert "forward" in model.__dict__  # the arena forward of the whole model

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
 from memoplan.memonger.plan import ArenaPlan
-from memoplan.memonger.program import Const, ConstGuard, Ref, Step
+from memoplan.memonger.program import Const, ConstGuard, Ref, ScalarTensor, Step
 from memoplan.memonger.report import slot_table
+from memoplan.runtime.arena_into import FORMS
 
 # Names the arena section defines or uses itself.
 RESERVED = ("ARENA", "arena_graph", "arena_forward", "arena", "inputs", "attributes", "_arena", "torch")
@@ -88,6 +89,12 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
         stats=stats,
         outside=len(plan.outside),
         outside_bytes=sum(program.buffers[i].size for i in plan.outside),
+        scratch_bytes=sum(program.buffers[i].scratch for i in plan.arena_buffers),
+        arena_peak=plan.arena_peak,
+        eager_peak=plan.eager_peak,
+        slack=None if plan.slack is None else pyrepr(plan.slack),
+        slack_percent=None if plan.slack is None else f"{plan.slack * 100:g}%",
+        left_out=len(plan.left_out),
         slots=slots,
         table=slot_table(plan),
         guards=[_guard(g) for g in program.inputs],
@@ -131,6 +138,13 @@ def _call(step: Step, names: list[str], slot_of: dict[int, int]) -> str:
     args = [_arg(a, names) for a in step.args]
     if step.op == "getitem":
         code = f"{args[0]}[{args[1]}]"
+    elif step.op.startswith("into."):
+        form = step.op.removeprefix("into.")
+        if not form.isidentifier() or form not in {f.__name__ for f in FORMS.values()}:
+            raise ValueError(f"form {step.op!r} is not one of memoplan.runtime.arena_into's")
+        parts = args + [f"{k}={_arg(v, names)}" for k, v in step.kwargs if _keyword(k)]
+        parts.append(f"out=arena[{slot_of[step.buffer]}]")
+        code = f"_arena.into.{form}({', '.join(parts)})"
     else:
         namespace, name, overload = step.op.split(".")
         for part in (namespace, name, overload):
@@ -156,10 +170,16 @@ def _arg(value, names: list[str]) -> str:
         return names[value.index]
     if isinstance(value, tuple):
         return "[" + ", ".join(_arg(v, names) for v in value) + "]"
+    if isinstance(value, ScalarTensor):
+        return f"_arena.scalar({_number(value.value)}, {_torch_name(value.dtype)})"
     if isinstance(value, Const):
         if value.kind == "device":
             return f"torch.device({pyrepr(value.text)})"
         return _torch_name(value.text)
+    return _number(value)
+
+
+def _number(value) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return f"float({pyrepr(repr(value))})"
     return pyrepr(value)

@@ -42,7 +42,7 @@ def plan_arena(model: nn.Module, plan: ast.Plan) -> ArenaPlan | None:
         if device.type != "cpu":
             example = example.to(device)
         program = capture(model, example.args, dict(example.kwargs), span=span)
-        return lay_out(program, algo=config.algo, ordering=config.ordering)
+        return lay_out(program, algo=config.algo, ordering=config.ordering, slack=config.peak_slack)
     except PlanError as error:
         if error.source is not None:
             raise

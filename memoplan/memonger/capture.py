@@ -27,7 +27,8 @@ from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from memoplan.diagnostics import Diagnostic, PlanError, Span
-from memoplan.memonger.program import BufferInfo, Const, ConstGuard, Program, Ref, Step, TensorGuard
+from memoplan.memonger.program import BufferInfo, Const, ConstGuard, Program, Ref, ScalarTensor, Step, TensorGuard
+from memoplan.runtime.arena_into import FORMS, scalar
 
 _OPTIONS = {"dtype", "layout", "device", "pin_memory"}  # dropped by out= variants: the out tensor says
 _LITERALS = (bool, int, float, str, type(None))
@@ -177,7 +178,8 @@ class _Builder:
         self.external: set[int] = set()
         self.written: dict[int, set[int]] = {}  # step -> roots it writes in place
         self.random: list[int] = []  # steps that draw random numbers
-        self.out_variants: dict[int, tuple[Step, str]] = {}  # step -> its out= form (buffer -1), or why not
+        self.out_variants: dict[int, tuple[Step, str, int]] = {}  # step -> its out= form (buffer -1) or why
+        # not, and the scratch bytes the form allocates
         self.allocates: dict[tuple, int] = {}  # (out= overload, argument signature) -> bytes it allocates inside
 
     def add_value(self, name: str, value: Any, step: int | None) -> int:
@@ -332,13 +334,16 @@ def _literal(arg, env, b: _Builder, node):
     raise b.error(f"an argument of `{node.name}` is a {type(arg).__name__}, which cannot be written as code", node)
 
 
-def _real(arg, b: _Builder):
+def _real(arg, b: _Builder, values: dict[int, Any] | None = None):
+    """The value of a literal; ``values`` stands in for some of the captured values (by index)."""
     if isinstance(arg, Ref):
-        return b.values[arg.index]
+        return values[arg.index] if values and arg.index in values else b.values[arg.index]
     if isinstance(arg, tuple):
-        return [_real(a, b) for a in arg]
+        return [_real(a, b, values) for a in arg]
     if isinstance(arg, Const):
         return _const_value(arg)
+    if isinstance(arg, ScalarTensor):
+        return scalar(arg.value, getattr(torch, arg.dtype))
     return arg
 
 
@@ -463,8 +468,9 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
         tensor = b.values[value]
         note = _why_not(b, step_index, step, value, tensor, pinned)
         out_step = None
+        scratch = 0
         if not note:
-            candidate, note = b.out_variants[step_index]
+            candidate, note, scratch = b.out_variants[step_index]
             if not note:
                 out_step = Step(candidate.op, candidate.args, candidate.kwargs, candidate.result, candidate.function,
                                 candidate.module, len(buffers))
@@ -483,6 +489,7 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
                 arena=not note,
                 note=note,
                 out_step=out_step,
+                scratch=scratch if out_step is not None else 0,
             )
         )
     device = next((str(leaf.device) for leaf in leaves if isinstance(leaf, torch.Tensor)), "cpu")
@@ -519,13 +526,40 @@ def _why_not(b: _Builder, index: int, step: Step, value: int, tensor: torch.Tens
     return ""
 
 
-def _with_out_variant(b: _Builder, step: Step, tensor: torch.Tensor, buffer: int) -> tuple[Step, str]:
-    """The step written through its op's out= variant into arena buffer ``buffer``, or why not."""
+def _with_out_variant(b: _Builder, step: Step, tensor: torch.Tensor, buffer: int) -> tuple[Step, str, int]:
+    """The step written into arena buffer ``buffer``, or why it cannot be, and the scratch bytes it allocates.
+
+    Tried in turn: the op's ``out=`` overload with numbers in tensor arguments passed as
+    tensors made once, then as they are; then the op's form in ``memoplan.runtime.arena_into``.
+    The first that gives the op's bits on the captured values and on other values without
+    allocating its result inside is taken; otherwise the first one's problem is the note.
+    """
     namespace, name, overload = step.op.split(".")
     functional = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    candidates: list[tuple[str, Callable, tuple, tuple]] = []
     out = _out_overload(functional)
-    if out is None:
-        return step, f"{namespace}.{name}.{overload} has no out= variant: allocated by the op"
+    if out is not None:
+        args, kwargs = _out_arguments(functional, out, step)
+        constant = _with_constants(out, args, kwargs, b)
+        if constant is not None:
+            candidates.append((f"{namespace}.{name}.{out._overloadname}", out, *constant))
+        candidates.append((f"{namespace}.{name}.{out._overloadname}", out, args, kwargs))
+    form = FORMS.get(step.op)
+    if form is not None:
+        candidates.append((f"into.{form.__name__}", form, step.args, step.kwargs))
+    if not candidates:
+        return step, f"{step.op} has no out= variant: allocated by the op", 0
+    first = ""
+    for op_name, call, args, kwargs in candidates:
+        problem, scratch = _check(b, functional, step, call, args, kwargs, tensor)
+        if not problem:
+            return Step(op_name, args, kwargs, step.result, step.function, step.module, buffer), "", scratch
+        first = first or problem
+    return step, first, 0
+
+
+def _out_arguments(functional, out, step: Step) -> tuple[tuple, tuple]:
+    """The step's arguments laid out for the ``out=`` overload's schema."""
     bound = _bind(functional._schema, step.args, step.kwargs)
     args, kwargs = [], []
     positional = True
@@ -539,20 +573,58 @@ def _with_out_variant(b: _Builder, step: Step, tensor: torch.Tensor, buffer: int
             args.append(bound[argument.name])
         else:
             kwargs.append((argument.name, bound[argument.name]))
-    real_args = [_real(a, b) for a in args]
-    real_kwargs = {k: _real(v, b) for k, v in kwargs}
+    return tuple(args), tuple(kwargs)
+
+
+def _with_constants(out, args: tuple, kwargs: tuple, b: _Builder) -> tuple[tuple, tuple] | None:
+    """The arguments with each number given for a tensor argument as a :class:`ScalarTensor` of the
+    dtype torch computes in (the result type of the first tensor argument and the number); None
+    when there is no such number."""
+    tensors = [b.values[r.index] for r in _refs(args + tuple(v for _, v in kwargs))]
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return None
+    schema = {a.name: str(a.type) for a in out._schema.arguments}
+    positional = [a.name for a in out._schema.arguments if not a.kwarg_only]
+    changed = False
+
+    def swap(name: str, value):
+        nonlocal changed
+        if schema.get(name) == "Tensor" and isinstance(value, (bool, int, float)):
+            changed = True
+            dtype = torch.result_type(tensors[0], value)
+            return ScalarTensor(value, str(dtype).removeprefix("torch."))
+        return value
+
+    new_args = tuple(swap(n, v) for n, v in zip(positional, args))
+    new_kwargs = tuple((k, swap(k, v)) for k, v in kwargs)
+    return (new_args, new_kwargs) if changed else None
+
+
+def _check(b: _Builder, functional, step: Step, call, args: tuple, kwargs: tuple, tensor: torch.Tensor) -> tuple[str, int]:
+    """Why ``call(*args, **kwargs, out=view)`` does not stand for the step, and the scratch bytes it allocates.
+
+    Checked on the captured values, then on other values drawn for the floating tensors the
+    step reads (one matching example could be luck), against the op run on the same values.
+    """
+    scratch = 0
     for trial in range(2):
-        if trial == 1:  # the same call on other values: one matching example could be luck
+        values = None
+        expected = tensor
+        if trial == 1:
             generator = torch.Generator(tensor.device).manual_seed(0)
-            real_args, real_kwargs = pytree.tree_map(lambda v: _redrawn(v, generator), (real_args, real_kwargs))
-            expected = functional(*real_args, **real_kwargs)
-        else:
-            expected = tensor
-        problem = _probe(out, real_args, real_kwargs, expected, b.allocates if trial == 0 else None)
+            refs = sorted({r.index for r in _refs(step.args + tuple(v for _, v in step.kwargs))})
+            values = {i: _redrawn(b.values[i], generator) for i in refs}
+            expected = functional(*(_real(a, b, values) for a in step.args),
+                                  **{k: _real(v, b, values) for k, v in step.kwargs})
+        real_args = [_real(a, b, values) for a in args]
+        real_kwargs = {k: _real(v, b, values) for k, v in kwargs}
+        problem, allocated = _probe(call, real_args, real_kwargs, expected, b.allocates if trial == 0 else None)
         if problem:
-            return step, problem
-    name_out = f"{namespace}.{name}.{out._overloadname}"
-    return Step(name_out, tuple(args), tuple(kwargs), step.result, step.function, step.module, buffer), ""
+            return problem, 0
+        if trial == 0:
+            scratch = allocated
+    return "", scratch
 
 
 def _redrawn(value, generator):
@@ -566,15 +638,19 @@ def _redrawn(value, generator):
     return value
 
 
-def _probe(out, args, kwargs, expected: torch.Tensor, allocates: dict | None) -> str:
-    """Why ``out(*args, **kwargs, out=view)`` does not stand for the op that gave ``expected``.
+def _probe(out, args, kwargs, expected: torch.Tensor, allocates: dict | None) -> tuple[str, int]:
+    """Why ``out(*args, **kwargs, out=view)`` does not stand for the op that gave ``expected``, and
+    the bytes it allocates inside.
 
     ``allocates``: whether the call allocates inside is measured (and remembered there, by the
     op and its arguments' shapes, strides and dtypes) when given, else only the result checked.
+    A call that allocates an eighth of the result or more runs the op into a tensor of its own
+    and copies it; less is a kernel's scratch (BatchNorm's per-channel factors), which the
+    step keeps and the statistics count.
     """
     probe = torch.empty(expected.untyped_storage().nbytes(), dtype=torch.uint8, device=expected.device)
     view = probe.view(expected.dtype).as_strided(expected.shape, expected.stride())
-    key = (str(out), _signature((args, kwargs)), _signature(expected))
+    key = (_call_name(out), _signature((args, kwargs)), _signature(expected))
     try:
         if allocates is not None and key not in allocates:
             allocated, result = _allocated_inside(lambda: out(*args, **kwargs, out=view), expected.device)
@@ -582,10 +658,11 @@ def _probe(out, args, kwargs, expected: torch.Tensor, allocates: dict | None) ->
         else:
             result = out(*args, **kwargs, out=view)
     except Exception as error:  # the variant refuses these arguments: keep the op as the model called it
-        return f"its out= variant fails here ({type(error).__name__}): allocated by the op"
+        return f"its out= variant fails here ({type(error).__name__}): allocated by the op", 0
     allocated = allocates.get(key, 0) if allocates is not None else 0
-    if allocated:
-        return f"its out= variant allocates {allocated} bytes inside (the op's result, then a copy): allocated by the op"
+    if allocated * 8 >= max(1, probe.numel()):
+        return (f"its out= variant allocates {allocated} bytes inside (the op's result, then a copy): "
+                "allocated by the op"), 0
     same_place = (
         isinstance(result, torch.Tensor)
         and result.data_ptr() == view.data_ptr() == probe.data_ptr()
@@ -594,10 +671,14 @@ def _probe(out, args, kwargs, expected: torch.Tensor, allocates: dict | None) ->
         and result.dtype == expected.dtype
     )
     if not same_place:
-        return "its out= variant does not write into the view it is given: allocated by the op"
+        return "its out= variant does not write into the view it is given: allocated by the op", 0
     if not _same_bits(result, expected):
-        return "its out= variant gives other bits than the op: allocated by the op"
-    return ""
+        return "its out= variant gives other bits than the op: allocated by the op", 0
+    return "", allocated
+
+
+def _call_name(call) -> str:
+    return str(call) if isinstance(call, torch._ops.OpOverload) else f"into.{call.__name__}"
 
 
 def _signature(tree) -> tuple:
@@ -627,7 +708,7 @@ def _allocated_inside(fn, device: torch.device) -> tuple[int, Any]:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    return sum(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), result
+    return sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0), result
 
 
 def _out_overload(op):

@@ -5,13 +5,13 @@ Pure functions of a :class:`Program`.  Every buffer that an op can write through
 the assignment packs them by live range.
 
 The arena is resident: at any moment a call holds the whole arena plus what its ops
-allocate themselves (ops without an ``out=`` variant, the model's outputs), where eager
+allocate themselves (ops without an ``out=`` form, the model's outputs), where eager
 holds only what is live.  ``ArenaPlan`` carries both estimates: eager's peak (the most
 bytes live at one step in the captured order) and the arena's (its size plus the most
-bytes live outside it at one step).  ``lay_out(..., slack=s)`` instead leaves buffers out,
-the largest first, until the arena's estimate is within ``s`` of eager's; on a chain
-whose every step holds as much as the peak (an MLP) or where the outputs are as large
-as the intermediates, that leaves the arena empty — measured in docs/benchmarks.md.
+bytes live outside it at one step).  ``lay_out(..., slack=s)`` (the block's
+``peak_slack``) leaves buffers out until the arena's estimate is within ``s`` of eager's:
+each time the one, among those live where the arena holds most, whose leaving lowers
+the estimate most; then it takes back, the largest first, those that still fit.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from memoplan.memonger.order import linearize
 from memoplan.memonger.program import Program
+from memoplan.memonger.assign import aligned, lower_bound
 from memoplan.memonger.ranges import Buffer, LiveRange, live_ranges
 from memoplan.memonger.stats import Layout, layout
 
@@ -39,6 +40,7 @@ class ArenaPlan:
     left_out: tuple[int, ...] = ()  # buffers out= could write, left out to keep the peak
     eager_peak: int = 0  # estimated bytes live at once in eager
     arena_peak: int = 0  # estimated: the arena plus the most bytes live outside it at once
+    slack: float | None = None  # the peak_slack it was laid out with (None: every buffer it could take)
 
     @property
     def outside(self) -> tuple[int, ...]:
@@ -71,31 +73,71 @@ def peak_of(ranges: Sequence[LiveRange]) -> int:
 def lay_out(
     program: Program, *, algo: str = "greedy", ordering: str = "topological", slack: float | None = None
 ) -> ArenaPlan:
-    """Assign the arena's buffers offsets; with ``slack``, leave buffers out until the estimate is within it."""
+    """Assign the arena's buffers offsets; with ``slack``, leave buffers out until a call's estimated
+    peak is within ``slack`` of eager's (``None``: every buffer an ``out=`` form can write)."""
     everything = range(len(program.buffers))
     eager = peak_of(_ranges(program, tuple(range(len(program.steps))), everything))
     order = linearize(program.deps, ordering)
-    chosen = sorted(program.arena_buffers(), key=lambda i: (-program.buffers[i].size, i))
-    left_out: list[int] = []
-    while True:
-        kept = sorted(chosen)
-        result = layout(
-            program.deps,
-            [Buffer(program.buffers[i].size, program.buffers[i].producer, program.buffers[i].users) for i in kept],
-            algo=algo if slack is None else "greedy",
-            ordering=ordering,
-        )
-        taken = set(kept)
-        estimate = result.assignment.size + peak_of(_ranges(program, order, [i for i in everything if i not in taken]))
-        if slack is None or estimate <= eager * (1 + slack) or not chosen:
-            break
-        left_out.append(chosen.pop(0))
-    if slack is not None and algo != "greedy":
+    ranges = dict(zip(everything, _ranges(program, order, everything)))
+    chosen = set(program.arena_buffers())
+    target = None if slack is None else eager * (1 + slack)
+    if target is not None:
+        chosen = _within(chosen, ranges, target)
+
+    def arranged(kept: list[int]) -> tuple[Layout, int]:
         result = layout(
             program.deps,
             [Buffer(program.buffers[i].size, program.buffers[i].producer, program.buffers[i].users) for i in kept],
             algo=algo,
             ordering=ordering,
         )
-        estimate = result.assignment.size + peak_of(_ranges(program, order, [i for i in everything if i not in taken]))
-    return ArenaPlan(program, result, tuple(kept), algo, ordering, tuple(sorted(left_out)), eager, estimate)
+        outside = [ranges[i] for i in everything if i not in chosen]
+        return result, result.assignment.size + peak_of(outside)
+
+    result, estimate = arranged(sorted(chosen))
+    while target is not None and chosen and estimate > target:  # the layout came out over the bound
+        chosen.discard(_victim(chosen, ranges))
+        result, estimate = arranged(sorted(chosen))
+    left_out = tuple(sorted(set(program.arena_buffers()) - chosen))
+    return ArenaPlan(program, result, tuple(sorted(chosen)), algo, ordering, left_out, eager, estimate, slack)
+
+
+def _estimate(chosen: set[int], ranges: dict[int, LiveRange]) -> int:
+    """A call's peak were the arena at its lower bound: the most bytes the chosen buffers hold at
+    once (aligned) plus the most the others hold at once."""
+    return lower_bound([ranges[i] for i in chosen]) + peak_of([r for i, r in ranges.items() if i not in chosen])
+
+
+def _victim(chosen: set[int], ranges: dict[int, LiveRange]) -> int:
+    """The buffer whose leaving lowers the estimate most: one live where the chosen hold most (only
+    those make the arena smaller), the larger on a tie."""
+    at_peak = _live_at_peak([ranges[i] for i in chosen], sorted(chosen))
+    return min(at_peak, key=lambda i: (_estimate(chosen - {i}, ranges), -ranges[i].size, i))
+
+
+def _live_at_peak(chosen_ranges: Sequence[LiveRange], indices: Sequence[int]) -> list[int]:
+    events: dict[int, int] = {}
+    for r in chosen_ranges:
+        events[r.start] = events.get(r.start, 0) + aligned(r.size)
+        events[r.end + 1] = events.get(r.end + 1, 0) - aligned(r.size)
+    best, where, live = -1, 0, 0
+    for position in sorted(events):
+        live += events[position]
+        if live > best:
+            best, where = live, position
+    return [i for i, r in zip(indices, chosen_ranges) if r.start <= where <= r.end]
+
+
+def _within(chosen: set[int], ranges: dict[int, LiveRange], target: float) -> set[int]:
+    """Leave buffers out, the best victim first, until the estimate is within ``target``; then take
+    back, the largest first, those that still fit."""
+    chosen = set(chosen)
+    left: list[int] = []
+    while chosen and _estimate(chosen, ranges) > target:
+        victim = _victim(chosen, ranges)
+        chosen.discard(victim)
+        left.append(victim)
+    for i in sorted(left, key=lambda i: (-ranges[i].size, i)):
+        if _estimate(chosen | {i}, ranges) <= target:
+            chosen.add(i)
+    return chosen

@@ -3,7 +3,8 @@
 Values are numbered: the flat inputs first, then the model attributes the graph reads
 (parameters and buffers, by path), then each step's result.  A step's arguments are
 literals (``int``, ``float``, ``bool``, ``str``, ``None``, :class:`Const` for torch's
-dtype/device/layout/memory-format values, tuples for lists) and :class:`Ref` to values.
+dtype/device/layout/memory-format values, :class:`ScalarTensor`, tuples for lists) and
+:class:`Ref` to values.
 Nothing here holds a tensor: the program prints as code and compares by value.
 """
 
@@ -29,6 +30,15 @@ class Const:
 
 
 @dataclass(frozen=True)
+class ScalarTensor:
+    """A number passed where the op takes a tensor, as a 0-dim tensor of ``dtype`` made once
+    (``memoplan.runtime.arena_into.scalar``) instead of a fresh one wrapped on every call."""
+
+    value: bool | int | float
+    dtype: str
+
+
+@dataclass(frozen=True)
 class TensorGuard:
     """A tensor input as captured: the arena runs only for inputs exactly like it."""
 
@@ -49,8 +59,9 @@ class Step:
     """One call of the captured graph.
 
     ``op``: ``"ns.name.overload"`` called with ``args``/``kwargs`` (the ``.out`` overload when
-    ``buffer`` is set: the result is written into that arena buffer through ``out=``), or
-    ``"getitem"`` (``args[0][args[1]]``).  ``result``: the value it defines, or None.
+    ``buffer`` is set: the result is written into that arena buffer through ``out=``),
+    ``"into.name"`` (the form ``name`` of ``memoplan.runtime.arena_into``, writing into the
+    buffer), or ``"getitem"`` (``args[0][args[1]]``).  ``result``: the value it defines, or None.
     ``function``: the op as the model called it.  ``note``: why its result is not in the
     arena, for the generated comment.  ``module``: the module path it came from.
     """
@@ -79,6 +90,7 @@ class BufferInfo:
     arena: bool  # can be written into the arena through an out= variant (``out_step``)
     note: str = ""  # why not, when not
     out_step: Step | None = None  # the producing step through its out= variant, writing buffer ``buffer``
+    scratch: int = 0  # bytes out_step allocates and frees inside on every call (a kernel's workspace)
 
 
 @dataclass(frozen=True)

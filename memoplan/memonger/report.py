@@ -46,6 +46,15 @@ def describe(plan: ArenaPlan) -> str:
         f"  lower bound  {_mib(stats.lower_bound_bytes)} (the most bytes live at once)",
         f"  a call's estimated peak: {_mib(plan.arena_peak)} with the arena, {_mib(plan.eager_peak)} in eager",
     ]
+    if plan.slack is not None:
+        could = len(plan.arena_buffers) + len(plan.left_out)
+        lines.append(
+            f"  peak_slack {plan.slack:g}: {len(plan.arena_buffers)} of the {could} buffers an out= form can write "
+            f"are in the arena; {len(plan.left_out)} left out to keep that peak within {plan.slack * 100:g}% of eager's"
+        )
+    scratch = sum(program.buffers[i].scratch for i in plan.arena_buffers)
+    if scratch:
+        lines.append(f"  scratch the arena's kernels allocate inside: {_mib(scratch)} a call")
     reasons: dict[str, list[int]] = {}
     for index in plan.outside:
         reasons.setdefault(_reason(plan.note(index)), []).append(program.buffers[index].size)
@@ -56,7 +65,10 @@ def describe(plan: ArenaPlan) -> str:
         for reason in sorted(reasons):
             lines.append(f"    {len(reasons[reason]):4d}  {printable(reason)}")
     lines.append("")
-    lines.extend("  " + row for row in slot_table(plan))
+    if plan.arena_buffers:
+        lines.extend("  " + row for row in slot_table(plan))
+    else:
+        lines.append("  no buffer is in the arena: every result is allocated by its op, as in eager")
     return "\n".join(lines)
 
 
@@ -64,6 +76,8 @@ def _reason(note: str) -> str:
     """The kind of reason: the op's own name is left out, so equal reasons are counted together."""
     if " has no out= variant" in note:
         return "no out= variant (" + note.split(" has no", 1)[0] + ")"
+    if note.startswith("left out of the arena"):
+        return "left out of the arena to keep the peak (peak_slack)"
     if note.startswith("its out= variant allocates "):
         return "its out= variant allocates inside (the op's result, then a copy)"
     return note.removesuffix(": allocated by the op")

@@ -13,7 +13,9 @@ without the plan.
 The arena is allocated on the first call that uses it, outside inference mode (so
 its views can be written under ``no_grad`` later too), and kept in the model's
 ``__dict__``; a deep copy or a pickled model gets a fresh one.  Its views are made
-once with it.  The arena is shared by the calls of one model: calls from several
+once with it.  Ops whose ``out=`` overload would allocate are called through their forms in
+``into`` (``memoplan.runtime.arena_into``), and numbers given for tensors through
+``scalar``.  The arena is shared by the calls of one model: calls from several
 threads at once must not use the same model.
 """
 
@@ -29,9 +31,11 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from memoplan.diagnostics import Diagnostic, PlanError
+from memoplan.runtime import arena_into as into
 from memoplan.runtime import pickling
+from memoplan.runtime.arena_into import scalar
 
-__all__ = ["ArenaSpec", "ArenaState", "arena_state", "install", "run", "uninstall"]
+__all__ = ["ArenaSpec", "ArenaState", "arena_state", "install", "into", "run", "scalar", "uninstall"]
 
 STATE_ATTR = "_memoplan_arena"
 

@@ -57,6 +57,7 @@ class MemongerConfig:
 
     algo: str = "greedy"  # greedy | dp
     ordering: str = "topological"  # topological | longest_path
+    peak_slack: float = 0.02  # a call's estimated peak may exceed eager's by this fraction, no more
 
 
 BlockConfig = DtrConfig | SublinearConfig | MemoryConfig | MemongerConfig
@@ -109,6 +110,7 @@ SCHEMA: dict[BlockKind, tuple[type, dict[str, Key]]] = {
         {
             "algo": Key("choice", choices=("greedy", "dp")),
             "ordering": Key("choice", choices=("topological", "longest_path")),
+            "peak_slack": Key("float", lambda v: v >= 0, ">= 0"),
         },
     ),
 }
