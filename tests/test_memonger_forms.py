@@ -1,8 +1,11 @@
 """The arena module's own forms (memoplan.runtime.arena_into): each gives its op's bits, writing
 into the tensor it is given, and allocates nothing inside; capture uses them, and numbers given
-for tensors become tensors made once."""
+for tensors become tensors made once.  A pointwise op writes over its input's slot where it
+reads it last."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -10,11 +13,14 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import memoplan
+from memoplan.memonger.build import plan_arena
 from memoplan.memonger.capture import capture
 from memoplan.memonger.measure import count_allocations
+from memoplan.memonger.plan import lay_out
 from memoplan.memonger.program import ScalarTensor
 from memoplan.runtime import arena_into
 from memoplan.runtime.arena import arena_state
+from memoplan.syntax import parse
 
 aten = torch.ops.aten
 
@@ -149,3 +155,54 @@ def test_an_attention_model_on_the_arena_is_bit_for_bit_and_allocates_only_its_o
 
 def example():
     return _inputs()
+
+
+class Residual(nn.Module):
+    """BatchNorm, then ReLU; the BatchNorm's output is read again by the sum, the ReLU's is not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = _bn()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.bn(x)
+        y = torch.relu(h)
+        return self.fc(y + h)
+
+
+def test_a_pointwise_op_writes_over_its_input_only_where_it_reads_it_last():
+    torch.manual_seed(0)
+    program = capture(Residual().eval(), (torch.randn(4, 6, 8, 8),), {})
+    ops = [program.steps[b.producer].op for b in program.buffers]
+    bn, relu, add = (ops.index(op) for op in ("aten.batch_norm.default", "aten.relu.default", "aten.add.Tensor"))
+    assert program.buffers[relu].over == bn and program.buffers[add].over in (bn, relu)
+    plan = lay_out(program, slack=10)
+    slot_of = plan.slot_of()
+    assert slot_of[relu] != slot_of[bn]  # the sum reads the BatchNorm's output after the ReLU
+    assert slot_of[add] in (slot_of[relu], slot_of[bn])  # the sum is the last reader of one of them
+    assert plan.layout.stats.arena_bytes == 2 * program.buffers[bn].size
+
+
+def test_in_place_slots_are_bit_for_bit_and_shrink_the_arena():
+    torch.manual_seed(0)
+    model = nn.Sequential(_bn(), nn.ReLU(), nn.Conv2d(6, 4, 1), _bn_of(4), nn.GELU(), nn.Flatten(), nn.Linear(256, 3))
+    model.eval()
+    reference = copy.deepcopy(model)
+    text = "memplan 1\nexample randn(4, 6, 8, 8)\nmemonger { }\n"
+    plan = plan_arena(reference, parse(text))
+    memoplan.apply(model, text)
+    assert [len(held) for held in plan.slots][:2] == [2, 2]  # BatchNorm > ReLU, BatchNorm > GELU
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(4, 6, 8, 8)
+            assert torch.equal(_bits(model(x)), _bits(reference(x)))
+    assert arena_state(model).arena_calls == 2
+
+
+def _bn_of(channels: int):
+    bn = nn.BatchNorm2d(channels).eval()
+    with torch.no_grad():
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+    return bn

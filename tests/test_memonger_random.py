@@ -75,15 +75,15 @@ def graphs(draw):
     return recipe, outputs
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs(), st.sampled_from(["greedy", "dp"]), st.sampled_from(["topological", "longest_path"]),
-       st.integers(0, 2**16))
-def test_random_graphs_give_eager_outputs_bit_for_bit(graph, algo, ordering, seed):
+       st.integers(0, 2**16), st.sampled_from(["", "; peak_slack = 10"]))
+def test_random_graphs_give_eager_outputs_bit_for_bit(graph, algo, ordering, seed, slack):
     recipe, outputs = graph
     torch.manual_seed(seed)
     model = RandomGraph(recipe, outputs).eval()
     reference = copy.deepcopy(model)
-    memoplan.apply(model, f"memplan 1\nexample randn({WIDTH}, {WIDTH})\nmemonger {{ algo = {algo}; ordering = {ordering}; peak_slack = 10 }}\n")
+    memoplan.apply(model, f"memplan 1\nexample randn({WIDTH}, {WIDTH})\nmemonger {{ algo = {algo}; ordering = {ordering}{slack} }}\n")
     for _ in range(2):
         x = torch.randn(WIDTH, WIDTH)
         with torch.no_grad():

@@ -34,7 +34,7 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
     """The arena section: the ``ARENA`` spec, ``arena_graph`` and ``arena_forward``."""
     program = plan.program
     value_names = [names.allocate(hint) for hint in program.names]
-    slot_of = {buffer: slot for slot, buffer in enumerate(plan.arena_buffers)}
+    slot_of = plan.slot_of()
     offsets = plan.layout.assignment.offsets
     order = plan.layout.order
     last_use = _last_uses(program, order)
@@ -64,8 +64,8 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
     inputs = [value_names[i] for i in range(n_inputs)]
     attributes = [value_names[n_inputs + i] for i in range(len(program.attributes))]
     slots = []
-    for slot, buffer in enumerate(plan.arena_buffers):
-        info = program.buffers[buffer]
+    for slot, held in enumerate(plan.slots):
+        info = program.buffers[held[0]]
         live = plan.layout.ranges[slot]
         slots.append(
             {
@@ -76,7 +76,7 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
                 "shape": pyrepr(tuple(info.shape)),
                 "stride": pyrepr(tuple(info.stride)),
                 "live": f"{live.start}..{live.end}",
-                "value": value_names[info.value],
+                "value": ", ".join(value_names[program.buffers[i].value] for i in held),
             }
         )
     stats = plan.layout.stats
@@ -89,6 +89,8 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
         stats=stats,
         outside=len(plan.outside),
         outside_bytes=sum(program.buffers[i].size for i in plan.outside),
+        baseline_bytes=plan.baseline_bytes,
+        buffers=len(plan.arena_buffers),
         scratch_bytes=sum(program.buffers[i].scratch for i in plan.arena_buffers),
         arena_peak=plan.arena_peak,
         eager_peak=plan.eager_peak,

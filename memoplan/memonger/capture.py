@@ -16,6 +16,7 @@ buffer), ``MP242`` (the graph holds something the arena module cannot run).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import warnings
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 from memoplan.diagnostics import Diagnostic, PlanError, Span
 from memoplan.memonger.program import BufferInfo, Const, ConstGuard, Program, Ref, ScalarTensor, Step, TensorGuard
+from memoplan.runtime import arena_into
 from memoplan.runtime.arena_into import FORMS, scalar
 
 _OPTIONS = {"dtype", "layout", "device", "pin_memory"}  # dropped by out= variants: the out tensor says
@@ -175,6 +177,7 @@ class _Builder:
         self.steps: list[Step] = []
         self.deps: list[set[int]] = []
         self.fresh: list[int] = []  # values that are fresh allocations by a step
+        self.over: dict[int, int] = {}  # step -> the fresh value its out form may write over
         self.external: set[int] = set()
         self.written: dict[int, set[int]] = {}  # step -> roots it writes in place
         self.random: list[int] = []  # steps that draw random numbers
@@ -383,7 +386,50 @@ def _add_step(b: _Builder, node, env) -> None:
             # Probed now, while the arguments and the result hold the values this step saw:
             # a later step may write either in place.
             b.out_variants[index] = _with_out_variant(b, step, value, -1)
+            out_step, note, _ = b.out_variants[index]
+            if not note:
+                over = _writes_over(b, target, out_step, value)
+                if over is not None:
+                    b.over[index] = over
     b.steps.append(step)
+
+
+def _writes_over(b: _Builder, functional, out_step: Step, tensor: torch.Tensor) -> int | None:
+    """The fresh value a pointwise step's out form may write over (its only read of that storage,
+    laid out as the result), checked to give the same bits when it does; None if there is none."""
+    if torch.Tag.pointwise not in functional.tags:
+        return None
+    refs = [r.index for r in _refs(out_step.args + tuple(v for _, v in out_step.kwargs))]
+    fresh = set(b.fresh)
+    for candidate in refs:
+        value = b.values[candidate]
+        if (
+            candidate not in fresh
+            or b.root[candidate] != candidate
+            or sum(1 for r in refs if b.root.get(r) == candidate) != 1
+            or (value.dtype, value.shape, value.stride()) != (tensor.dtype, tensor.shape, tensor.stride())
+            or value.untyped_storage().nbytes() != tensor.untyped_storage().nbytes()
+        ):
+            continue
+        shared = value.clone(memory_format=torch.preserve_format)
+        if shared.stride() != tensor.stride():
+            continue
+        values = {candidate: shared}
+        try:
+            _callable(out_step.op)(*(_real(a, b, values) for a in out_step.args),
+                                   **{k: _real(v, b, values) for k, v in out_step.kwargs}, out=shared)
+        except Exception:  # the form refuses to write over its input: it keeps a buffer of its own
+            continue
+        if _same_bits(shared, tensor):
+            return candidate
+    return None
+
+
+def _callable(op: str):
+    if op.startswith("into."):
+        return getattr(arena_into, op.removeprefix("into."))
+    namespace, name, overload = op.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
 
 
 def _storable(value) -> bool:
@@ -492,6 +538,11 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
                 scratch=scratch if out_step is not None else 0,
             )
         )
+    buffer_of = {info.value: i for i, info in enumerate(buffers)}
+    for i, info in enumerate(buffers):
+        over = buffer_of.get(b.over.get(info.producer, -1))
+        if info.arena and over is not None and buffers[over].arena:
+            buffers[i] = dataclasses.replace(info, over=over)
     device = next((str(leaf.device) for leaf in leaves if isinstance(leaf, torch.Tensor)), "cpu")
     return Program(
         model_class=type(model).__qualname__,

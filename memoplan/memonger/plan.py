@@ -1,8 +1,10 @@
 """Memonger stage: from a captured program to an :class:`ArenaPlan` — which buffers, where.
 
-Pure functions of a :class:`Program`.  Every buffer that an op can write through its
-``out=`` variant goes into the arena (Caffe2's memonger shares every blob it can), and
-the assignment packs them by live range.
+Pure functions of a :class:`Program`.  Every buffer that an op can write through an
+``out=`` form can go into the arena (Caffe2's memonger shares every blob it can), and
+the assignment packs them by live range.  A pointwise op whose input is read there for
+the last time writes its result over that input (Caffe2's in-place sharing): both
+buffers hold one slot, whose range runs from the first write to the last read.
 
 The arena is resident: at any moment a call holds the whole arena plus what its ops
 allocate themselves (ops without an ``out=`` form, the model's outputs), where eager
@@ -19,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memoplan.memonger.assign import aligned, lower_bound
 from memoplan.memonger.order import linearize
 from memoplan.memonger.program import Program
-from memoplan.memonger.assign import aligned, lower_bound
 from memoplan.memonger.ranges import Buffer, LiveRange, live_ranges
 from memoplan.memonger.stats import Layout, layout
 
@@ -30,11 +32,15 @@ LEFT_OUT = "left out of the arena: with it, a call's estimated peak would be ove
 
 @dataclass(frozen=True)
 class ArenaPlan:
-    """The captured program, its arena layout (over ``arena_buffers``, in that order) and the settings."""
+    """The captured program, its arena layout (one range per slot, in slot order) and the settings.
+
+    ``slots``: per slot, the buffers it holds in the order they are written — one, or a chain
+    where a pointwise op writes its result over its input's buffer (read there for the last time).
+    """
 
     program: Program
     layout: Layout
-    arena_buffers: tuple[int, ...]  # indices into program.buffers, in layout order
+    slots: tuple[tuple[int, ...], ...]  # indices into program.buffers
     algo: str
     ordering: str
     left_out: tuple[int, ...] = ()  # buffers out= could write, left out to keep the peak
@@ -43,10 +49,23 @@ class ArenaPlan:
     slack: float | None = None  # the peak_slack it was laid out with (None: every buffer it could take)
 
     @property
+    def arena_buffers(self) -> tuple[int, ...]:
+        """Every buffer in the arena, in buffer order."""
+        return tuple(sorted(i for slot in self.slots for i in slot))
+
+    @property
     def outside(self) -> tuple[int, ...]:
         """Buffers allocated by their ops on every call."""
         chosen = set(self.arena_buffers)
         return tuple(i for i in range(len(self.program.buffers)) if i not in chosen)
+
+    @property
+    def baseline_bytes(self) -> int:
+        """The arena's buffers, each its own allocation."""
+        return sum(self.program.buffers[i].size for i in self.arena_buffers)
+
+    def slot_of(self) -> dict[int, int]:
+        return {buffer: slot for slot, held in enumerate(self.slots) for buffer in held}
 
     def note(self, buffer: int) -> str:
         return LEFT_OUT if buffer in self.left_out else self.program.buffers[buffer].note
@@ -82,37 +101,69 @@ def lay_out(
     chosen = set(program.arena_buffers())
     target = None if slack is None else eager * (1 + slack)
     if target is not None:
-        chosen = _within(chosen, ranges, target)
+        chosen = _within(program, chosen, ranges, target)
 
-    def arranged(kept: list[int]) -> tuple[Layout, int]:
-        result = layout(
-            program.deps,
-            [Buffer(program.buffers[i].size, program.buffers[i].producer, program.buffers[i].users) for i in kept],
-            algo=algo,
-            ordering=ordering,
-        )
+    def arranged() -> tuple[tuple[tuple[int, ...], ...], Layout, int]:
+        slots = _chains(program, chosen, ranges)
+        result = layout(program.deps, [_slot_buffer(program, held) for held in slots], algo=algo, ordering=ordering)
         outside = [ranges[i] for i in everything if i not in chosen]
-        return result, result.assignment.size + peak_of(outside)
+        return slots, result, result.assignment.size + peak_of(outside)
 
-    result, estimate = arranged(sorted(chosen))
+    slots, result, estimate = arranged()
     while target is not None and chosen and estimate > target:  # the layout came out over the bound
-        chosen.discard(_victim(chosen, ranges))
-        result, estimate = arranged(sorted(chosen))
+        chosen.discard(_victim(program, chosen, ranges))
+        slots, result, estimate = arranged()
     left_out = tuple(sorted(set(program.arena_buffers()) - chosen))
-    return ArenaPlan(program, result, tuple(sorted(chosen)), algo, ordering, left_out, eager, estimate, slack)
+    return ArenaPlan(program, result, slots, algo, ordering, left_out, eager, estimate, slack)
 
 
-def _estimate(chosen: set[int], ranges: dict[int, LiveRange]) -> int:
-    """A call's peak were the arena at its lower bound: the most bytes the chosen buffers hold at
-    once (aligned) plus the most the others hold at once."""
-    return lower_bound([ranges[i] for i in chosen]) + peak_of([r for i, r in ranges.items() if i not in chosen])
+def _chains(program: Program, chosen: set[int], ranges: dict[int, LiveRange]) -> tuple[tuple[int, ...], ...]:
+    """The chosen buffers as slots, in the order their first buffer is written: a buffer shares
+    the slot of the buffer its pointwise producer may write over (``BufferInfo.over``) when,
+    in this order, that producer is the other buffer's last reader."""
+    following: dict[int, int] = {}
+    for i in sorted(chosen):
+        over = program.buffers[i].over
+        if over in chosen and over not in following and ranges[over].end == ranges[i].start:
+            following[over] = i
+    joined = set(following.values())
+    slots = []
+    for first in sorted(chosen - joined, key=lambda i: (ranges[i].start, i)):
+        held = [first]
+        while held[-1] in following:
+            held.append(following[held[-1]])
+        slots.append(tuple(held))
+    return tuple(slots)
 
 
-def _victim(chosen: set[int], ranges: dict[int, LiveRange]) -> int:
-    """The buffer whose leaving lowers the estimate most: one live where the chosen hold most (only
-    those make the arena smaller), the larger on a tie."""
-    at_peak = _live_at_peak([ranges[i] for i in chosen], sorted(chosen))
-    return min(at_peak, key=lambda i: (_estimate(chosen - {i}, ranges), -ranges[i].size, i))
+def _slot_buffer(program: Program, held: Sequence[int]) -> Buffer:
+    """A slot as one buffer: written by its first buffer's producer, read until its last buffer's last reader."""
+    infos = [program.buffers[i] for i in held]
+    users = sorted({u for info in infos for u in info.users} | {info.producer for info in infos[1:]})
+    return Buffer(max(info.size for info in infos), infos[0].producer, tuple(users))
+
+
+def _slot_ranges(program: Program, chosen: set[int], ranges: dict[int, LiveRange]) -> list[LiveRange]:
+    return [
+        LiveRange(held[0], ranges[held[0]].start, ranges[held[-1]].end, max(ranges[i].size for i in held))
+        for held in _chains(program, chosen, ranges)
+    ]
+
+
+def _estimate(program: Program, chosen: set[int], ranges: dict[int, LiveRange]) -> int:
+    """A call's peak were the arena at its lower bound: the most bytes the chosen buffers' slots
+    hold at once (aligned) plus the most the others hold at once."""
+    outside = [r for i, r in ranges.items() if i not in chosen]
+    return lower_bound(_slot_ranges(program, chosen, ranges)) + peak_of(outside)
+
+
+def _victim(program: Program, chosen: set[int], ranges: dict[int, LiveRange]) -> int:
+    """The buffer whose leaving lowers the estimate most: one in a slot live where the slots hold
+    most (only those make the arena smaller), the larger on a tie."""
+    slots = _slot_ranges(program, chosen, ranges)
+    members = {held[0]: held for held in _chains(program, chosen, ranges)}
+    at_peak = [i for first in _live_at_peak(slots, [r.buffer for r in slots]) for i in members[first]]
+    return min(at_peak, key=lambda i: (_estimate(program, chosen - {i}, ranges), -ranges[i].size, i))
 
 
 def _live_at_peak(chosen_ranges: Sequence[LiveRange], indices: Sequence[int]) -> list[int]:
@@ -128,16 +179,16 @@ def _live_at_peak(chosen_ranges: Sequence[LiveRange], indices: Sequence[int]) ->
     return [i for i, r in zip(indices, chosen_ranges) if r.start <= where <= r.end]
 
 
-def _within(chosen: set[int], ranges: dict[int, LiveRange], target: float) -> set[int]:
+def _within(program: Program, chosen: set[int], ranges: dict[int, LiveRange], target: float) -> set[int]:
     """Leave buffers out, the best victim first, until the estimate is within ``target``; then take
     back, the largest first, those that still fit."""
     chosen = set(chosen)
     left: list[int] = []
-    while chosen and _estimate(chosen, ranges) > target:
-        victim = _victim(chosen, ranges)
+    while chosen and _estimate(program, chosen, ranges) > target:
+        victim = _victim(program, chosen, ranges)
         chosen.discard(victim)
         left.append(victim)
     for i in sorted(left, key=lambda i: (-ranges[i].size, i)):
-        if _estimate(chosen | {i}, ranges) <= target:
+        if _estimate(program, chosen | {i}, ranges) <= target:
             chosen.add(i)
     return chosen

@@ -91,6 +91,7 @@ class BufferInfo:
     note: str = ""  # why not, when not
     out_step: Step | None = None  # the producing step through its out= variant, writing buffer ``buffer``
     scratch: int = 0  # bytes out_step allocates and frees inside on every call (a kernel's workspace)
+    over: int | None = None  # a buffer out_step may write over: its producer is pointwise and reads it once
 
 
 @dataclass(frozen=True)

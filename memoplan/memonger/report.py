@@ -11,11 +11,12 @@ def _mib(n: int) -> str:
 
 
 def slot_table(plan: ArenaPlan) -> list[str]:
-    """The assignment as aligned rows: slot, offset, bytes, dtype, shape, live positions, value."""
+    """The assignment as aligned rows: slot, offset, bytes, dtype, shape, live positions, and the
+    values it holds (``a > b``: the op making ``b`` writes it over ``a``)."""
     program = plan.program
     rows = [("slot", "offset", "bytes", "dtype", "shape", "live", "value")]
-    for slot, buffer in enumerate(plan.arena_buffers):
-        info = program.buffers[buffer]
+    for slot, held in enumerate(plan.slots):
+        info = program.buffers[held[0]]
         live = plan.layout.ranges[slot]
         rows.append(
             (
@@ -25,7 +26,7 @@ def slot_table(plan: ArenaPlan) -> list[str]:
                 info.dtype,
                 "x".join(map(str, info.shape)) or "scalar",
                 f"{live.start}..{live.end}",
-                printable(program.names[info.value]),
+                printable(" > ".join(program.names[program.buffers[i].value] for i in held)),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -41,9 +42,10 @@ def describe(plan: ArenaPlan) -> str:
         f"memonger: inference of the whole model ({printable(program.model_class)}) on one arena, "
         f"captured with the plan's example on {program.device}",
         f"  ordering {plan.ordering}, algo {plan.algo}, {len(program.steps)} steps",
-        f"  baseline     {_mib(stats.baseline_bytes)} in {stats.buffers} buffers (each its own allocation)",
+        f"  baseline     {_mib(plan.baseline_bytes)} in {len(plan.arena_buffers)} buffers (each its own allocation), "
+        f"{len(plan.slots)} slots",
         f"  arena        {_mib(stats.arena_bytes)}" + (f" ({optimal})" if optimal else ""),
-        f"  lower bound  {_mib(stats.lower_bound_bytes)} (the most bytes live at once)",
+        f"  lower bound  {_mib(stats.lower_bound_bytes)} (the most bytes its slots hold at once)",
         f"  a call's estimated peak: {_mib(plan.arena_peak)} with the arena, {_mib(plan.eager_peak)} in eager",
     ]
     if plan.slack is not None:
