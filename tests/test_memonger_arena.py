@@ -316,3 +316,34 @@ def test_a_submodule_replaced_after_apply_is_used():
     with torch.no_grad():
         assert torch.equal(model(x), reference(x))
     assert arena_state(model).arena_calls == 1
+
+
+@pytest.mark.parametrize(
+    "build,head,inputs",
+    [
+        (cnn.build, CNN, lambda: ((torch.randn(8, 3, 32, 32),), {})),
+        (transformer.build, MASKED, lambda: ((transformer.example_with_mask().args[0],),
+                                             dict(transformer.example_with_mask().kwargs))),
+    ],
+    ids=["cnn", "transformer-mask"],
+)
+def test_with_the_default_peak_slack_a_call_peaks_within_two_percent_of_eager(build, head, inputs):
+    from memoplan.measure import LiveStorageMeter
+
+    torch.manual_seed(0)
+    model = build().eval()
+    reference = copy.deepcopy(model)
+    memoplan.apply(model, head + "memonger { }\n")
+    args, kwargs = inputs()
+    with torch.no_grad():
+        model(*args, **kwargs)  # allocates the arena
+        with LiveStorageMeter() as arena_meter:
+            model(*args, **kwargs)
+        with LiveStorageMeter() as eager_meter:
+            reference(*args, **kwargs)
+        steady, _ = count_allocations(lambda: model(*args, **kwargs))
+        eager, _ = count_allocations(lambda: reference(*args, **kwargs))
+    resident = arena_state(model).arena.untyped_storage().nbytes()
+    assert resident > 0  # buffers are in the arena
+    assert arena_meter.peak_bytes + resident <= 1.02 * eager_meter.peak_bytes
+    assert steady.count < eager.count
