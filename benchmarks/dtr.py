@@ -227,8 +227,10 @@ def verdicts(result: dict[str, Any]) -> list[str]:
         static = by_name.get(f"static at dtr {entry['share']:g}'s peak", {})
         ratio = entry["step_seconds"] / static["step_seconds"] if static.get("step_seconds") else float("nan")
         never = entry["dtr"]["over_threshold"] == 0
+        within = entry["peak_bytes"] <= entry["limit"]
         lines.append(
-            f"share {entry['share']:g}: dtr {entry['peak_bytes'] / MIB:.2f} MiB (limit {entry['limit'] / MIB:.2f}), "
+            f"share {entry['share']:g}: dtr {entry['peak_bytes'] / MIB:.2f} MiB (limit {entry['limit'] / MIB:.2f}: "
+            f"{'met' if within else 'missed, below what eviction reaches'}), "
             f"static {static.get('peak_bytes', 0) / MIB:.2f} MiB; dtr/static step time {ratio:.2f} "
             f"(goal <= 1.10: {'met' if ratio <= 1.10 else 'MISSED'}); threshold {'never missed' if never else 'MISSED'}"
         )
