@@ -72,6 +72,7 @@ def _cases():
         "to_copy": (aten._to_copy.default, (a,), {"dtype": torch.float64}),
         "batch_norm": (aten.batch_norm.default, (x, bn.weight, bn.bias, bn.running_mean, bn.running_var,
                                                  False, 0.1, 1e-5, False), {}),
+        "adaptive_avg_pool2d": (aten.adaptive_avg_pool2d.default, (x, [1, 1]), {}),
         "and": (aten.__and__.Tensor, (ints, ints.flip(0)), {}),
         "or": (aten.__or__.Tensor, (ints, ints.flip(1)), {}),
     }

@@ -119,6 +119,14 @@ def batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, trainin
     return out
 
 
+def adaptive_avg_pool2d(x: torch.Tensor, output_size, *, out: torch.Tensor) -> torch.Tensor:
+    """``aten.adaptive_avg_pool2d`` to one value per channel, which torch computes as a mean over
+    the last two dimensions."""
+    if tuple(output_size) != (1, 1):
+        raise ValueError("adaptive pooling to more than one value per channel: no form")
+    return torch.mean(x, (-1, -2), keepdim=True, out=out)
+
+
 def bitwise_and(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
     """``aten.__and__`` (``a & b``), which torch runs as ``bitwise_and``."""
     return torch.bitwise_and(a, b, out=out)
@@ -142,6 +150,7 @@ FORMS = {
     "aten.contiguous.default": contiguous,
     "aten._to_copy.default": to_copy,
     "aten.batch_norm.default": batch_norm,
+    "aten.adaptive_avg_pool2d.default": adaptive_avg_pool2d,
     "aten.__and__.Tensor": bitwise_and,
     "aten.__or__.Tensor": bitwise_or,
 }
