@@ -247,8 +247,8 @@ def render(models: list[dict], graph: list[dict], nodes: int) -> str:
                 f"{lay['estimate'] / lay['eager_estimate']:.3f} | {lay['plan_ms']:.1f} |"
             )
     out += ["", "### One inference call (CPU meter, `algo = greedy`, `ordering = topological`)", "",
-            "| model | capture s | bit for bit | eager peak MiB | arena: first call MiB | arena: later call + arena MiB | arena / eager | allocations per call (eager → arena) | every buffer (`peak_slack = 10`): later call + arena MiB | its allocations per call | eager ms | arena ms |",
-            "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
+            "| model | capture s | bit for bit | eager peak MiB | arena: first call MiB | arena: later call + arena MiB | arena / eager | arena / eager, profiler | allocations per call (eager → arena) | every buffer (`peak_slack = 10`): later call + arena MiB | its allocations per call | eager ms | arena ms |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
     for row in models:
         if "refused" in row:
             continue
@@ -256,6 +256,7 @@ def render(models: list[dict], graph: list[dict], nodes: int) -> str:
             f"| {row['model']} | {row['capture_s']:.1f} | {'yes' if row['bit_for_bit'] else 'NO'} | "
             f"{_mib(row['eager_peak'])} | {_mib(row['arena_first_peak'])} | {_mib(row['arena_steady_peak'])} | "
             f"{row['arena_steady_peak'] / row['eager_peak']:.3f} | "
+            f"{row['arena_profiled_peak'] / row['eager_profiled_peak']:.3f} | "
             f"{row['eager_allocs'].count} ({_mib(row['eager_allocs'].bytes)} MiB) → {row['arena_allocs'].count} "
             f"({_mib(row['arena_allocs'].bytes)} MiB) | {_mib(row['every_steady_peak'])} | "
             f"{row['every_allocs'].count} ({_mib(row['every_allocs'].bytes)} MiB) | "

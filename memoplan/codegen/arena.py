@@ -94,6 +94,8 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
         scratch_bytes=sum(program.buffers[i].scratch for i in plan.arena_buffers),
         arena_peak=plan.arena_peak,
         eager_peak=plan.eager_peak,
+        arena_peak_inside=plan.arena_peak_inside,
+        eager_peak_inside=plan.eager_peak_inside,
         slack=None if plan.slack is None else pyrepr(plan.slack),
         slack_percent=None if plan.slack is None else f"{plan.slack * 100:g}%",
         left_out=len(plan.left_out),

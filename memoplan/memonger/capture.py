@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 
 from memoplan.diagnostics import Diagnostic, PlanError, Span
 from memoplan.memonger.program import BufferInfo, Const, ConstGuard, Program, Ref, Step, TensorGuard
-from memoplan.memonger.probe import bind, out_form, real, refs, writes_over
+from memoplan.memonger.probe import allocated_inside, bind, out_form, real, refs, writes_over
 
 _LITERALS = (bool, int, float, str, type(None))
 
@@ -176,6 +176,7 @@ class _Builder:
         self.deps: list[set[int]] = []
         self.fresh: list[int] = []  # values that are fresh allocations by a step
         self.over: dict[int, int] = {}  # step -> the fresh value its out form may write over
+        self.workspaces: dict[int, int] = {}  # step -> bytes its op allocates and frees inside (as the model calls it)
         self.external: set[int] = set()
         self.written: dict[int, set[int]] = {}  # step -> roots it writes in place
         self.random: list[int] = []  # steps that draw random numbers
@@ -351,7 +352,12 @@ def _add_step(b: _Builder, node, env) -> None:
         op = function = "getitem"
     elif isinstance(target, torch._ops.OpOverload):
         op = function = _op_name(target, b, node)
-        value = target(*(_real(a, b) for a in args), **{k: _real(v, b) for k, v in kwargs})
+        call_args = [_real(a, b) for a in args]
+        call_kwargs = {k: _real(v, b) for k, v in kwargs}
+        tensors = [t for t in pytree.tree_leaves((call_args, call_kwargs)) if isinstance(t, torch.Tensor)]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        allocated, value = allocated_inside(lambda: target(*call_args, **call_kwargs), device)
+        b.workspaces[index] = max(0, allocated - _new_bytes(b, value))
     else:
         raise b.error(f"the graph calls `{getattr(target, '__name__', target)}`, which is not an ATen op", node)
     if not _storable(value):
@@ -375,6 +381,19 @@ def _add_step(b: _Builder, node, env) -> None:
                 if over is not None:
                     b.over[index] = over
     b.steps.append(step)
+
+
+def _new_bytes(b: _Builder, value) -> int:
+    """Bytes of the storages among ``value``'s tensors that no earlier value lives in."""
+    seen: set = set()
+    total = 0
+    for tensor in pytree.tree_leaves(value):
+        if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
+            key = _storage_key(tensor)
+            if key not in seen and key not in b.storage_owner:
+                seen.add(key)
+                total += tensor.untyped_storage().nbytes()
+    return total
 
 
 def _storable(value) -> bool:
@@ -489,6 +508,7 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
         deps=tuple(tuple(sorted(d)) for d in b.deps),
         buffers=tuple(buffers),
         outputs=outputs,
+        workspaces=tuple(b.workspaces.get(i, 0) for i in range(len(b.steps))),
     )
 
 

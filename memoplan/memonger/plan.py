@@ -10,8 +10,9 @@ The arena is resident: at any moment a call holds the whole arena plus what its 
 allocate themselves (ops without an ``out=`` form, the model's outputs), where eager
 holds only what is live.  ``ArenaPlan`` carries both estimates: eager's peak (the most
 bytes live at one step in the captured order) and the arena's (its size plus the most
-bytes live outside it at one step).  ``lay_out(..., slack=s)`` (the block's
-``peak_slack``) leaves buffers out until the arena's estimate is within ``s`` of eager's:
+bytes live outside it at one step), each also with what every op allocates and frees
+inside it at its step (a convolution's workspace).  ``lay_out(..., slack=s)`` (the block's
+``peak_slack``) leaves buffers out until both of the arena's estimates are within ``s`` of eager's:
 each time the one, among those live where the arena holds most, whose leaving lowers
 the estimate most; then it takes back, the largest first, those that still fit.
 """
@@ -47,6 +48,8 @@ class ArenaPlan:
     eager_peak: int = 0  # estimated bytes live at once in eager
     arena_peak: int = 0  # estimated: the arena plus the most bytes live outside it at once
     slack: float | None = None  # the peak_slack it was laid out with (None: every buffer it could take)
+    eager_peak_inside: int = 0  # eager_peak with what each op allocates and frees inside it at its step
+    arena_peak_inside: int = 0  # arena_peak likewise
 
     @property
     def arena_buffers(self) -> tuple[int, ...]:
@@ -94,46 +97,23 @@ def lay_out(
 ) -> ArenaPlan:
     """Assign the arena's buffers offsets; with ``slack``, leave buffers out until a call's estimated
     peak is within ``slack`` of eager's (``None``: every buffer an ``out=`` form can write)."""
-    everything = range(len(program.buffers))
-    eager = peak_of(_ranges(program, tuple(range(len(program.steps))), everything))
-    order = linearize(program.deps, ordering)
-    ranges = dict(zip(everything, _ranges(program, order, everything)))
+    sizes = _Sizes(program, linearize(program.deps, ordering), slack)
     chosen = set(program.arena_buffers())
-    target = None if slack is None else eager * (1 + slack)
-    if target is not None:
-        chosen = _within(program, chosen, ranges, target)
+    if slack is not None:
+        chosen = sizes.within(chosen)
 
-    def arranged() -> tuple[tuple[tuple[int, ...], ...], Layout, int]:
-        slots = _chains(program, chosen, ranges)
+    def arranged() -> tuple[tuple[tuple[int, ...], ...], Layout, tuple[int, int]]:
+        slots = sizes.chains(chosen)
         result = layout(program.deps, [_slot_buffer(program, held) for held in slots], algo=algo, ordering=ordering)
-        outside = [ranges[i] for i in everything if i not in chosen]
-        return slots, result, result.assignment.size + peak_of(outside)
+        return slots, result, sizes.peaks(chosen, result.assignment.size)
 
     slots, result, estimate = arranged()
-    while target is not None and chosen and estimate > target:  # the layout came out over the bound
-        chosen.discard(_victim(program, chosen, ranges))
+    while slack is not None and chosen and not sizes.fits(estimate):  # the layout came out over the bound
+        chosen.discard(sizes.victim(chosen))
         slots, result, estimate = arranged()
     left_out = tuple(sorted(set(program.arena_buffers()) - chosen))
-    return ArenaPlan(program, result, slots, algo, ordering, left_out, eager, estimate, slack)
-
-
-def _chains(program: Program, chosen: set[int], ranges: dict[int, LiveRange]) -> tuple[tuple[int, ...], ...]:
-    """The chosen buffers as slots, in the order their first buffer is written: a buffer shares
-    the slot of the buffer its pointwise producer may write over (``BufferInfo.over``) when,
-    in this order, that producer is the other buffer's last reader."""
-    following: dict[int, int] = {}
-    for i in sorted(chosen):
-        over = program.buffers[i].over
-        if over in chosen and over not in following and ranges[over].end == ranges[i].start:
-            following[over] = i
-    joined = set(following.values())
-    slots = []
-    for first in sorted(chosen - joined, key=lambda i: (ranges[i].start, i)):
-        held = [first]
-        while held[-1] in following:
-            held.append(following[held[-1]])
-        slots.append(tuple(held))
-    return tuple(slots)
+    return ArenaPlan(program, result, slots, algo, ordering, left_out, sizes.eager[0], estimate[0], slack,
+                     sizes.eager[1], estimate[1])
 
 
 def _slot_buffer(program: Program, held: Sequence[int]) -> Buffer:
@@ -143,32 +123,104 @@ def _slot_buffer(program: Program, held: Sequence[int]) -> Buffer:
     return Buffer(max(info.size for info in infos), infos[0].producer, tuple(users))
 
 
-def _slot_ranges(program: Program, chosen: set[int], ranges: dict[int, LiveRange]) -> list[LiveRange]:
-    return [
-        LiveRange(held[0], ranges[held[0]].start, ranges[held[-1]].end, max(ranges[i].size for i in held))
-        for held in _chains(program, chosen, ranges)
-    ]
+class _Sizes:
+    """The estimates of a call's peak for a choice of buffers, and the choice of ``peak_slack``.
+
+    A peak is estimated twice: from the buffers alone (what the live-storage meter sees) and
+    with what each op allocates and frees inside it at its step (a convolution's workspace,
+    what the profiler and a CUDA allocator see).  A choice fits when both are within the slack
+    of eager's.
+    """
+
+    def __init__(self, program: Program, order: Sequence[int], slack: float | None) -> None:
+        self.program = program
+        everything = range(len(program.buffers))
+        self.ranges = dict(zip(everything, _ranges(program, order, everything)))
+        self.position = {step: i for i, step in enumerate(order)}
+        self.made_by = {info.producer: i for i, info in enumerate(program.buffers)}
+        workspaces = program.workspaces or (0,) * len(program.steps)
+        self.workspaces = workspaces
+        eager = _ranges(program, tuple(range(len(program.steps))), everything)
+        inside = [LiveRange(-1, step, step, size) for step, size in enumerate(workspaces) if size]
+        self.eager = (peak_of(eager), peak_of(list(eager) + inside))
+        self.slack = slack
+
+    def chains(self, chosen: set[int]) -> tuple[tuple[int, ...], ...]:
+        """The chosen buffers as slots, in the order their first buffer is written: a buffer shares
+        the slot of the buffer its pointwise producer may write over (``BufferInfo.over``) when,
+        in this order, that producer is the other buffer's last reader."""
+        ranges = self.ranges
+        following: dict[int, int] = {}
+        for i in sorted(chosen):
+            over = self.program.buffers[i].over
+            if over in chosen and over not in following and ranges[over].end == ranges[i].start:
+                following[over] = i
+        joined = set(following.values())
+        slots = []
+        for first in sorted(chosen - joined, key=lambda i: (ranges[i].start, i)):
+            held = [first]
+            while held[-1] in following:
+                held.append(following[held[-1]])
+            slots.append(tuple(held))
+        return tuple(slots)
+
+    def slot_ranges(self, chosen: set[int]) -> list[LiveRange]:
+        r = self.ranges
+        return [LiveRange(held[0], r[held[0]].start, r[held[-1]].end, max(r[i].size for i in held))
+                for held in self.chains(chosen)]
+
+    def peaks(self, chosen: set[int], arena: int) -> tuple[int, int]:
+        """A call's peak with an arena of ``arena`` bytes: the arena plus the most bytes live
+        outside it at once, without and with what the ops allocate inside."""
+        outside = [r for i, r in self.ranges.items() if i not in chosen]
+        inside = []
+        for step, size in enumerate(self.workspaces):
+            buffer = self.made_by.get(step)
+            if buffer in chosen:
+                size = self.program.buffers[buffer].scratch  # the form's, not the op's
+            if size:
+                inside.append(LiveRange(-1, self.position[step], self.position[step], size))
+        return arena + peak_of(outside), arena + peak_of(outside + inside)
+
+    def ratio(self, peaks: tuple[int, int]) -> float:
+        """How far over the limit the worse of the two estimates is (1.0: at it)."""
+        limit = 1 + (self.slack or 0.0)
+        return max(p / (e * limit) if e else 1.0 for p, e in zip(peaks, self.eager))
+
+    def fits(self, peaks: tuple[int, int]) -> bool:
+        return self.ratio(peaks) <= 1.0
+
+    def estimate(self, chosen: set[int]) -> tuple[int, int]:
+        """The peaks were the arena at its lower bound (the most aligned bytes its slots hold at once)."""
+        return self.peaks(chosen, lower_bound(self.slot_ranges(chosen)))
+
+    def victim(self, chosen: set[int]) -> int:
+        """The buffer whose leaving lowers the estimate most: one in a slot live where the slots hold
+        most (only those make the arena smaller), the larger on a tie."""
+        slots = self.slot_ranges(chosen)
+        members = {held[0]: held for held in self.chains(chosen)}
+        at_peak = [i for first in _live_at_peak(slots) for i in members[first]]
+        return min(at_peak, key=lambda i: (self.ratio(self.estimate(chosen - {i})), -self.ranges[i].size, i))
+
+    def within(self, chosen: set[int]) -> set[int]:
+        """Leave buffers out, the best victim first, until the estimate fits; then take back, the
+        largest first, those that still fit."""
+        chosen = set(chosen)
+        left: list[int] = []
+        while chosen and not self.fits(self.estimate(chosen)):
+            victim = self.victim(chosen)
+            chosen.discard(victim)
+            left.append(victim)
+        for i in sorted(left, key=lambda i: (-self.ranges[i].size, i)):
+            if self.fits(self.estimate(chosen | {i})):
+                chosen.add(i)
+        return chosen
 
 
-def _estimate(program: Program, chosen: set[int], ranges: dict[int, LiveRange]) -> int:
-    """A call's peak were the arena at its lower bound: the most bytes the chosen buffers' slots
-    hold at once (aligned) plus the most the others hold at once."""
-    outside = [r for i, r in ranges.items() if i not in chosen]
-    return lower_bound(_slot_ranges(program, chosen, ranges)) + peak_of(outside)
-
-
-def _victim(program: Program, chosen: set[int], ranges: dict[int, LiveRange]) -> int:
-    """The buffer whose leaving lowers the estimate most: one in a slot live where the slots hold
-    most (only those make the arena smaller), the larger on a tie."""
-    slots = _slot_ranges(program, chosen, ranges)
-    members = {held[0]: held for held in _chains(program, chosen, ranges)}
-    at_peak = [i for first in _live_at_peak(slots, [r.buffer for r in slots]) for i in members[first]]
-    return min(at_peak, key=lambda i: (_estimate(program, chosen - {i}, ranges), -ranges[i].size, i))
-
-
-def _live_at_peak(chosen_ranges: Sequence[LiveRange], indices: Sequence[int]) -> list[int]:
+def _live_at_peak(slots: Sequence[LiveRange]) -> list[int]:
+    """The first buffers of the slots live where the slots hold the most aligned bytes."""
     events: dict[int, int] = {}
-    for r in chosen_ranges:
+    for r in slots:
         events[r.start] = events.get(r.start, 0) + aligned(r.size)
         events[r.end + 1] = events.get(r.end + 1, 0) - aligned(r.size)
     best, where, live = -1, 0, 0
@@ -176,19 +228,4 @@ def _live_at_peak(chosen_ranges: Sequence[LiveRange], indices: Sequence[int]) ->
         live += events[position]
         if live > best:
             best, where = live, position
-    return [i for i, r in zip(indices, chosen_ranges) if r.start <= where <= r.end]
-
-
-def _within(program: Program, chosen: set[int], ranges: dict[int, LiveRange], target: float) -> set[int]:
-    """Leave buffers out, the best victim first, until the estimate is within ``target``; then take
-    back, the largest first, those that still fit."""
-    chosen = set(chosen)
-    left: list[int] = []
-    while chosen and _estimate(program, chosen, ranges) > target:
-        victim = _victim(program, chosen, ranges)
-        chosen.discard(victim)
-        left.append(victim)
-    for i in sorted(left, key=lambda i: (-ranges[i].size, i)):
-        if _estimate(program, chosen | {i}, ranges) <= target:
-            chosen.add(i)
-    return chosen
+    return [r.buffer for r in slots if r.start <= where <= r.end]

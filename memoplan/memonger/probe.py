@@ -271,12 +271,14 @@ def _signature(tree) -> tuple:
 
 
 def allocated_inside(fn, device: torch.device) -> tuple[int, Any]:
-    """Bytes the allocator hands out while ``fn()`` runs (kernels' temporaries too), and its result.
+    """The most bytes the allocator holds at once while ``fn()`` runs, above what it held when the
+    call began (its results and kernels' temporaries, even those freed inside), and its result.
 
     Many ``out=`` overloads are wrappers that run the op into a tensor of their own and copy it
     (``relu.out``, ``masked_fill.Scalar_out``, ``embedding.out``): writing through them saves
     nothing, and the live-storage meter, which sees only what ops return, would not show it.
-    On CPU the profiler's memory events see every allocation; on CUDA the allocator's peak.
+    On CPU the profiler's memory events, in time order, see every allocation and free; on CUDA
+    the allocator's peak.
     """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -289,7 +291,12 @@ def allocated_inside(fn, device: torch.device) -> tuple[int, Any]:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    return sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0), result
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak, result
 
 
 def _out_overload(op):

@@ -110,6 +110,7 @@ class Program:
     deps: tuple[tuple[int, ...], ...]  # per step: the steps that must run before it
     buffers: tuple[BufferInfo, ...]
     outputs: tuple[object, ...]  # Ref or literal, flat, in out_spec order
+    workspaces: tuple[int, ...] = ()  # per step: bytes its op, as the model calls it, allocates and frees inside
 
     @property
     def first_step_value(self) -> int:

@@ -10,6 +10,10 @@ def _mib(n: int) -> str:
     return f"{n:,} B ({n / 2**20:.2f} MiB)"
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def slot_table(plan: ArenaPlan) -> list[str]:
     """The assignment as aligned rows: slot, offset, bytes, dtype, shape, live positions, and the
     values it holds (``a > b``: the op making ``b`` writes it over ``a``)."""
@@ -42,17 +46,19 @@ def describe(plan: ArenaPlan) -> str:
         f"memonger: inference of the whole model ({printable(program.model_class)}) on one arena, "
         f"captured with the plan's example on {program.device}",
         f"  ordering {plan.ordering}, algo {plan.algo}, {len(program.steps)} steps",
-        f"  baseline     {_mib(plan.baseline_bytes)} in {len(plan.arena_buffers)} buffers (each its own allocation), "
-        f"{len(plan.slots)} slots",
+        f"  baseline     {_mib(plan.baseline_bytes)} in {_count(len(plan.arena_buffers), 'buffer')} (each its own "
+        f"allocation), {_count(len(plan.slots), 'slot')}",
         f"  arena        {_mib(stats.arena_bytes)}" + (f" ({optimal})" if optimal else ""),
         f"  lower bound  {_mib(stats.lower_bound_bytes)} (the most bytes its slots hold at once)",
         f"  a call's estimated peak: {_mib(plan.arena_peak)} with the arena, {_mib(plan.eager_peak)} in eager",
+        f"    with what ops allocate and free inside: {_mib(plan.arena_peak_inside)} with the arena, "
+        f"{_mib(plan.eager_peak_inside)} in eager",
     ]
     if plan.slack is not None:
         could = len(plan.arena_buffers) + len(plan.left_out)
         lines.append(
             f"  peak_slack {plan.slack:g}: {len(plan.arena_buffers)} of the {could} buffers an out= form can write "
-            f"are in the arena; {len(plan.left_out)} left out to keep that peak within {plan.slack * 100:g}% of eager's"
+            f"are in the arena; {len(plan.left_out)} left out to keep both peaks within {plan.slack * 100:g}% of eager's"
         )
     scratch = sum(program.buffers[i].scratch for i in plan.arena_buffers)
     if scratch:
