@@ -91,6 +91,13 @@ def test_each_form_gives_its_ops_bits_into_the_given_tensor_without_allocating(c
     assert torch.equal(_bits(out), _bits(expected))
 
 
+def test_scalars_are_made_once_and_negative_zero_is_its_own():
+    assert arena_into.scalar(0.5, torch.float32) is arena_into.scalar(0.5, torch.float32)
+    zero, negative = arena_into.scalar(0.0, torch.float32), arena_into.scalar(-0.0, torch.float32)
+    assert zero is not negative and torch.signbit(negative) and not torch.signbit(zero)
+    assert arena_into.scalar(1, torch.int64) is not arena_into.scalar(True, torch.int64)
+
+
 def test_a_form_refuses_what_it_does_not_cover():
     with torch.no_grad():
         broadcast = (torch.randn(2, 3, 4), torch.randn(1, 4, 5))

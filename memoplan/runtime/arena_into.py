@@ -18,18 +18,26 @@ as inputs whose strides a view cannot merge; capture then keeps the op.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 __all__ = ["FORMS", "scalar"]
 
 
-@functools.lru_cache(maxsize=None)
+_MADE: dict[tuple, torch.Tensor] = {}
+
+
 def scalar(value: bool | int | float, dtype: torch.dtype) -> torch.Tensor:
-    """A 0-dim CPU tensor holding ``value``, made once per value and dtype, never written."""
-    with torch.inference_mode(False), torch.no_grad():
-        return torch.tensor(value, dtype=dtype)
+    """A 0-dim CPU tensor holding ``value``, made once per value and dtype, never written.
+
+    Kept by the value's type and ``repr``: ``-0.0`` and ``0.0`` (or ``True`` and ``1``) are equal
+    as dictionary keys but not as operands.
+    """
+    key = (type(value), repr(value), dtype)
+    made = _MADE.get(key)
+    if made is None:
+        with torch.inference_mode(False), torch.no_grad():
+            made = _MADE[key] = torch.tensor(value, dtype=dtype)
+    return made
 
 
 def _flat(tensor: torch.Tensor, *tail: int) -> torch.Tensor:
