@@ -65,18 +65,13 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
     attributes = [value_names[n_inputs + i] for i in range(len(program.attributes))]
     slots = []
     for slot, held in enumerate(plan.slots):
-        info = program.buffers[held[0]]
-        live = plan.layout.ranges[slot]
+        info = program.buffers[held[0]]  # every buffer of a slot has its dtype, shape and stride
         slots.append(
             {
-                "slot": slot,
                 "offset": offsets[slot],
-                "size": info.size,
                 "dtype": _torch_name(info.dtype),
                 "shape": pyrepr(tuple(info.shape)),
                 "stride": pyrepr(tuple(info.stride)),
-                "live": f"{live.start}..{live.end}",
-                "value": ", ".join(value_names[program.buffers[i].value] for i in held),
             }
         )
     stats = plan.layout.stats

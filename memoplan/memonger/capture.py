@@ -336,10 +336,6 @@ def _literal(arg, env, b: _Builder, node):
     raise b.error(f"an argument of `{node.name}` is a {type(arg).__name__}, which cannot be written as code", node)
 
 
-def _real(arg, b: _Builder):
-    return real(arg, b)
-
-
 def _add_step(b: _Builder, node, env) -> None:
     target = node.target
     module = _module_of(node)
@@ -352,8 +348,8 @@ def _add_step(b: _Builder, node, env) -> None:
         op = function = "getitem"
     elif isinstance(target, torch._ops.OpOverload):
         op = function = _op_name(target, b, node)
-        call_args = [_real(a, b) for a in args]
-        call_kwargs = {k: _real(v, b) for k, v in kwargs}
+        call_args = [real(a, b) for a in args]
+        call_kwargs = {k: real(v, b) for k, v in kwargs}
         tensors = [t for t in pytree.tree_leaves((call_args, call_kwargs)) if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else torch.device("cpu")
         allocated, value = allocated_inside(lambda: target(*call_args, **call_kwargs), device)

@@ -164,10 +164,10 @@ class _Sizes:
             slots.append(tuple(held))
         return tuple(slots)
 
-    def slot_ranges(self, chosen: set[int]) -> list[LiveRange]:
+    def slot_ranges(self, slots: Sequence[Sequence[int]]) -> list[LiveRange]:
+        """Each slot's range: from its first buffer's write to its last buffer's last read."""
         r = self.ranges
-        return [LiveRange(held[0], r[held[0]].start, r[held[-1]].end, max(r[i].size for i in held))
-                for held in self.chains(chosen)]
+        return [LiveRange(held[0], r[held[0]].start, r[held[-1]].end, max(r[i].size for i in held)) for held in slots]
 
     def peaks(self, chosen: set[int], arena: int) -> tuple[int, int]:
         """A call's peak with an arena of ``arena`` bytes: the arena plus the most bytes live
@@ -192,14 +192,14 @@ class _Sizes:
 
     def estimate(self, chosen: set[int]) -> tuple[int, int]:
         """The peaks were the arena at its lower bound (the most aligned bytes its slots hold at once)."""
-        return self.peaks(chosen, lower_bound(self.slot_ranges(chosen)))
+        return self.peaks(chosen, lower_bound(self.slot_ranges(self.chains(chosen))))
 
     def victim(self, chosen: set[int]) -> int:
         """The buffer whose leaving lowers the estimate most: one in a slot live where the slots hold
         most (only those make the arena smaller), the larger on a tie."""
-        slots = self.slot_ranges(chosen)
-        members = {held[0]: held for held in self.chains(chosen)}
-        at_peak = [i for first in _live_at_peak(slots) for i in members[first]]
+        slots = self.chains(chosen)
+        members = {held[0]: held for held in slots}
+        at_peak = [i for first in _live_at_peak(self.slot_ranges(slots)) for i in members[first]]
         return min(at_peak, key=lambda i: (self.ratio(self.estimate(chosen - {i})), -self.ranges[i].size, i))
 
     def within(self, chosen: set[int]) -> set[int]:
