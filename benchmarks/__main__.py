@@ -73,22 +73,29 @@ def _device_options() -> list[str]:
     return ["--device", "cuda"] if torch.cuda.is_available() else []
 
 
-def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
-    argv = [*_device_options(), "--json", _relative(out / "planner_vs_peers.json")]
-    if quick:
-        argv = [
-            "--models", "cnn", "--batch", "8", "--budgets", "0.8", "--compile-budgets", "--memoplan", "blocks",
-            "--refine", "--hf-every", "1", "--steps", "1", "--warmup", "0", "--profile-repeats", "1", *argv,
-        ]
-    command = "python benchmarks/planner_vs_peers.py " + shlex.join(argv)
-    bench = script("planner_vs_peers")
-    progress(f"planner_vs_peers: {command}")
-    if bench["main"](argv) != 0:
-        raise RuntimeError("planner_vs_peers.py exited with an error")
-    written = out / "planner_vs_peers.json"
+def _run_script(name: str, out: Path, options: list[str]) -> dict[str, Any]:
+    """Run ``benchmarks/NAME.py`` with ``options`` (on CUDA where there is a GPU), its results written
+    as JSON under ``out`` and read back; the file is removed (results.json keeps them), and the
+    command is returned without its ``--json`` option."""
+    written = out / f"{name}.json"
+    argv = [*options, *_device_options(), "--json", _relative(written)]
+    command = f"python benchmarks/{name}.py " + shlex.join(argv)
+    progress(f"{name}: {command}")
+    if script(name)["main"](argv) != 0:
+        raise RuntimeError(f"{name}.py exited with an error")
     results = json.loads(written.read_text(encoding="utf-8"))
     written.unlink()  # kept in results.json
     return {"command": command.replace(" --json " + _relative(written), ""), "results": results}
+
+
+def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
+    options = []
+    if quick:
+        options = [
+            "--models", "cnn", "--batch", "8", "--budgets", "0.8", "--compile-budgets", "--memoplan", "blocks",
+            "--refine", "--hf-every", "1", "--steps", "1", "--warmup", "0", "--profile-repeats", "1",
+        ]
+    return _run_script("planner_vs_peers", out, options)
 
 
 def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -144,19 +151,11 @@ def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
-    argv = [*_device_options(), "--json", _relative(out / "spiking_memory.json")]
+    options = []
     if quick:
-        argv = ["--plan", "plans/spiking_blocks.memplan", "--also", "--batch", "1", "--steps", "1", "--warmup", "0",
-                "--no-breakdown", *argv]
-    command = "python benchmarks/spiking_memory.py " + shlex.join(argv)
-    progress(f"spiking_memory: {command}")
-    bench = script("spiking_memory")
-    if bench["main"](argv) != 0:
-        raise RuntimeError("spiking_memory.py exited with an error")
-    written = out / "spiking_memory.json"
-    results = json.loads(written.read_text(encoding="utf-8"))
-    written.unlink()  # kept in results.json
-    return {"command": command.replace(" --json " + _relative(written), ""), "results": results}
+        options = ["--plan", "plans/spiking_blocks.memplan", "--also", "--batch", "1", "--steps", "1", "--warmup", "0",
+                   "--no-breakdown"]
+    return _run_script("spiking_memory", out, options)
 
 
 def render_spiking_memory(raw: dict[str, Any], out: Path) -> dict[str, Any]:
