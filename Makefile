@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memoplan-setup
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -28,6 +28,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The edit loop: everything but the `slow`, `dist` and `bench` tests, with the `dev` hypothesis
+# profile (few examples per property); docs/contributing.md says what each marker means.
+test-fast: $(STAMP)
+	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -m "not slow and not dist and not bench"
+
+# The edit loop: everything but the `slow`, `dist` and `bench` tests, with the `dev` hypothesis
+# profile (few examples per property); docs/contributing.md says what each marker means.
+test-fast: $(STAMP)
+	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -m "not slow and not dist and not bench"
 
 # Every side-by-side benchmark, with plots: docs/benchmarks/summary.md (`--quick`: a small run).
 bench: $(STAMP)

@@ -1,8 +1,14 @@
-"""Shared pytest configuration: the golden-file update flag and an isolated code cache."""
+"""Shared pytest configuration: the golden-file update flag, the hypothesis profile
+(``MEMOPLAN_HYPOTHESIS``, see ``tests/_profiles.py``) and the bundled transformer's profile."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+from _profiles import PROFILE  # tests/_profiles.py
+
+settings.load_profile(PROFILE)
 
 
 def pytest_addoption(parser):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.bench
+
 pytest.importorskip("matplotlib")
 pytest.importorskip("spikingjelly")  # the spiking benchmark's peer
 

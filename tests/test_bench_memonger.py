@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import memonger
+
+pytestmark = pytest.mark.bench
 
 
 def test_quick_benchmark_reports_the_cnn_within_two_percent_of_eager(capsys):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "planner_vs_peers.py"
 TINY = ["--steps", "1", "--warmup", "0", "--profile-repeats", "1"]

@@ -10,6 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 from memoplan.diagnostics import PlanError
 from memoplan.runtime import codecs
 from _imports import imported_modules  # tests/_imports.py
@@ -78,9 +80,36 @@ def noncontiguous_views(x: torch.Tensor) -> list[torch.Tensor]:
 # ---------------------------------------------------------------- round trips
 
 
-@pytest.mark.parametrize("codec", LOSSLESS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def pairwise(*factors: list) -> list[tuple]:
+    """Cases in which every pair of values of any two factors occurs at least once.
+
+    Each pair of factors (i, j) is walked in full, the remaining factor taking the value that
+    rotates with the pair's position, so the full product's two-factor interactions are all
+    covered with a small fraction of its cases (in the order they were first made)."""
+    cases: dict[tuple, None] = {}
+    n = len(factors)
+    for i in range(n):
+        for j in range(i + 1, n):
+            for a, va in enumerate(factors[i]):
+                for b, vb in enumerate(factors[j]):
+                    case = [f[(a + b + k) % len(f)] for k, f in enumerate(factors)]
+                    case[i], case[j] = va, vb
+                    cases[tuple(case)] = None
+    return list(cases)
+
+
+# Every codec with every dtype, every codec with every shape and every dtype with every shape:
+# the pairs the full product (5 x 7 x 11 = 385 cases) would test, in far fewer cases.
+ROUND_TRIPS = pairwise(LOSSLESS, DTYPES, SHAPES)
+
+
+def test_round_trip_cases_cover_every_pair():
+    for (i, fi), (j, fj) in [((0, LOSSLESS), (1, DTYPES)), ((0, LOSSLESS), (2, SHAPES)), ((1, DTYPES), (2, SHAPES))]:
+        assert {(c[i], c[j]) for c in ROUND_TRIPS} == {(a, b) for a in fi for b in fj}
+    assert len(ROUND_TRIPS) < 385 // 2
+
+
+@pytest.mark.parametrize(("codec", "dtype", "shape"), ROUND_TRIPS, ids=str)
 def test_lossless_round_trip_binary(codec, dtype, shape):
     x = binary(shape, dtype)
     p = encode(x, codec, where="m")
@@ -138,7 +167,7 @@ def test_payload_does_not_depend_on_strides():
     assert torch.equal(a.data[0], b.data[0])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=n_examples(150), deadline=None)
 @given(
     shape=st.lists(st.integers(0, 9), min_size=0, max_size=4),
     dtype=st.sampled_from(DTYPES),
@@ -180,7 +209,7 @@ def test_bit_layout_is_c_order_lsb_first():
     assert encode(x.t(), "bit").data[0].tolist() == [0b00001010, 0b01000000]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=n_examples(60), deadline=None)
 @given(values=st.lists(st.integers(0, 1), min_size=0, max_size=70))
 def test_bit_layout_matches_reference(values):
     x = torch.tensor(values, dtype=torch.float16)
@@ -330,10 +359,16 @@ def test_int8_rejects_nonfinite_and_integer_inputs():
 # ---------------------------------------------------------------- values a codec cannot hold
 
 
-@pytest.mark.parametrize("codec", ["bit", "bool"])
-@pytest.mark.parametrize("bad", [0.7, 2.0, -1.0, float("nan"), float("inf")])
-@pytest.mark.parametrize("validate", ["sample", "always"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    ("codec", "bad", "validate", "dtype"),
+    pairwise(
+        ["bit", "bool"],
+        [0.7, 2.0, -1.0, float("nan"), float("inf")],
+        ["sample", "always"],
+        [torch.float32, torch.float16, torch.bfloat16],
+    ),
+    ids=str,
+)
 def test_non_binary_value_raises(codec, bad, validate, dtype):
     x = binary((3, 50), dtype)
     x[2, 9] = bad
@@ -471,7 +506,7 @@ def test_choose(dtype):
     assert choose(torch.empty(0, dtype=dtype)) == "none"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=n_examples(60), deadline=None)
 @given(
     n=st.integers(0, 300),
     kind=st.sampled_from(["binary", "int", "sparse", "dense"]),
@@ -520,6 +555,7 @@ def test_payload_is_frozen():
         p.codec = "none"  # type: ignore[misc]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("codec", ["bool", "uint8", "bit", "sparse", "int8"])
 def test_cuda_payloads_equal_cpu_payloads(codec):
@@ -531,6 +567,7 @@ def test_cuda_payloads_equal_cpu_payloads(codec):
     assert same(y.cpu(), decode(cpu))
 
 
+@pytest.mark.bench
 def test_codec_benchmark_cpu_mode_runs_small(tmp_path):
     """benchmarks/codec_bandwidth.py --cpu: times the pure-torch bit codec and writes its rows."""
     import json

@@ -23,6 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 import memoplan
 from memoplan import __version__, load, parse, resolve
 from memoplan.codegen import emit, import_generated, write_files
@@ -340,7 +342,7 @@ def test_hostile_plan_file_on_disk(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- render helpers
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=n_examples(200), deadline=None)
 @given(st.text())
 def test_comment_safe_stays_on_one_line(text: str) -> None:
     line = "# " + comment_safe(text)
@@ -349,7 +351,7 @@ def test_comment_safe_stays_on_one_line(text: str) -> None:
     assert [t.type for t in toks] == [tokenize.COMMENT]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=n_examples(200), deadline=None)
 @given(st.text() | st.integers() | st.booleans() | st.none() | st.tuples(st.text(), st.tuples(st.text())))
 def test_pyrepr_round_trips(value) -> None:
     assert ast.literal_eval(pyrepr(value)) == value
@@ -376,7 +378,7 @@ def test_identifier_is_a_valid_non_keyword(hint: str) -> None:
     assert identifier(hint) == name
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=n_examples(300), deadline=None)
 @given(st.lists(st.text(), max_size=30))
 def test_allocator_names_are_valid_unique_and_deterministic(hints: list[str]) -> None:
     first = NameAllocator(RESERVED)

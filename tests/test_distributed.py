@@ -44,9 +44,12 @@ WORKER = Path(__file__).with_name("_ddp_worker.py")
 ROOT = WORKER.parent.parent
 CHUNK_RTOL = 1e-5  # max |difference| <= CHUNK_RTOL * max |gradient|, per tensor
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is needed"
-)
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is needed"
+    ),
+]
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 import memoplan
 from memoplan import cli, neurons
 from memoplan.compare import compare
@@ -124,7 +126,7 @@ def cases(draw):
     return kinds, twice, threshold, memory, time, draw(st.integers(0, 2**16))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=n_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_training_with_dtr_equals_unplanned_bit_for_bit(case):
     kinds, twice, threshold, memory, time, seed = case

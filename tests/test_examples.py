@@ -226,6 +226,7 @@ def test_spiking_plan_uses_bit_compression_state_and_temporal_chunks() -> None:
     assert split.module("blocks.0").checkpoint.groups == (("conv", "bn"), ("lif",))
 
 
+@pytest.mark.bench
 def test_spiking_benchmark_runs_small(tmp_path) -> None:
     pytest.importorskip("spikingjelly.activation_based.memopt")
     import json

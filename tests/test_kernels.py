@@ -177,6 +177,7 @@ def test_interpreted_kernel_matches_codecs(interpret_results, check):
     assert interpret_results[check] is None, interpret_results[check]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("check", CHECKS)
 def test_cuda_kernel_matches_codecs(cuda_results, check):
     assert cuda_results[check] is None, cuda_results[check]
@@ -192,6 +193,7 @@ def _allocated_during(fn):
     return out, torch.cuda.max_memory_allocated() - base
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_autotuning_allocates_nothing_beyond_the_outputs():
     """The first call of a size class autotunes inside the caller's step: it must not

@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 from memoplan.memonger import (
     Buffer,
     LiveRange,
@@ -135,7 +137,7 @@ def test_greedy_and_dp_assignments_are_valid_and_not_under_the_bound(ranges):
     assert lower_bound(ranges) <= dp.size <= greedy.size <= max(sum(-(-r.size // UNIT) * UNIT for r in ranges), 0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=n_examples(60), deadline=None)
 @given(interval_sets(max_buffers=5, max_units=3, horizon=5))
 def test_dp_is_optimal_on_small_sets(ranges):
     dp = assign_dp(ranges)

@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 import memoplan
 from memoplan.runtime.arena import arena_state
 
@@ -75,7 +77,7 @@ def graphs(draw):
     return recipe, outputs
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=n_examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs(), st.sampled_from(["greedy", "dp"]), st.sampled_from(["topological", "longest_path"]),
        st.integers(0, 2**16), st.sampled_from(["", "; peak_slack = 10"]))
 def test_random_graphs_give_eager_outputs_bit_for_bit(graph, algo, ordering, seed, slack):

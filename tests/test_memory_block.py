@@ -248,6 +248,7 @@ def test_a_reserving_policy_needs_a_budget_in_bytes_and_cpu_gets_a_note(tmp_path
 # ---------------------------------------------------------------- DDP and FSDP2
 
 
+@pytest.mark.dist
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="gloo is needed")
 def test_ddp_trains_bit_identically_and_bucket_views_and_fsdp2_are_refused(tmp_path):
     worker = Path(__file__).with_name("_memory_worker.py")

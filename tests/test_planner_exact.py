@@ -28,6 +28,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 pytest.importorskip("scipy")
 
 from memoplan.planner import exact as exact_module  # noqa: E402
@@ -46,7 +48,7 @@ from memoplan.planner.search import (  # noqa: E402
     to_plan,
 )
 
-SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=n_examples(120), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 TOL = dict(rel=1e-9, abs=1e-12)
 
 seconds = st.one_of(
@@ -285,7 +287,7 @@ def assert_fallback(choice, forest: Forest, limit: int, words: str) -> None:
     assert choice.recompute_seconds >= best - abs(best) * 1e-9
 
 
-@settings(SETTINGS, max_examples=60)
+@settings(SETTINGS, max_examples=n_examples(60))
 @given(st.data())
 def test_without_scipy_a_greedy_set_within_the_budget(data):
     forest = data.draw(forests())

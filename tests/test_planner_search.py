@@ -31,6 +31,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 from memoplan.planner import search
 from memoplan.planner.search import (
     BudgetError,
@@ -53,7 +55,7 @@ from memoplan.planner.search import (
 from memoplan.syntax import ast, format_plan, parse
 from memoplan.syntax.blocks import SublinearConfig
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=n_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOL = dict(rel=1e-9, abs=1e-12)
 
 # ---------------------------------------------------------------- strategies and brute force
@@ -223,7 +225,7 @@ def byte_dp(items, base, limit):
     return best
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=n_examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_optimal_equals_a_byte_dp_on_long_chains(data):
     """Up to 150 modules with small sizes, many ties: the search against an independent exact DP."""
@@ -315,7 +317,7 @@ def test_optimal_reports_infeasible_with_the_smallest_reachable_peak():
     assert to_plan(choice, items, header={}, allow_over_budget=True).rules  # on request only
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=n_examples(60), deadline=None)
 @given(st.data())
 def test_optimal_on_larger_chains_beats_or_matches_the_heuristics(data):
     """Beyond brute force: never worse than greedy or sublinear, always within its budget."""
@@ -432,7 +434,7 @@ def _key(items, base, chosen, limit, lb):
     return (max(0, peak - (limit or 0)), math.fsum(items[i].forward_seconds for i in chosen), peak)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=n_examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_sublinear_is_deterministic_and_independent_of_workers(process_pool, data):
     items, base = data.draw(chains(max_items=30))

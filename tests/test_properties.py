@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 import memoplan
 from memoplan.compare import compare
 from memoplan.syntax.formatter import format_path
@@ -135,7 +137,7 @@ def _step(model: nn.Module, x: torch.Tensor, weight: torch.Tensor, seed: int):
     return out, x.grad, torch.get_rng_state()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=n_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(planned_models(), st.integers(0, 2**16))
 def test_planned_step_equals_unplanned(case, input_seed):
     model, shape, seed, text = case
@@ -163,7 +165,7 @@ def test_planned_step_equals_unplanned(case, input_seed):
     assert all("forward" not in m.__dict__ for m in planned.modules())
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=n_examples(25), deadline=None)
 @given(planned_models())
 def test_eval_without_grad_is_unchanged(case):
     model, shape, seed, text = case

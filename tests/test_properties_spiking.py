@@ -22,6 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 import memoplan
 from memoplan.compare import compare
 from memoplan.neurons import LIF, reset
@@ -138,7 +140,7 @@ def _close(a: list, b: list, exact: bool) -> bool:
 
 
 @settings(
-    max_examples=50,
+    max_examples=n_examples(50),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

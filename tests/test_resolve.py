@@ -16,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 from memoplan import ir, parse, resolve
 from memoplan.diagnostics import PlanError, Severity
 from memoplan.examples import cnn, mlp, spiking, transformer
@@ -665,7 +667,7 @@ def test_module_plans_are_in_natural_path_order() -> None:
     assert ir.path_key("1") != ir.path_key("01")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=n_examples(200), deadline=None)
 @given(st.lists(st.integers(0, 10**30) | st.text("ab.²_", min_size=1, max_size=3), min_size=2, max_size=8))
 def test_path_key_is_natural_and_total(items) -> None:
     segments = [str(i) if isinstance(i, int) else i.replace(".", "_") for i in items]
@@ -761,7 +763,7 @@ def test_explain_marks_equal_specificity_conflicts() -> None:
 # ---------------------------------------------------------------- segments groups
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=n_examples(150), deadline=None)
 @given(n=st.integers(1, 20), k=st.integers(1, 25))
 def test_segment_groups_are_contiguous_and_even(n: int, k: int) -> None:
     seq = nn.Sequential(*(nn.Identity() for _ in range(n)))

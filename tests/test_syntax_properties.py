@@ -9,12 +9,14 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
+
 from memoplan.diagnostics import PlanError
 from memoplan.syntax import ast, format_plan, parse, parse_example_spec
 from memoplan.syntax.blocks import SCHEMA, check_block
 from memoplan.syntax.build import DTYPES, FLOAT_DTYPES
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=n_examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # ---------------------------------------------------------------- strategies for trees
 
@@ -215,7 +217,7 @@ def test_random_tree_round_trips(plan: ast.Plan) -> None:
     text.encode("utf-8")  # always writable as UTF-8
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=n_examples(50), deadline=None)
 @given(plans())
 def test_round_trip_keeps_every_comment(plan: ast.Plan) -> None:
     text = format_plan(plan)
@@ -269,7 +271,7 @@ def _check_no_crash(text: str) -> None:
     assert format_plan(parse(formatted)) == formatted
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=n_examples(300), deadline=None)
 @given(st.lists(st.sampled_from(string.printable + "é名\u2028") | st.sampled_from(PIECES), max_size=60).map("".join))
 def test_random_text_raises_only_plan_error(text: str) -> None:
     _check_no_crash(text)
@@ -295,13 +297,13 @@ def mutations(draw) -> str:
     return text
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=n_examples(400), deadline=None)
 @given(mutations())
 def test_mutated_plans_raise_only_plan_error(text: str) -> None:
     _check_no_crash(text)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=n_examples(150), deadline=None)
 @given(st.lists(st.sampled_from(string.printable) | st.sampled_from(PIECES), max_size=30).map("".join))
 def test_example_spec_raises_only_plan_error(text: str) -> None:
     try:

@@ -92,6 +92,7 @@ def test_plans_with_temporal_chunks_are_held_to_the_chunk_tolerance():
     assert all("num_batches_tracked" not in d for c in report.checks for d in c.within)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_verify_on_cuda_is_bit_for_bit_and_compares_the_cuda_rng():
     model = cnn.build()
