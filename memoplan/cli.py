@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     fmt.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not canonical")
     fmt.set_defaults(run=_fmt)
 
+    _rule_command(sub)
+
     explain = sub.add_parser("explain", help="for every module, which rule decided what and why")
     explain.add_argument("plan", type=Path)
     _model_options(explain, example=False)
@@ -184,6 +186,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+
+def _rule_command(sub) -> None:
+    from memoplan.rules import print_rule
+
+    rule = sub.add_parser("rule", help="explain a diagnostic code (`memoplan rule MP301`), or list them all")
+    rule.add_argument("code", nargs="?", help="a code such as MP301 (leave out to list every code)")
+    rule.set_defaults(run=lambda args: print_rule(args.code))
 
 
 def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:

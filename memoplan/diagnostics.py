@@ -1,9 +1,11 @@
 """Diagnostics shared by every stage: spans, coded messages and their rendering.
 
-A diagnostic has a stable code (``MP1xx`` syntax, ``MP2xx`` values and config
-blocks, ``MP3xx`` resolution against a model, ``MP4xx`` applying a plan, ``MP5xx``
-loading models and examples), the file, line and column, a caret under the span
-and help text.  Bad input never surfaces as a Python traceback: callers raise
+A diagnostic has a stable code, the file, line and column, a caret under the span and
+help text.  Codes are grouped by what they are about (``MP1xx`` the text's grammar,
+``MP2xx`` values, plan-wide statements and the ``memonger`` block, ``MP3xx`` the plan against
+a model, ``MP4xx`` installing and running a plan, ``MP5xx`` specs, the command line, the
+report and the editor, ``MP6xx`` the planner); ``memoplan.rules`` lists every code once, with
+its group and the stage that raises it (``memoplan rule CODE`` prints one).  Bad input never surfaces as a Python traceback: callers raise
 :class:`PlanError` carrying every diagnostic found, and the CLI prints them.
 """
 

@@ -38,8 +38,8 @@ def check_text(text: str, file: str) -> Checked:
     """The diagnostics ``memoplan check FILE`` prints without a model, in source order.
 
     A plan with errors is not given to the statement checks, as ``check`` does not;
-    a plan without errors gets the refusals (``MP220``, ``MP221``) and notes of its
-    plan-wide statements.
+    a plan without errors gets the refusals and notes of its plan-wide statements
+    (``resolver.effects``).
     """
     from memoplan.resolver.effects import statement_effects  # imports torch: only when needed
 

@@ -1,0 +1,248 @@
+"""Every diagnostic code memoplan emits, once: its stage, severity, summary and what to do.
+
+The call sites keep writing their code as a literal (``Diagnostic("MP301", ...)``) next to the
+message they build; this table is where a code is explained.  ``memoplan rule MP301`` prints
+an entry, ``grammar/README.md``'s code table is generated from it (:func:`markdown_table`,
+checked by ``tests/test_rules.py``), and that test fails on any ``MPnnn`` in the package's
+source that has no entry here.
+
+Codes are grouped by the hundreds, as :data:`RANGES` says; a group names what a code is about
+(a value, a model's structure, running the plan), and :attr:`Rule.stage` says which stage
+raises it.  Codes are never renumbered: scripts and CI logs match on them.  A new code takes
+the next free number of its group.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass
+
+from memoplan.diagnostics import Severity, did_you_mean
+
+
+class Stage(enum.Enum):
+    """The stage that raises a code (where in the pipeline a user sees it)."""
+
+    SYNTAX = "syntax"  # parse and value checks: `memoplan check`, `parse`, `load`
+    RESOLVE = "resolve"  # binding a plan to a model: `apply`, `explain`, `check --model`
+    CHECK = "check"  # `memoplan check` with an example input
+    VERIFY = "verify"  # `memoplan verify`: a measured step
+    RUNTIME = "runtime"  # installing the plan, or a planned step running
+    SPECS = "specs"  # loading `model` and `example` specs
+    CLI = "CLI"  # the command line's own arguments
+    PLANNER = "planner"  # `memoplan plan`
+    REPORT = "report"  # `memoplan report`
+    EDITOR = "editor"  # `memoplan lsp`
+
+
+@dataclass(frozen=True)
+class Range:
+    first: int
+    last: int
+    topic: str
+    stages: frozenset[Stage]
+
+    def __contains__(self, number: int) -> bool:
+        return self.first <= number <= self.last
+
+
+_S = Stage
+# What each group of codes is about, and the stages that may raise one of its codes.
+RANGES: tuple[Range, ...] = (
+    Range(100, 199, "lexical and grammar: the text is not a plan", frozenset({_S.SYNTAX})),
+    Range(200, 219, "values: an option, key or argument that is wrong in itself", frozenset({_S.SYNTAX})),
+    Range(
+        220,
+        239,
+        "plan-wide statements (`budget`, `dtr`, `memory`, `sublinear`): where they act, whether they were met",
+        frozenset({_S.SYNTAX, _S.RESOLVE, _S.VERIFY}),
+    ),
+    Range(240, 249, "the `memonger` block", frozenset({_S.SYNTAX, _S.RESOLVE})),
+    Range(300, 399, "the plan against a model's structure", frozenset({_S.RESOLVE, _S.CHECK})),
+    Range(400, 499, "installing a plan and running a planned step", frozenset({_S.RUNTIME})),
+    Range(500, 509, "loading models and examples; the command line", frozenset({_S.SPECS, _S.CLI})),
+    Range(510, 519, "`memoplan report`", frozenset({_S.REPORT})),
+    Range(520, 529, "the language server", frozenset({_S.EDITOR})),
+    Range(600, 699, "the planner", frozenset({_S.PLANNER})),
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    stage: Stage
+    severity: Severity
+    summary: str
+    help: str
+
+    def explain(self) -> str:
+        """What ``memoplan rule CODE`` prints."""
+        group = range_of(self.code)
+        lines = [
+            f"{self.code} ({self.severity.value}, raised by {self.stage.value})",
+            "",
+            _plain(self.summary),
+            "",
+            f"What to do: {_plain(self.help)}",
+        ]
+        if group is not None:
+            lines += ["", f"MP{group.first}-MP{group.last}: {_plain(group.topic)}."]
+        lines += ["", "Reference: grammar/README.md, section 7 (Errors)."]
+        return "\n".join(lines)
+
+
+def _plain(text: str) -> str:
+    return text.replace("`", "")
+
+
+E, W, N = Severity.ERROR, Severity.WARNING, Severity.NOTE
+
+_TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
+    # ---- lexical and grammar
+    ("MP100", _S.SYNTAX, E, "syntax error: an unexpected character or token (with what was expected), a unit in the wrong case, a single-quoted string", "write the construct the message expects; units are `B`, `KiB`, `MiB`, `GiB`, strings use double quotes"),
+    ("MP101", _S.SYNTAX, E, "unknown statement, with a did-you-mean (`modle` -> `module`); a policy written outside a rule", "use a statement of section 2; policies go inside `module SELECTOR { ... }`"),
+    ("MP102", _S.SYNTAX, E, "unknown policy in a rule, with a did-you-mean (`checkpointing` -> `checkpoint`)", "use one of the policies of section 4"),
+    ("MP103", _S.SYNTAX, E, "unsupported version in the header", "write `memplan 1`"),
+    ("MP104", _S.SYNTAX, E, "no `memplan 1` header (or an empty file)", "start the file with `memplan 1`"),
+    ("MP105", _S.SYNTAX, E, "a quoted path segment that is empty or contains `.`", "quote one segment at a time: `\"a\".\"b\"`"),
+    ("MP106", _S.SYNTAX, E, "a block not closed: at the end of the file, or before the next statement", "close the block with `}` before the next statement"),
+    ("MP107", _S.SYNTAX, E, "the plan file cannot be read, or is not UTF-8", "check the path and save the file as UTF-8"),
+    ("MP108", _S.SYNTAX, E, "an invalid escape in a string", "use one of `\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX`"),
+    # ---- values
+    ("MP201", _S.SYNTAX, E, "unknown option, key or example argument, with a did-you-mean; an option that does not apply (`tolerance` on a lossless codec, `low`/`high` on a function other than `randint`)", "use an option the policy, block or function lists in the reference, or remove it"),
+    ("MP202", _S.SYNTAX, E, "a value of the wrong type (an integer where a size is needed, a string where a word is, ...)", "write the value in the type the reference lists (a size with a unit, a bare word, ...)"),
+    ("MP203", _S.SYNTAX, E, "a value out of range (every range in sections 2–6; a number too large for a float)", "write a value inside the range the help gives"),
+    ("MP204", _S.SYNTAX, E, "an unknown word for an option, key, dtype, tensor function or budget mode, with a did-you-mean", "use one of the words the help lists"),
+    ("MP205", _S.SYNTAX, E, "a lossy codec not marked `lossy`, or `lossy` on a lossless codec", "write `lossy` (and a `tolerance`) after a lossy codec, and only there"),
+    ("MP206", _S.SYNTAX, E, "a policy kind twice in one rule", "merge the two into one policy"),
+    ("MP207", _S.SYNTAX, E, "`keep` together with `checkpoint`, `compress` or `temporal_chunk` in one rule; `segments` with `split`", "keep one of the contradicting policies or options"),
+    ("MP208", _S.SYNTAX, E, "given twice: a statement that may appear once, an option, a key, an example argument", "remove the repetition (the note shows the first)"),
+    ("MP209", _S.SYNTAX, E, "something required is missing: `eviction_threshold`, a lossy codec's `tolerance`, `randint`'s `high`", "add the missing option or key"),
+    ("MP210", _S.SYNTAX, W, "`static_memory_policy = 1`, read as `2`", "write `static_memory_policy = 2`"),
+    ("MP211", _S.SYNTAX, E, "`**` inside a glob segment (`layer**`): `**` stands alone between dots", "write `layer*` for one segment, or `**` alone for any number"),
+    # ---- plan-wide statements
+    ("MP222", _S.SYNTAX, N, "a `sublinear` block sets the search of `memoplan plan PLAN`", "nothing: run `memoplan plan PLAN` to search with it"),
+    ("MP224", _S.SYNTAX, N, "a `budget` is checked by `memoplan verify`, not by `apply`", "run `memoplan verify` to measure the step against it"),
+    ("MP225", _S.VERIFY, E, "`memoplan verify`: the planned peak is over a `hard` budget", "plan more memory away (`memoplan plan --budget`), raise the budget, or write it as `hint`"),
+    ("MP226", _S.VERIFY, W, "`memoplan verify`: the planned peak is over a `hint` budget", "plan more memory away or raise the budget"),
+    ("MP227", _S.SYNTAX, E, "`static_memory_policy = 2` or `4` without a `budget` in bytes to reserve", "add a `budget` in bytes, or use policy `3`"),
+    ("MP228", _S.SYNTAX, N, "`static_memory_policy` on a machine without CUDA changes nothing there", "nothing: it acts on a CUDA machine"),
+    ("MP230", _S.RESOLVE, E, "a `dtr` block with no candidate: every block of the model has a rule of its own", "remove the block, or rules that cover every block"),
+    ("MP231", _S.VERIFY, E, "the `dtr` threshold was not met in the measured step (the candidates' kept inputs need more)", "raise `eviction_threshold`, or choose one with `memoplan plan --budget B --dtr`"),
+    ("MP232", _S.RESOLVE, E, "the `dtr` block's `modules` is not a selector, matches nothing, or selects a module and one inside it", "name the candidate blocks with a selector that matches modules none of which contains another"),
+    # ---- memonger
+    ("MP240", _S.RESOLVE, E, "`memonger`: the model cannot be captured with `torch.export` (the module and the cause)", "make the forward exportable, or plan the model without a `memonger` block"),
+    ("MP241", _S.RESOLVE, E, "`memonger`: the forward keeps state between calls (a tensor attribute assigned, a buffer written)", "an arena replays one fixed graph: plan stateful models without `memonger`"),
+    ("MP242", _S.RESOLVE, E, "`memonger`: the captured graph holds something the arena module cannot run", "plan this model without a `memonger` block"),
+    ("MP243", _S.RESOLVE, E, "`memonger` without an `example` (or applied from a `ResolvedPlan`, which has none)", "add an `example` statement, or apply the plan from its text"),
+    ("MP244", _S.SYNTAX, N, "`check`: where the `memonger` block acts", "nothing: the block lays out the model's inference buffers when the plan is applied"),
+    # ---- the plan against a model
+    ("MP301", _S.RESOLVE, E, "a selector (or class filter) that matches no module, with the nearest paths or classes", "use a path `memoplan explain` lists, or a class the model has"),
+    ("MP303", _S.RESOLVE, E, "two equally specific rules disagree about a module", "make one rule more specific, or give both the same policies"),
+    ("MP304", _S.RESOLVE, E, "`temporal_chunk` would not be equivalent (SyncBatchNorm, attention, RNN, dropout, whole-sequence module)", "chunk a module without those, or write `allow_nonequivalent = true` to accept the difference"),
+    ("MP305", _S.RESOLVE, E, "nested checkpoint regions without `nested = true`", "checkpoint one of the two, or write `nested = true`"),
+    ("MP306", _S.RESOLVE, E, "`segments` on a module that is not an `nn.Sequential`", "put `segments` on an `nn.Sequential`"),
+    ("MP307", _S.RESOLVE, W, "more `segments` than children", "ask for at most as many segments as children"),
+    ("MP308", _S.RESOLVE, E, "`rng = off` over random modules", "leave `rng` at `preserve` where dropout runs"),
+    ("MP309", _S.RESOLVE, E, "`compress` without `checkpoint` on the module", "add `checkpoint` to the module that compresses"),
+    ("MP310", _S.RESOLVE, W, "`keep` inside a checkpoint region has no effect", "remove `keep`, or the checkpoint around it"),
+    ("MP311", _S.RESOLVE, E, "one module object under two paths, treated differently", "give both paths the same policies"),
+    ("MP312", _S.RESOLVE, E, "`checkpoint` on a container that is never called (`nn.ModuleList`, `nn.ModuleDict`)", "checkpoint its children: `module layers.* { checkpoint }`"),
+    ("MP314", _S.RESOLVE, E, "a stateful module inside a region is not marked `state = functional`", "add a rule `state = functional` for it"),
+    ("MP315", _S.RESOLVE, E, "`state = functional` on a module that does not expose its state and holds no module that does", "mark the stateful module itself, or give it the state protocol"),
+    ("MP316", _S.RESOLVE, E, "`temporal_chunk` together with `segments`/`split` on one module", "use one of the two on a module"),
+    ("MP317", _S.RESOLVE, E, "`impl = torch` on a region that needs memoplan's own", "remove `impl = torch`"),
+    ("MP319", _S.RESOLVE, E, "`split` names a non-child, or children out of order", "name the module's own children, in order, not the first"),
+    ("MP320", _S.RESOLVE, E, "a region of its own, holding a BatchNorm, inside time chunks", "checkpoint the chunked module instead of the region inside it"),
+    ("MP321", _S.RESOLVE, W, "`boundaries = recompute` where no module carries state between chunks", "remove `boundaries = recompute`"),
+    ("MP322", _S.RESOLVE, W, "the plan checkpoints a model whose own (Hugging Face) gradient checkpointing is on", "turn the model's gradient checkpointing off, or drop the plan's checkpoint rules"),
+    ("MP323", _S.RESOLVE, E, "a region starts with a module that overwrites its input in place (`inplace=True`)", "checkpoint the enclosing module the help names"),
+    ("MP324", _S.CHECK, E, "with an example: `temporal_chunk ... dim d` past the dimensions of the input the chunked module sees", "chunk a dimension the input has"),
+    # ---- installing and running
+    ("MP401", _S.RUNTIME, E, "a plan that cannot be installed on this model: no such module", "apply the plan to the model it was resolved for"),
+    ("MP402", _S.RUNTIME, E, "a plan that cannot be installed on this model: a module of another type", "apply the plan to the model it was resolved for"),
+    ("MP403", _S.RUNTIME, E, "a plan that cannot be installed: a module's `forward` is already patched", "remove the other patch (or `memoplan.remove` the earlier plan) first"),
+    ("MP405", _S.RUNTIME, E, "a value the codec cannot hold", "use a codec that holds it (`none`, `uint8`, `auto`) or mark a lossy one `lossy`"),
+    ("MP406", _S.RUNTIME, E, "setting a module's `forward` raised; every module is restored", "the module's class refuses attribute assignment: leave it out of the plan"),
+    ("MP407", _S.RUNTIME, E, "a region overwrote one of its inputs in place (its recompute would read the new values)", "checkpoint the enclosing module, or make the op out of place"),
+    ("MP408", _S.RUNTIME, E, "`temporal_chunk ... dim d` past the chunked input's dimensions: the rule's `file:line`, the module, the shape", "chunk a dimension the input has"),
+    ("MP409", _S.RUNTIME, E, "a planned model cannot be pickled (a forward that is not a module-level function)", "pickle the unplanned model and apply the plan after loading"),
+    ("MP421", _S.RUNTIME, E, "`atomic_clean_policy = 0` under DDP with `gradient_as_bucket_view=True`", "leave `atomic_clean_policy` at its default under DDP"),
+    ("MP422", _S.RUNTIME, E, "`atomic_clean_policy = 0` after FSDP2 replaced the parameters", "leave `atomic_clean_policy` at its default under FSDP2"),
+    ("MP423", _S.RUNTIME, E, "expandable segments asked for after CUDA memory was already reserved", "apply the plan before anything allocates on CUDA"),
+    ("MP430", _S.RUNTIME, W, "the `dtr` threshold cannot be met even with every candidate evicted", "raise `eviction_threshold` above what the candidates' kept inputs need"),
+    ("MP431", _S.RUNTIME, E, "an input a `dtr` candidate kept was changed in place after its forward: it cannot be recomputed", "make the change out of place, or leave the module out of `modules`"),
+    ("MP433", _S.RUNTIME, E, "a `dtr` recompute saved different tensors than the forward (control flow on something else)", "leave the module out of the `dtr` block's `modules`"),
+    ("MP434", _S.RUNTIME, E, "a tensor a `dtr` candidate saved was changed in place before backward (autograd refuses it too)", "make the change out of place"),
+    ("MP440", _S.RUNTIME, E, "the `memonger` arena cannot be installed: the model's forward is already replaced on the instance", "remove the other patch first"),
+    # ---- specs, the command line
+    ("MP501", _S.SPECS, E, "a `model` spec without `:`", "write `package.module:function` or `path/to/file.py:function`"),
+    ("MP502", _S.SPECS, E, "a model or example spec that cannot be found (no file, no module, no example input)", "check the spec's path, or pass `--example`"),
+    ("MP503", _S.SPECS, E, "a model or example spec's attribute does not exist", "name a function or object the module defines"),
+    ("MP504", _S.SPECS, E, "the user's model or example code raised (any exception but `KeyboardInterrupt`, `sys.exit()` too)", "fix the model's code; the traceback's last line is in the message"),
+    ("MP505", _S.SPECS, E, "a model or example factory returned the wrong type", "return an `nn.Module` (model) or tensors (example)"),
+    ("MP506", _S.CLI, E, "`--device` that is not a device, or not on this machine", "leave out `--device` to run on the CPU, or name a CUDA device this machine has"),
+    ("MP507", _S.SPECS, E, "an inline example too large to build: its sizes overflow 64 bits, or it needs more bytes than the machine's memory", "use smaller sizes"),
+    ("MP508", _S.CLI, E, "`-o PATH` cannot be written: a directory, no permission, ...", "give `-o` the path of a file you can write"),
+    ("MP510", _S.REPORT, E, "`memoplan report` needs matplotlib (the `report` extra), checked before any work", "pip install 'memoplan[report]'"),
+    ("MP512", _S.REPORT, E, "`memoplan report --budgets F`: a budget of the sweep that is not a share of the unplanned peak in (0, 1]", "give shares such as `0.5,0.75`"),
+    ("MP520", _S.EDITOR, W, "`memoplan lsp` with `loadModel`: the model process timed out or exited (the plan's `model` line)", "run `memoplan check --model` on the plan to see the model's own error"),
+    ("MP521", _S.EDITOR, W, "`memoplan lsp`: checking the document failed inside memoplan (a bug); the server goes on", "report it with the plan text"),
+    # ---- the planner
+    ("MP601", _S.PLANNER, E, "`memoplan plan`: no plan of the search meets a `hard` budget", "raise the budget (the message gives the least reachable peak) or write it as `hint`"),
+    ("MP602", _S.PLANNER, E, "`memoplan plan --dtr`: a budget that is not in bytes, or that eviction cannot meet", "give the budget in bytes, above the least the message gives"),
+)
+
+RULES: dict[str, Rule] = {code: Rule(code, stage, sev, summary, help) for code, stage, sev, summary, help in _TABLE}
+
+
+def range_of(code: str) -> Range | None:
+    number = int(code[2:]) if code[2:].isdigit() else -1
+    return next((r for r in RANGES if number in r), None)
+
+
+def markdown_table() -> str:
+    """The code table of ``grammar/README.md`` section 7, one row per code in order."""
+    rows = ["| code | stage | severity | meaning |", "| --- | --- | --- | --- |"]
+    for code in sorted(RULES):
+        rule = RULES[code]
+        rows.append(f"| `{code}` | {rule.stage.value} | {rule.severity.value} | {rule.summary} |")
+    return "\n".join(rows) + "\n"
+
+
+def ranges_table() -> str:
+    """The table of code groups, for ``grammar/README.md`` section 7."""
+    rows = ["| codes | about | raised by |", "| --- | --- | --- |"]
+    for r in RANGES:
+        stages = ", ".join(sorted(s.value for s in r.stages))
+        rows.append(f"| `MP{r.first}`–`MP{r.last}` | {r.topic} | {stages} |")
+    return "\n".join(rows) + "\n"
+
+
+def print_rule(code: str | None) -> int:
+    """``memoplan rule [CODE]``: one code's explanation, or every code's summary; 2 for no such code."""
+    if code is None:
+        for name, entry in sorted(RULES.items()):
+            print(f"{name}  {entry.severity.value:<7}  {_plain(entry.summary)}")
+        return 0
+    key = code.strip().upper()
+    if key not in RULES:
+        hint = did_you_mean(key, RULES) or "`memoplan rule` lists every code"
+        print(f"error: no diagnostic code `{code}`; {hint}", file=sys.stderr)
+        return 2
+    print(RULES[key].explain())
+    return 0
+
+
+def reference_block() -> str:
+    """The generated part of ``grammar/README.md`` section 7: the group table, then the code table."""
+    return f"{BEGIN}\n{ranges_table()}\n{markdown_table()}{END}\n"
+
+
+BEGIN = "<!-- generated from memoplan/rules.py: begin -->"
+END = "<!-- generated from memoplan/rules.py: end -->"
+
+
+if __name__ == "__main__":
+    print(reference_block(), end="")
