@@ -569,6 +569,10 @@ def _sublinear_config(args, block=None):
 
     base = None if block is None else config_of(block)
     given = {key: getattr(args, key) for key in SUBLINEAR_OPTIONS if getattr(args, key) is not None}
+    env = _sublinear_env(args, block)
+    if env is not None:  # the environment's keys, under the block's and the options'
+        written = () if block is None else tuple(e.key for e in block.entries)
+        base = env if base is None else replace(env, **{key: getattr(base, key) for key in written})
     if not given:
         return base
     for key, value in given.items():  # one value each: nothing that would start another entry
@@ -582,6 +586,35 @@ def _sublinear_config(args, block=None):
     (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
     options = config_of(block)
     return options if base is None else replace(base, **{key: getattr(options, key) for key in given})
+
+
+def _sublinear_env(args, block):
+    """The sublinear search's settings that ``MGB_SUBLINEAR_MEMORY_*`` variables set (None: none set).
+
+    Read only for ``--planner sublinear`` (or a plan's `sublinear` block); otherwise a note says they
+    were not used.  Each one read is said on stderr: they are defaults, under the block and the options.
+    """
+    import os
+
+    from memoplan.planner.mgb_env import sublinear_env
+    from memoplan.syntax import ast, parse_with_diagnostics
+    from memoplan.syntax.blocks import config_of
+
+    env = sublinear_env(os.environ)
+    if not env:
+        return None
+    if args.planner != "sublinear" and block is None:
+        names = ", ".join(name for name, _ in env.values())
+        _progress(f"note: {names} not used: the sublinear search reads it (--planner sublinear)")
+        return None
+    text = "memplan 1\nsublinear { " + "; ".join(f"{key} = {value}" for key, (_, value) in env.items()) + " }\n"
+    plan, diagnostics = parse_with_diagnostics(text, "<environment>")
+    if plan is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), text)
+    for key, (name, value) in env.items():
+        _progress(f"note: {name} read as the sublinear search's default {key} = {value}")
+    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
+    return config_of(block)
 
 
 def _plan(args) -> int:

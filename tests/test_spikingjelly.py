@@ -458,3 +458,31 @@ def test_store_v_seq_is_as_without_a_plan(text):
     out.sum().backward()
     assert model.block.node.v_seq is kept  # the forward's, as `v` is
     assert torch.equal(model.block.node.v_seq, ref.block.node.v_seq)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: neuron.PSN(T=T),
+        lambda: neuron.MaskedPSN(k=2, T=T, step_mode="m"),
+        lambda: neuron.SlidingPSN(k=2, step_mode="m"),
+    ],
+    ids=["PSN", "MaskedPSN", "SlidingPSN"],
+)
+def test_chunking_time_over_a_parallel_spiking_neuron_is_refused(make):
+    """PSN, MaskedPSN and SlidingPSN mix time steps: a chunk would compute another function (or a shape error)."""
+    torch.manual_seed(0)
+    net = Net([MultiStep(make(), cin=F)])
+    with torch.no_grad():
+        net.blocks[0].fc.bias.add_(1.0)  # enough input that every kind fires
+    text = "memplan 1\nmodule blocks.0 { temporal_chunk 2 dim 0 }\n"
+    if state.is_stateful(net.blocks[0].node):  # MaskedPSN and SlidingPSN are MemoryModules; PSN keeps no state
+        text += "module blocks.0.node { state = functional }\n"
+    with pytest.raises(PlanError) as caught:
+        memoplan.resolve(memoplan.parse(text), net)
+    assert caught.value.codes == ["MP304"]
+    assert "mixes time steps" in str(caught.value) and "blocks.0.node" in str(caught.value)
+    # Checkpointing them is fine (the whole sequence is recomputed at once) and bit-equal.
+    ref = train_step(copy.deepcopy(net), events())
+    got = train_step(memoplan.apply(copy.deepcopy(net), text.replace("temporal_chunk 2 dim 0", "checkpoint")), events())
+    assert_same(ref, got)

@@ -74,3 +74,33 @@ def test_the_summary_says_more_or_less_and_when_nothing_was_gained():
     assert "peak 128 B more, recompute 1.500 ms less" in sublinear_summary(config, _report(-128, 0.0015, True))
     assert "gained nothing over the best threshold (42 candidates" in sublinear_summary(config, _report(0, 0.0, False))
     assert "no genetic refinement" in sublinear_summary(config, _report(0, 0.0, False, generations=0))
+
+
+def test_megengine_environment_variables_are_the_blocks_defaults(tmp_path, transformer_profile, monkeypatch, capsys):
+    """MGB_SUBLINEAR_MEMORY_* are read as the sublinear search's defaults, said on stderr; options win."""
+    monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER", "2")
+    monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_LOWER_BOUND_MB", "1")
+    monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_THRESH_NR_TRY", "4")
+    text = _plan(tmp_path, transformer_profile, "env.memplan", "--thresh-nr-try", "3", "--num-worker", "1")
+    (line,) = [l for l in text.splitlines() if l.startswith("# planner:")]
+    assert "thresh_nr_try 3, genetic_nr_iter 2, genetic_pool_size 20, lb_memory 1048576 B" in line
+    err = capsys.readouterr().err
+    assert "MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER read as the sublinear search's default genetic_nr_iter = 2" in err
+    assert "MGB_SUBLINEAR_MEMORY_LOWER_BOUND_MB read as the sublinear search's default lb_memory = 1 MiB" in err
+
+
+def test_megengine_environment_variables_are_never_ignored(tmp_path, transformer_profile, monkeypatch, capsys):
+    out = tmp_path / "p.memplan"
+    args = ["plan", *TRANSFORMER, "--profile", transformer_profile, "--budget", "60%"]
+    monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER", "2")
+    assert main([*args, "-o", str(out)]) == 0  # another planner: a note says they were not used
+    assert "MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER not used: the sublinear search reads it" in capsys.readouterr().err
+    monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER", "-1")
+    assert main([*args, "--planner", "sublinear", "-o", str(out)]) == 1
+    assert "error[MP203]: `genetic_nr_iter` must be >= 0" in capsys.readouterr().err
+    monkeypatch.delenv("MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER")
+    monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITR", "2")
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "error[MP201]: unknown environment variable `MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITR`" in err
+    assert "did you mean `MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER`" in err

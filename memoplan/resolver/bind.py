@@ -470,6 +470,8 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
             reasons.append(
                 f"Dropout `{where}` would draw its mask chunk by chunk, which need not match one whole draw"
             )
+        elif _parallel_neuron(sub):
+            reasons.append(f"`{where}` ({type(sub).__qualname__}) mixes time steps: each step's input is a weighted sum over steps")
         elif getattr(sub, "memoplan_mixes_time", False):
             reasons.append(f"`{where}` ({type(sub).__qualname__}) processes the whole sequence at once")
     if reasons:
@@ -480,6 +482,20 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
             chunk.span,
             "checkpoint the module instead, or write `allow_nonequivalent = true` to accept the difference",
         )
+
+
+#: SpikingJelly's parallel spiking neurons: each step's potential is a learned mix of every step
+#: of the sequence (PSN's T x T weight, MaskedPSN's band, SlidingPSN's window), so a chunk of
+#: the time axis computes something else -- or a torch shape error, for PSN's fixed T.
+_PARALLEL_NEURONS = frozenset({"PSN", "MaskedPSN", "SlidingPSN"})
+
+
+def _parallel_neuron(module: nn.Module) -> bool:
+    """Whether ``module`` is (a subclass of) one of SpikingJelly's parallel spiking neurons, by name."""
+    return any(
+        cls.__name__ in _PARALLEL_NEURONS and cls.__module__.startswith("spikingjelly.")
+        for cls in type(module).__mro__
+    )
 
 
 def _check_in_place(res: Resolution, path: str, module: nn.Module, recompute, chunk) -> None:
