@@ -34,6 +34,12 @@ def templates_dir() -> Path:
 
 
 @cache
+def plans_dir() -> Path:
+    """The bundled example plans (``plans/`` in a checkout): ``memoplan demo`` copies them out."""
+    return _find("plans", "plans")
+
+
+@cache
 def grammar_reference() -> str:
     """``grammar/README.md``, the language reference: its tables are what the editor shows on hover."""
     return (_find("grammar", "grammar") / "README.md").read_text(encoding="utf-8")

@@ -1,23 +1,26 @@
 """The ``memoplan`` command line — thin: every subcommand calls the public API.
 
 Exit codes: 0 clean, 1 diagnostics (or not equivalent, or ``fmt --check`` would
-change a file), 2 usage errors.  Diagnostics go to stderr, results to stdout,
-progress to stderr.
+change a file), 2 usage errors, 3 ``fmt`` could not read or parse a plan, 130
+interrupted (``docs/reference/cli.md``).  Diagnostics go to stderr, results to
+stdout, progress to stderr; ``--format json|github`` and ``-q``/``-v`` are
+``memoplan.cli_output``'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import sys
 from pathlib import Path
 
+from memoplan import cli_output
+from memoplan.cli_output import OUTPUT, add_common_options, load_plan, write_output
 from memoplan.version import __version__
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 
-SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan", "report", "lsp")
+SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help(sys.stderr)
         return 2
+    out = cli_output.configure(args)
     try:
-        return args.run(args)
+        return out.finish(args.run(args))
     except PlanError as error:
-        _report(error)
-        return 1
+        if not out.failed(error):
+            _report(error)
+        return out.finish(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return cli_output.EXIT_INTERRUPTED
     except BrokenPipeError:
         # stdout closed early (`memoplan explain plan | head`): not an error of ours.
         sys.stdout = None  # type: ignore[assignment]  # no flush at exit, no second traceback
@@ -48,14 +53,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     check = sub.add_parser("check", help="parse and validate a plan (and resolve it against a model)")
-    check.add_argument("plan", type=Path)
+    check.add_argument("plans", type=Path, nargs="+", metavar="PLAN", help="plan files, folders (their *.memplan), or - (stdin)")
     _model_options(check)
+    check.add_argument("--syntax-only", action="store_true", help="parse and check values only: no model, no torch")
     check.set_defaults(run=_check)
 
     fmt = sub.add_parser("fmt", help="rewrite plans in canonical form")
-    fmt.add_argument("plans", type=Path, nargs="+", metavar="PLAN")
+    fmt.add_argument("plans", type=Path, nargs="+", metavar="PLAN", help="plan files, folders, or - (stdin to stdout)")
     fmt.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not canonical")
-    fmt.set_defaults(run=_fmt)
+    fmt.set_defaults(run=lambda args: cli_output.run_fmt(args, _report))
 
     _rule_command(sub)
 
@@ -165,6 +171,12 @@ def _parser() -> argparse.ArgumentParser:
     lsp = sub.add_parser("lsp", help="language server for editors (stdio): diagnostics, hover, completion, formatting")
     lsp.add_argument("--stdio", action="store_true", help="talk over stdin and stdout (the default, and the only way)")
     lsp.set_defaults(run=_lsp)
+
+    demo = sub.add_parser("demo", help="copy the bundled example plans into a folder and verify one")
+    demo.add_argument("folder", nargs="?", type=Path, default=Path("memoplan-demo"), help="default: ./memoplan-demo")
+    demo.set_defaults(run=_demo)
+    for name, command in sub.choices.items():
+        add_common_options(command, formats=name in ("check", "fmt", "verify"))
     return parser
 
 
@@ -228,19 +240,11 @@ def _report(error: PlanError) -> None:
 
 
 def _progress(message: str) -> None:
-    print(f"memoplan: {message}", file=sys.stderr, flush=True)
+    OUTPUT.progress(message)  # -q silences it, -v times it
 
 
 def _load(path: Path):
-    from memoplan.syntax import parse_with_diagnostics, read_plan
-
-    text = read_plan(path)  # as `memoplan.load` reads it: the same MP107, line endings, BOM
-    plan, diagnostics = parse_with_diagnostics(text, str(path))
-    if plan is None or any(d.is_error for d in diagnostics):
-        raise PlanError(tuple(diagnostics), text)
-    for warning in diagnostics:
-        print(warning.render(text), file=sys.stderr)
-    return plan
+    return load_plan(path)  # `-` is standard input
 
 
 def _model(plan, path: Path, spec: str | None, *, required: bool, seed: int = 0):
@@ -331,7 +335,7 @@ def _resolve(plan, model):
 
     resolved = resolve(plan, model)
     for warning in resolved.warnings:
-        print(warning.render(plan.source), file=sys.stderr)
+        OUTPUT.diagnostic(warning, plan.source)
     return resolved
 
 
@@ -339,22 +343,39 @@ def _resolve(plan, model):
 
 
 def _check(args) -> int:
+    """`memoplan check PLAN...`: each plan on its own; exit 1 if any has errors."""
+    failed = False
+    for path in cli_output.expand_plans(args.plans):
+        OUTPUT.begin(cli_output.display_name(path))
+        try:
+            _check_one(args, path)
+        except PlanError as error:
+            if not OUTPUT.failed(error):
+                _report(error)
+            failed = True
+    return 1 if failed else 0
+
+
+def _check_one(args, path: Path) -> None:
+    plan = _load(path)
+    if args.syntax_only:  # no model, no torch: for pre-commit hooks and editors
+        OUTPUT.result(f"{cli_output.display_name(path)}: ok, {len(plan.rules)} rule{'s' if len(plan.rules) != 1 else ''}")
+        return
     from memoplan.resolver.effects import statement_effects
 
-    plan = _load(args.plan)
     effects = statement_effects(plan, checking=True)  # refused before a model is loaded; notes say where the rest act
     if any(d.is_error for d in effects):
         raise PlanError(tuple(effects), plan.source)
-    model = _model(plan, args.plan, args.model, required=False)
+    model = _model(plan, path, args.model, required=False)
     printed_by_resolve = statement_effects(plan) if model is not None else []  # _resolve prints those
     for note in effects:
         if note not in printed_by_resolve:
-            print(note.render(plan.source), file=sys.stderr)
-    summary = f"{args.plan}: ok, {len(plan.rules)} rule{'s' if len(plan.rules) != 1 else ''}"
+            OUTPUT.diagnostic(note, plan.source)
+    summary = f"{cli_output.display_name(path)}: ok, {len(plan.rules)} rule{'s' if len(plan.rules) != 1 else ''}"
     if model is not None:
         resolved = _resolve(plan, model)
         summary += f", {len(resolved.modules)} module{'s' if len(resolved.modules) != 1 else ''} planned"
-    example = _example(plan, args.plan, getattr(args, "example", None), required=False)
+    example = _example(plan, path, getattr(args, "example", None), required=False)
     if example is not None:
         summary += f", example of {_inputs(example)}"
         if model is not None:
@@ -363,8 +384,7 @@ def _check(args) -> int:
             found = check_example(plan, model, example.args, example.kwargs)  # MP324: a chunk dim past the input's
             if found:
                 raise PlanError(tuple(found), plan.source)
-    print(summary)
-    return 0
+    OUTPUT.result(summary)
 
 
 def _inputs(example) -> str:
@@ -376,37 +396,6 @@ def _inputs(example) -> str:
     names = ", ".join(f"`{printable(name)}`" for name in example.kwargs)
     keywords = f"keyword{'s' if len(example.kwargs) != 1 else ''} {names}"
     return f"{text} and {keywords}" if count else keywords
-
-
-def _fmt(args) -> int:
-    from memoplan.syntax import format_plan
-
-    changed = []
-    failed = False
-    for path in args.plans:
-        try:
-            plan = _load(path)
-        except PlanError as error:
-            _report(error)
-            failed = True
-            continue
-        text = format_plan(plan)
-        if text == plan.source:
-            continue
-        changed.append((path, plan.source, text))
-        if not args.check:
-            with _writing(path):
-                path.write_text(text, encoding="utf-8")
-    for path, before, after in changed:
-        print(f"{'would reformat' if args.check else 'reformatted'} {path}")
-        if args.check:  # show what would change
-            lines = difflib.unified_diff(
-                before.splitlines(keepends=True), after.splitlines(keepends=True), str(path), f"{path} (formatted)"
-            )
-            sys.stdout.write("".join(printable(line.rstrip("\n")) + "\n" for line in lines))
-    if failed:
-        return 1
-    return 1 if (args.check and changed) else 0
 
 
 def _explain(args) -> int:
@@ -428,6 +417,15 @@ def _explain(args) -> int:
 
 
 def _verify(args) -> int:
+    """`memoplan verify`; with ``--format json|github`` the human-readable report goes to stderr."""
+    OUTPUT.begin(str(args.plan))
+    if not OUTPUT.collecting:
+        return _verify_plan(args)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout holds only the JSON document or annotations
+        return _verify_plan(args)
+
+
+def _verify_plan(args) -> int:
     from memoplan.codegen.emit import plan_table
     from memoplan.syntax import ast
     from memoplan.verify import budget_check, dtr_check, render_report, verify
@@ -443,17 +441,20 @@ def _verify(args) -> int:
     _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
     report = _first_step(lambda: verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device))
     _show(render_report(report))
+    OUTPUT.current.details.update(cli_output.verify_details(report))
     missed = None
     if plan.budget is not None:
         line, missed = budget_check(plan.budget, report)
         print(line)
         if missed is not None:
-            print(missed.render(plan.source), file=sys.stderr)
+            OUTPUT.diagnostic(missed, plan.source)
     dtr_block = plan.block(ast.BlockKind.DTR)
     unmet = dtr_check(dtr_block, report) if dtr_block is not None else None
     if unmet is not None:
-        print(unmet.render(plan.source), file=sys.stderr)
-    return 0 if report.equivalent and (missed is None or not missed.is_error) and unmet is None else 1
+        OUTPUT.diagnostic(unmet, plan.source)
+    passed = report.equivalent and (missed is None or not missed.is_error) and unmet is None
+    OUTPUT.current.status = "ok" if passed else "error"
+    return 0 if passed else 1
 
 
 def _device(text: str | None):
@@ -514,10 +515,25 @@ def _profile(args) -> int:
     _output(args.output)
     model, example = _model_and_example(args)
     result = _first_step(lambda: profile(model, example, repeats=args.repeats))
+    if cli_output.to_stdout(args.output):  # `-o -`: the JSON on stdout, the table on stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            _show(profile_table(result))
+        return _save_to_stdout(result)
     with _writing(args.output):
         result.save(args.output)
     _show(profile_table(result))
     print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B")
+    return 0
+
+
+def _save_to_stdout(result) -> int:
+    """A profile's JSON (as ``Profile.save`` writes it) on standard output."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "profile.json"
+        result.save(path)
+        write_output(Path("-"), path.read_text(encoding="utf-8"))
     return 0
 
 
@@ -700,15 +716,15 @@ def _plan(args) -> int:
             parse_example_spec(args.example, "--example") if args.example else own.example,
             args.output.parent,
         )
-    with _writing(args.output):
-        args.output.write_text(format_plan(plan), encoding="utf-8")
+    shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     verdict = "met" if result.met else "NOT met (hint)"
     refined = ""
     if result.refinement is not None:
         refined = f" ({len(result.refinement.kept)} of {len(result.refinement.trials)} refinement trials kept)"
     print(
         f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, measured peak "
-        f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}{refined}"
+        f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}{refined}",
+        file=sys.stderr if shown else sys.stdout,
     )
     return 0
 
@@ -784,6 +800,16 @@ def _compile(args) -> int:
         return 0
     print(f"{args.output} {'is missing' if current is None else 'is out of date'}; run without --check")
     return 1
+
+
+def _demo(args) -> int:
+    """`memoplan demo [FOLDER]`: the bundled plans, copied out of the package, and `verify` of one."""
+    written = cli_output.copy_demo(args.folder)
+    print(f"copied {len(written)} example plans into {args.folder}/ (existing files kept)")
+    first = args.folder / "cnn_bn_dropout.memplan"
+    code = main(["verify", str(first), *(["-q"] if args.quiet else [])])
+    print(f"next: memoplan explain {first}   memoplan report {first} -o report.html   (docs: README.md)")
+    return code
 
 
 def _lsp(args) -> int:

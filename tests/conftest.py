@@ -3,12 +3,32 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 from hypothesis import settings
 
 from _profiles import PROFILE  # tests/_profiles.py
 
 settings.load_profile(PROFILE)
+
+_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    """Tests never write into the user's cache: generated code goes to a temporary folder
+    (inherited by every subprocess) unless a test sets its own."""
+    folder = tempfile.mkdtemp(prefix="memoplan-test-cache-")
+    _CACHE.append(folder)
+    os.environ["MEMOPLAN_CACHE_DIR"] = os.path.join(folder, "memoplan")
+    os.environ["XDG_CACHE_HOME"] = os.path.join(folder, "xdg")
+
+
+def pytest_unconfigure(config):
+    for folder in _CACHE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_addoption(parser):

@@ -2,7 +2,10 @@
 
 ``memoplan.apply`` goes through here: the code it runs is exactly the code
 ``memoplan compile`` would write into a user's repository.  The cache folder is
-``$MEMOPLAN_CACHE_DIR`` or ``~/.cache/memoplan``; files are named by the hash of
+``$MEMOPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/memoplan``, else ``~/.cache/memoplan``;
+when it cannot be written, a folder in the system's temporary directory is used
+with a warning, and when neither can, ``apply`` fails with MP509 (nothing is
+installed).  Files are named by the hash of
 their content and written atomically, so concurrent processes (DDP ranks) agree.
 A written file gets the mode of the file it replaces, or else ``0o666`` less the
 umask, as ``open()`` would give it (the temporary file's own mode is ``0o600``).
@@ -17,15 +20,63 @@ import os
 import stat
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from types import ModuleType
 
 from memoplan.codegen.emit import GeneratedCode
+from memoplan.diagnostics import Diagnostic, PlanError
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("MEMOPLAN_CACHE_DIR") or Path.home() / ".cache" / "memoplan"
+    """Where generated plan modules go: ``$MEMOPLAN_CACHE_DIR``, else the XDG cache folder."""
+    root = os.environ.get("MEMOPLAN_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"  # XDG: relative paths are ignored
+        root = str(base / "memoplan")
     return Path(root) / "generated"
+
+
+def _fallback_dir() -> Path:
+    """The temporary folder used when the cache cannot be written (one per user)."""
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"memoplan-{user}" / "generated"
+
+
+def _writable_dir(digest: str) -> Path:
+    """``cache_dir()/digest`` made, else the temporary fallback with a warning; MP509 if neither."""
+    first = cache_dir() / digest
+    try:
+        first.mkdir(parents=True, exist_ok=True)
+        if os.access(first, os.W_OK):
+            return first
+        problem = "not writable"
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    fallback = _fallback_dir() / digest
+    try:
+        fallback.mkdir(parents=True, exist_ok=True)
+        if os.access(fallback, os.W_OK):
+            warnings.warn(
+                f"memoplan: the code cache {first.parent} cannot be used ({problem}); "
+                f"writing generated code to {fallback.parent} instead (set MEMOPLAN_CACHE_DIR to choose)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return fallback
+    except OSError:
+        pass
+    raise PlanError(
+        (
+            Diagnostic(
+                "MP509",
+                f"cannot write generated code: the cache {first.parent} is unusable ({problem}) "
+                f"and so is {fallback.parent}",
+                help="set MEMOPLAN_CACHE_DIR (or XDG_CACHE_HOME) to a writable folder",
+            ),
+        )
+    )
 
 
 def write_files(code: GeneratedCode, directory: Path, main_name: str | None = None) -> list[Path]:
@@ -70,8 +121,13 @@ def import_generated(code: GeneratedCode) -> ModuleType:
     cached = sys.modules.get(module_name)
     if cached is not None:
         return cached
-    directory = cache_dir() / digest
-    path = write_files(code, directory)[0]
+    directory = _writable_dir(digest)
+    try:
+        path = write_files(code, directory)[0]
+    except OSError as exc:
+        raise PlanError(
+            (Diagnostic("MP509", f"cannot write generated code to {directory}: {exc.strerror or exc}"),)
+        ) from None
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module

@@ -126,7 +126,7 @@ def _solve(chain: Chain, limit: int, time_limit: float) -> _Solved:
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_matrix
     except ImportError:
-        return _Solved(None, False, "exact solver unavailable: scipy is not installed (pip install 'scipy>=1.9')")
+        return _Solved(None, False, "exact solver unavailable: scipy is not installed (pip install 'memoplan[plan]')")
 
     s, d, t = chain.s, chain.d, chain.t
     useful = [i for i in range(chain.n) if d[i] > 0]

@@ -105,7 +105,7 @@ def require_matplotlib() -> None:
                 Diagnostic(
                     "MP510",
                     "`memoplan report` draws with matplotlib, which is not installed",
-                    help="pip install 'memoplan[report]' (or `make .venv/.memoplan-setup`)",
+                    help="pip install 'memoplan[report]' (in a checkout of memoplan, `make demo` sets up everything)",
                 ),
             )
         )

@@ -1,0 +1,7 @@
+"""``python -m memoplan``: the ``memoplan`` command."""
+
+import sys
+
+from memoplan.cli import main
+
+sys.exit(main())

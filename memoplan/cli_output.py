@@ -1,0 +1,355 @@
+"""The command line's inputs and outputs: several plans, folders and standard input; the
+``text``, ``json`` and ``github`` output formats; ``-q`` and ``-v``; ``-o -``.
+
+``memoplan.cli`` runs the commands; this module decides where what they say goes.  In
+``text`` format diagnostics go to stderr as they are found and results to stdout.  In
+``json`` format nothing but one JSON document is printed to stdout, at the end (schema:
+``docs/reference/cli.md``).  In ``github`` format every diagnostic is one GitHub Actions
+workflow command (``::error file=...,line=...::message``) on stdout, which GitHub shows
+as an annotation on the line of the pull request.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
+
+FORMATS = ("text", "json", "github")
+STDIN = "-"
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class FileResult:
+    """What one command said about one plan."""
+
+    path: str
+    status: str = "ok"  # ok, error, reformat (fmt --check), reformatted (fmt)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    summary: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Output:
+    """The settings of this run (``--format``, ``-q``, ``-v``) and what it has found so far."""
+
+    format: str = "text"
+    verbosity: int = 0  # -1 quiet, 0 normal, 1+ verbose
+    command: str = ""
+    files: list[FileResult] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def collecting(self) -> bool:
+        return self.format != "text"
+
+    def begin(self, path: str) -> FileResult:
+        result = FileResult(path)
+        self.files.append(result)
+        return result
+
+    @property
+    def current(self) -> FileResult | None:
+        return self.files[-1] if self.files else None
+
+    def diagnostic(self, diagnostic: Diagnostic, source: str | None) -> None:
+        """A warning or note found on the way: printed now (text) or kept for the end."""
+        if self.collecting and self.current is not None:
+            self.current.diagnostics.append(diagnostic)
+            return
+        if diagnostic.severity is Severity.NOTE and self.verbosity < 0:
+            return
+        print(diagnostic.render(source), file=sys.stderr)
+
+    def failed(self, error: PlanError) -> bool:
+        """A plan's errors: kept (json, github) or left to the caller to print (text, returns False)."""
+        if not self.collecting:
+            if self.current is not None:
+                self.current.status = "error"
+            return False
+        current = self.current if self.current is not None else self.begin("")
+        current.status = "error"
+        current.diagnostics.extend(error.diagnostics)
+        return True
+
+    def progress(self, message: str) -> None:
+        if self.verbosity < 0 or self.format == "json":
+            return
+        elapsed = f" [{time.monotonic() - self.started:.1f} s]" if self.verbosity > 0 else ""
+        print(f"memoplan: {printable(message)}{elapsed}", file=sys.stderr, flush=True)  # specs come from the plan
+
+    def result(self, line: str) -> None:
+        """A one-line outcome (``plan.memplan: ok, 3 rules``): stdout in text format, unless -q."""
+        if self.current is not None:
+            self.current.summary = line
+        if self.format == "text" and self.verbosity >= 0:
+            print(line)
+
+    def finish(self, code: int) -> int:
+        """Print the collected document (json) or annotations (github); return ``code``."""
+        if self.format == "json":
+            document = {
+                "version": SCHEMA_VERSION,
+                "command": self.command,
+                "exit_code": code,
+                "files": [_file_json(f) for f in self.files],
+            }
+            print(json.dumps(document, indent=2, ensure_ascii=False))
+        elif self.format == "github":
+            for result in self.files:
+                for diagnostic in result.diagnostics:
+                    print(github_annotation(diagnostic, result.path))
+                if result.status == "reformat":
+                    print(f"::error file={_escape_property(result.path)},title=memoplan fmt::would reformat (run memoplan fmt)")
+        return code
+
+
+OUTPUT = Output()
+
+
+def configure(args: Any) -> Output:
+    """Set this run's output from the parsed arguments (``--format``, ``-q``, ``-v``)."""
+    OUTPUT.format = getattr(args, "format", None) or "text"
+    OUTPUT.verbosity = -1 if getattr(args, "quiet", False) else int(getattr(args, "verbose", 0) or 0)
+    OUTPUT.command = getattr(args, "command", "") or ""
+    OUTPUT.files = []
+    OUTPUT.started = time.monotonic()
+    return OUTPUT
+
+
+def diagnostic_json(diagnostic: Diagnostic) -> dict[str, Any]:
+    """One diagnostic as JSON: code, severity, message, help, span (1-based), notes."""
+    span = diagnostic.span
+    return {
+        "code": diagnostic.code,
+        "severity": diagnostic.severity.value,
+        "message": diagnostic.message,
+        "help": diagnostic.help,
+        "span": None if span is None else _span_json(span),
+        "notes": [{"label": label, "span": _span_json(note)} for label, note in diagnostic.notes],
+    }
+
+
+def _span_json(span: Any) -> dict[str, Any]:
+    return {
+        "file": span.file,
+        "line": span.line,
+        "column": span.column,
+        "end_line": span.end_line,
+        "end_column": span.end_column,
+    }
+
+
+def _file_json(result: FileResult) -> dict[str, Any]:
+    found = {"path": result.path, "status": result.status, "diagnostics": [diagnostic_json(d) for d in result.diagnostics]}
+    if result.summary is not None:
+        found["summary"] = result.summary
+    found.update(result.details)
+    return found
+
+
+_GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "notice"}
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_annotation(diagnostic: Diagnostic, path: str) -> str:
+    """``::error file=F,line=L,col=C,endLine=..,endColumn=..,title=MP101::message`` (GitHub Actions)."""
+    span = diagnostic.span
+    properties = [f"file={_escape_property(span.file if span is not None else path)}"]
+    if span is not None:
+        properties += [f"line={span.line}", f"col={span.column}", f"endLine={span.end_line}"]
+        if span.end_line == span.line:
+            properties.append(f"endColumn={span.end_column}")
+    properties.append(f"title={_escape_property('memoplan ' + diagnostic.code)}")
+    message = printable(diagnostic.message) + (f"\nhelp: {printable(diagnostic.help)}" if diagnostic.help else "")
+    return f"::{_GITHUB_LEVEL[diagnostic.severity]} {','.join(properties)}::{_escape_data(message)}"
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def expand_plans(names: list[Path]) -> list[Path]:
+    """Plans named on the command line: files as given, folders as their ``*.memplan`` files
+    (recursively, sorted, hidden folders skipped), ``-`` as standard input (once)."""
+    found: list[Path] = []
+    for name in names:
+        if str(name) != STDIN and name.is_dir():
+            inside = sorted(
+                p for p in name.rglob("*.memplan") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(name).parts)
+            )
+            found.extend(inside)
+        else:
+            found.append(name)
+    return list(dict.fromkeys(found))
+
+
+def is_stdin(path: Path | None) -> bool:
+    return path is not None and str(path) == STDIN
+
+
+def read_stdin() -> str:
+    """Standard input as plan text: UTF-8, else MP107 (as for a file)."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(
+            (Diagnostic("MP107", f"standard input is not UTF-8 text: byte 0x{data[exc.start]:02x} ({exc.reason})", help="send UTF-8 text"),)
+        ) from None
+
+
+def display_name(path: Path) -> str:
+    """How diagnostics name a plan: its path, or ``<stdin>``."""
+    return "<stdin>" if is_stdin(path) else str(path)
+
+
+def to_stdout(path: Path | None) -> bool:
+    """``-o -``: the output goes to standard output."""
+    return is_stdin(path)
+
+
+# ---------------------------------------------------------------- memoplan demo
+
+
+def copy_demo(folder: Path) -> list[Path]:
+    """Copy the bundled example plans into ``folder`` (made if missing; existing files kept)."""
+    from memoplan._resources import plans_dir
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for plan in sorted(plans_dir().glob("*.memplan")):
+        target = folder / plan.name
+        if not target.exists():
+            target.write_text(plan.read_text(encoding="utf-8"), encoding="utf-8")
+        written.append(target)
+    return written
+
+
+# ---------------------------------------------------------------- exit codes and shared commands
+
+EXIT_OK = 0  # clean
+EXIT_FINDINGS = 1  # diagnostics, not equivalent, a missed hard budget, `fmt --check`: would reformat
+EXIT_USAGE = 2  # the command line is wrong (argparse's own code)
+EXIT_UNREADABLE = 3  # `fmt`: a plan could not be read or parsed, so it was not formatted
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+
+def add_common_options(parser: Any, formats: bool = False) -> None:
+    """``-q``/``-v`` on every command; ``--format`` on those with machine-readable output."""
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true", help="print only errors, warnings and requested output")
+    loudness.add_argument(
+        "-v", "--verbose", action="count", default=0, help="progress with elapsed time, and every note"
+    )
+    if formats:
+        parser.add_argument(
+            "--format",
+            choices=FORMATS,
+            default="text",
+            help="text (default), json (one document on stdout) or github (Actions annotations on stdout)",
+        )
+
+
+def load_plan(path: Path) -> Any:
+    """Read (``-``: standard input) and parse a plan; PlanError with every error, warnings printed."""
+    from memoplan.syntax import parse_with_diagnostics, read_plan
+
+    text = read_stdin() if is_stdin(path) else read_plan(path)  # as `memoplan.load`: MP107, BOM, line ends
+    plan, diagnostics = parse_with_diagnostics(text, display_name(path))
+    if plan is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), text)
+    for warning in diagnostics:
+        OUTPUT.diagnostic(warning, text)
+    return plan
+
+
+def run_fmt(args: Any, report: Any) -> int:
+    """``memoplan fmt``: rewrite plans (``-``: standard input to standard output), or with
+    ``--check`` change nothing and print a diff.  Exit 1 only when a file would be
+    reformatted, 3 when a plan could not be read or parsed (``report`` prints its errors)."""
+    import difflib
+
+    from memoplan.syntax import format_plan
+
+    unreadable = would_change = False
+    for path in expand_plans(args.plans):
+        result = OUTPUT.begin(display_name(path))
+        try:
+            plan = load_plan(path)
+        except PlanError as error:
+            if not OUTPUT.failed(error):
+                report(error)
+            unreadable = True
+            continue
+        text = format_plan(plan)
+        if is_stdin(path) and not args.check:
+            sys.stdout.write(text)
+            continue
+        if text == plan.source:
+            continue
+        would_change = True
+        result.status = "reformat" if args.check else "reformatted"
+        if not args.check:
+            _rewrite(path, text)
+        if OUTPUT.format == "text":
+            print(f"{'would reformat' if args.check else 'reformatted'} {result.path}")
+        if args.check:
+            diff = difflib.unified_diff(
+                plan.source.splitlines(keepends=True), text.splitlines(keepends=True), result.path, f"{result.path} (formatted)"
+            )
+            shown = "".join(printable(line.rstrip("\n")) + "\n" for line in diff)
+            result.details["diff"] = shown
+            if OUTPUT.format == "text":
+                sys.stdout.write(shown)
+    if unreadable:
+        return EXIT_UNREADABLE
+    return EXIT_FINDINGS if (args.check and would_change) else EXIT_OK
+
+
+def _rewrite(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise PlanError((Diagnostic("MP508", f"cannot write `{path}`: {exc.strerror or exc}"),)) from None
+
+
+def write_output(path: Path, text: str) -> bool:
+    """Write ``text`` to ``-o PATH``; ``-o -`` prints it instead.  True when it went to stdout."""
+    if to_stdout(path):
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return True
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise PlanError((Diagnostic("MP508", f"cannot write `{path}`: {exc.strerror or exc}"),)) from None
+    return False
+
+
+def verify_details(report: Any) -> dict[str, Any]:
+    """``memoplan verify --format json``: the measured peaks and times, each comparison, the verdict."""
+    return {
+        "equivalent": report.equivalent,
+        "peak_bytes": {"unplanned": report.unplanned.peak_bytes, "planned": report.planned.peak_bytes},
+        "meter": {"method": report.unplanned.method, "device": str(report.unplanned.device)},
+        "step_seconds": {"unplanned": report.unplanned_seconds, "planned": report.planned_seconds},
+        "rtol": report.rtol,
+        "checks": [
+            {"name": c.name, "equal": c.equal, "compared": c.compared, "differences": [str(d) for d in c.differences[:10]]}
+            for c in report.checks
+        ],
+    }
