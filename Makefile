@@ -34,11 +34,6 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -m "not slow and not dist and not bench"
 
-# The edit loop: everything but the `slow`, `dist` and `bench` tests, with the `dev` hypothesis
-# profile (few examples per property); docs/contributing.md says what each marker means.
-test-fast: $(STAMP)
-	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -m "not slow and not dist and not bench"
-
 # Every side-by-side benchmark, with plots: docs/benchmarks/summary.md (`--quick`: a small run).
 bench: $(STAMP)
 	$(PY) -m benchmarks

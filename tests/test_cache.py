@@ -1,5 +1,5 @@
 """Where `apply` writes generated code: MEMOPLAN_CACHE_DIR, else XDG_CACHE_HOME, else ~/.cache;
-a temporary folder (with a warning) when that cannot be written; MP509 when nothing can."""
+a temporary folder (with a warning) when that cannot be written; MP410 when nothing can."""
 
 from __future__ import annotations
 
@@ -79,6 +79,6 @@ def test_nothing_usable_is_mp509_and_changes_nothing(tmp_path, monkeypatch) -> N
     forward = model[0].forward
     with pytest.raises(memoplan.PlanError) as info:
         memoplan.apply(model, PLAN)
-    assert info.value.diagnostics[0].code == "MP509"
+    assert info.value.diagnostics[0].code == "MP410"
     assert "MEMOPLAN_CACHE_DIR" in info.value.diagnostics[0].help
     assert model[0].forward == forward and "forward" not in vars(model[0])

@@ -4,7 +4,7 @@
 ``memoplan compile`` would write into a user's repository.  The cache folder is
 ``$MEMOPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/memoplan``, else ``~/.cache/memoplan``;
 when it cannot be written, a folder in the system's temporary directory is used
-with a warning, and when neither can, ``apply`` fails with MP509 (nothing is
+with a warning, and when neither can, ``apply`` fails with MP410 (nothing is
 installed).  Files are named by the hash of
 their content and written atomically, so concurrent processes (DDP ranks) agree.
 A written file gets the mode of the file it replaces, or else ``0o666`` less the
@@ -45,7 +45,7 @@ def _fallback_dir() -> Path:
 
 
 def _writable_dir(digest: str) -> Path:
-    """``cache_dir()/digest`` made, else the temporary fallback with a warning; MP509 if neither."""
+    """``cache_dir()/digest`` made, else the temporary fallback with a warning; MP410 if neither."""
     first = cache_dir() / digest
     try:
         first.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,7 @@ def _writable_dir(digest: str) -> Path:
     raise PlanError(
         (
             Diagnostic(
-                "MP509",
+                "MP410",
                 f"cannot write generated code: the cache {first.parent} is unusable ({problem}) "
                 f"and so is {fallback.parent}",
                 help="set MEMOPLAN_CACHE_DIR (or XDG_CACHE_HOME) to a writable folder",
@@ -126,7 +126,7 @@ def import_generated(code: GeneratedCode) -> ModuleType:
         path = write_files(code, directory)[0]
     except OSError as exc:
         raise PlanError(
-            (Diagnostic("MP509", f"cannot write generated code to {directory}: {exc.strerror or exc}"),)
+            (Diagnostic("MP410", f"cannot write generated code to {directory}: {exc.strerror or exc}"),)
         ) from None
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
