@@ -20,7 +20,7 @@ from memoplan.version import __version__
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 
-SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
+SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ def _cache(tmp_path, monkeypatch):
 
 
 def test_subcommands_are_frozen() -> None:
-    assert cli.SUBCOMMANDS == ("check", "fmt", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
+    assert cli.SUBCOMMANDS == ("check", "fmt", "rule", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
     parser = cli._parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert tuple(sub.choices) == cli.SUBCOMMANDS
