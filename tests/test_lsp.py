@@ -201,7 +201,19 @@ def test_hover_on_a_selector_while_the_plan_has_a_syntax_error(server) -> None:
     assert "specificity (1, 0, 0, 1, 1)" in hover.contents.value
     assert "last version of this plan that parsed" in hover.contents.value
     assert (hover.range.start.line, hover.range.start.character) == (2, 7)
-    assert server.hover(URI, 1, 8) is None  # the new line has no parse to answer from
+    # The new line never parsed: its selector is read from the line alone.
+    alone = server.hover(URI, 1, 8).contents.value
+    assert "**`module head`** (line 2)" in alone and "this line alone" in alone
+
+
+def test_hover_on_a_selector_of_a_plan_that_never_parsed(server) -> None:
+    uri = (ROOT / "build" / "lsp-never-parsed.memplan").as_uri()
+    found = _open(server, "memplan 1\n\nmodule blocks.*.attn[0:2] : Block {\n    checkpointing\n}\n", uri)
+    assert [d.code for d in found] == ["MP102"]  # an unknown policy: the plan does not parse
+    value = server.hover(uri, 2, 10).contents.value
+    assert "**`module blocks.*.attn[0:2] : Block`** (line 3)" in value
+    assert "specificity (2, 1, 0, 1, 1)" in value
+    assert server.hover(uri, 3, 6) is None or "line alone" not in server.hover(uri, 3, 6).contents.value
 
 
 def _labels(items) -> list[str]:

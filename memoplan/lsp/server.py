@@ -22,6 +22,7 @@ import contextlib
 import difflib
 import importlib
 import os
+import re
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -374,8 +375,9 @@ def _shutdown(ls: PlanServer, params) -> None:
 
 @server.feature(lsp.TEXT_DOCUMENT_HOVER)
 def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
-    """Hover from this text's parse; while the text does not parse, from the last text that did
-    (the line under the cursor found there unchanged), so selectors still answer mid-edit."""
+    """Hover from this text's parse.  While the text does not parse: from the last text that did
+    (the line under the cursor found there unchanged), else from a rule's first line parsed on
+    its own, so that selectors still answer mid-edit."""
     uri = params.text_document.uri
     text, lines = ls.lines(uri)
     line = params.position.line
@@ -384,17 +386,21 @@ def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
     column = from_units(lines[line], params.position.character, ls.encoding)
     checked = ls.checked.get(uri)
     plan = checked[1].parsed if checked is not None and checked[0] == text else None
-    shown_text, shown_line, stale = text, line, False
+    shown_text, shown_line, source = text, line, ""
     if plan is None and uri in ls.last_parsed and ls.last_parsed[uri][0] != text:
         old_text, old_plan = ls.last_parsed[uri]
         old_line = _same_line(lines_of(old_text), lines, line)
         if old_line is not None:
-            shown_text, shown_line, plan, stale = old_text, old_line, old_plan, True
-            checked = ls.checked.get(uri) if ls.checked.get(uri, ("",))[0] == old_text else None
+            shown_text, shown_line, plan = old_text, old_line, old_plan
+            checked = checked if checked is not None and checked[0] == old_text else None
+            source = "the last version of this plan that parsed"
+    if plan is None and (alone := _rule_line_alone(lines[line], line)) is not None:
+        shown_text, shown_line, plan, checked = alone, line, _parsed(alone), None
+        source = "this line alone: the plan does not parse"
     reply = ls.model_reply(uri, shown_text)
     state = _hover_state(ls, plan, checked, reply)
-    if stale:
-        state = f"(From the last version of this plan that parsed.) {state}"
+    if source:
+        state = f"(From {source}.) {state}"
     try:
         found = hover_at(_editor_text(lines_of(shown_text)), shown_line, column, plan, reply, state)
     except Exception:  # never let a hover take the server down
@@ -424,6 +430,26 @@ def _hover_state(ls: PlanServer, plan: ast.Plan | None, checked: tuple[str, Chec
     if not reply.get("modules"):
         return "The model could not be built: see the diagnostic at the `model` line."
     return ""
+
+
+_RULE_HEAD = re.compile(r"\s*module\s[^{#]*\{")
+
+
+def _rule_line_alone(line: str, index: int) -> str | None:
+    """A rule's first line on its own (``module SELECTOR {``, at its line and columns) as a plan
+    that parses, for a hover on its selector when the document does not parse and never did."""
+    head = _RULE_HEAD.match(line)
+    if head is None or index < 1:
+        return None
+    text = "memplan 1" + "\n" * index + f"{head.group(0)} keep }}\n"
+    plan = _parsed(text)
+    return text if plan is not None and plan.rules else None
+
+
+def _parsed(text: str) -> ast.Plan | None:
+    from memoplan.syntax import parse_with_diagnostics
+
+    return parse_with_diagnostics(text, "<hover>")[0]
 
 
 def _same_line(old: list[str], new: list[str], line: int) -> int | None:
