@@ -2,7 +2,8 @@
 // `vscode` module (VS Code itself is not needed): activate it, open a .memplan document, and wait
 // until the real `memoplan lsp` it starts publishes diagnostics into VS Code's diagnostic
 // collection.  Prints one JSON line with what was seen; exits 0 when diagnostics came.
-//   node test/activate.js PLAN.memplan [--python PATH]   (tests/test_vscode.py runs it)
+//   node test/activate.js PLAN.memplan [--python PATH] [--extension DIR]   (tests/test_vscode.py)
+// --extension: the extension's folder (default: this file's parent), e.g. the files a VSIX holds.
 // Not shipped: .vscodeignore leaves test/ out of the package.
 "use strict";
 
@@ -14,6 +15,8 @@ const { URL, pathToFileURL, fileURLToPath } = require("url");
 const planPath = path.resolve(process.argv[2]);
 const pythonAt = process.argv.indexOf("--python");
 const python = pythonAt > 0 ? process.argv[pythonAt + 1] : undefined;
+const extensionAt = process.argv.indexOf("--extension");
+const extensionDir = extensionAt > 0 ? path.resolve(process.argv[extensionAt + 1]) : path.join(__dirname, "..");
 const seen = { diagnostics: [], log: [], commandFrom: null };
 
 // ------------------------------------------------------------------ a small `vscode`
@@ -247,10 +250,10 @@ setTimeout(() => {
 }, 120000).unref();
 
 (async () => {
-  const main = path.join(__dirname, "..", require(path.join(__dirname, "..", "package.json")).main);
+  const main = path.join(extensionDir, require(path.join(extensionDir, "package.json")).main);
   extension = require(main);
   const subscriptions = [];
-  await extension.activate({ subscriptions, extensionPath: path.join(__dirname, ".."), extensionUri: Uri.file(path.join(__dirname, "..")) });
+  await extension.activate({ subscriptions, extensionPath: extensionDir, extensionUri: Uri.file(extensionDir) });
   seen.activated = true;
   seen.commandFrom = seen.log.find((line) => line.startsWith("memoplan: starting")) || null;
 })().catch((error) => {
