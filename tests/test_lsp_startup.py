@@ -52,6 +52,13 @@ def test_syntax_diagnostics_do_not_import_torch(torch_never_loads):
         uri = (ROOT / "build" / "startup-clean.memplan").as_uri()
         assert "specificity" in session.hover(uri, 1, 8).contents.value
         assert session.format(uri) is not None
+        # The statement checks of the clean text wait for torch; an edit's parse does not queue
+        # behind them.
+        started = time.perf_counter()
+        found = session.diagnostics(uri, session.change(uri, BROKEN), timeout=120)
+        took = time.perf_counter() - started
+        assert [d.code for d in found] == ["MP106"]
+        assert took < LIMIT, f"diagnostics of an edit after {took:.2f} s"
     finally:
         assert session.stop() == 0  # the exit does not wait for torch's import
 

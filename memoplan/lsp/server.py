@@ -85,6 +85,9 @@ class PlanServer(LanguageServer):
         self._lock = threading.Lock()
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-model")
         self._checking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-check")
+        # The statement checks wait for torch's import at first: in a thread of their own, so that
+        # parsing the next edit never queues behind them.
+        self._effects = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-effects")
         self._settling: dict[str, asyncio.TimerHandle] = {}  # uri -> the check waiting for edits to settle
         self._again_after_check: dict[str, bool] = {}
         self.open_documents: set[str] = set()  # as the editor names them (pygls keys its own by another spelling)
@@ -143,7 +146,7 @@ class PlanServer(LanguageServer):
         if not _effects_ready():
             self.checked[uri] = (text, parsed)
             self.publish(uri)  # now, without waiting for torch; the statement checks follow
-        future = self.loop.run_in_executor(self._checking, _safely, with_effects, parsed)
+        future = self.loop.run_in_executor(self._effects, _safely, with_effects, parsed)
         future.add_done_callback(lambda done: self._after_check(uri, text, file, folder, again, done.result()))
 
     def _after_check(self, uri: str, text: str, file: str, folder: str, again: bool, checked: Checked) -> None:
@@ -252,6 +255,7 @@ class PlanServer(LanguageServer):
             self.worker.close()
         self._background.shutdown(wait=False, cancel_futures=True)
         self._checking.shutdown(wait=False, cancel_futures=True)
+        self._effects.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ positions
 
