@@ -30,6 +30,9 @@ from pygls.lsp.client import LanguageClient
 ROOT = Path(__file__).resolve().parents[1]
 
 
+WARM_UP = "memplan 1\nmodule fc { keep }\nbudget 50%\n"
+
+
 def generated(rules: int) -> str:
     lines = ["memplan 1", ""]
     for i in range(rules):
@@ -41,16 +44,29 @@ async def measure(name: str, text: str, edits: int) -> None:
     client = LanguageClient("latency", "1")
     published: asyncio.Queue = asyncio.Queue()
 
+    warm = (ROOT / "build" / "latency-warm-up.memplan").as_uri()
+    noted = asyncio.Event()
+
     @client.feature(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     def _published(params: lsp.PublishDiagnosticsParams) -> None:
-        published.put_nowait(time.perf_counter())
+        if params.uri != warm:
+            published.put_nowait(time.perf_counter())
+        elif any(d.code == "MP224" for d in params.diagnostics):
+            noted.set()
 
     await client.start_io(sys.executable, "-m", "memoplan.cli", "lsp", cwd=str(ROOT))
     await client.initialize_async(lsp.InitializeParams(capabilities=lsp.ClientCapabilities()))
     client.initialized(lsp.InitializedParams())
+    # Wait until the statement checks are loaded (a budget's MP224 note comes from them), so that
+    # each edit below is answered by one publication (before that, a plan without errors is
+    # published twice: first as the parser sees it).
+    client.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=warm, language_id="memplan", version=1, text=WARM_UP))
+    )
+    await asyncio.wait_for(noted.wait(), 300)
     uri = (ROOT / "build" / f"latency-{name}.memplan").as_uri()
     client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="memplan", version=1, text=text)))
-    await published.get()  # the first check imports what it needs: not counted
+    await published.get()  # the first check of this document: not counted
     lines = text.rstrip("\n").split("\n")
     # the last line with a policy: each edit misspells its policy, or puts it back
     last = max(i for i, line in enumerate(lines) if any(w in line for w in ("checkpoint", "compress", "keep")))
