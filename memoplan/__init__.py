@@ -29,7 +29,22 @@ _EXPORTS = {
     "parse": "memoplan.syntax",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+# A literal list, so that type checkers see the re-exports (tests/test_typing.py checks it
+# matches _EXPORTS).
+__all__ = [
+    "Diagnostic",
+    "PlanError",
+    "__version__",
+    "apply",
+    "compile",
+    "dtr_stats",
+    "explain",
+    "format_plan",
+    "load",
+    "parse",
+    "remove",
+    "resolve",
+]
 
 
 def __getattr__(name: str):

@@ -20,7 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class Session:
-    def __init__(self, options: dict | None = None, cwd: Path = ROOT, watch_files: bool = False) -> None:
+    def __init__(
+        self,
+        options: dict | None = None,
+        cwd: Path = ROOT,
+        watch_files: bool = False,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``command``: how to start the server (default: this Python's ``-m memoplan.cli lsp``)."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -28,6 +36,8 @@ class Session:
         self.versions: dict[str, int] = {}
         self.texts: dict[str, str] = {}
         self.registrations: list[lsp.Registration] = []
+        self.command = command or [sys.executable, "-m", "memoplan.cli", "lsp"]
+        self.env = env
         self.client = self.run(self._start(options or {}, cwd, watch_files))
 
     async def _start(self, options: dict, cwd: Path, watch_files: bool) -> LanguageClient:
@@ -41,7 +51,7 @@ class Session:
         def _published(params: lsp.PublishDiagnosticsParams) -> None:
             self.published.setdefault(params.uri, []).append(params.diagnostics)
 
-        await client.start_io(sys.executable, "-m", "memoplan.cli", "lsp", cwd=str(cwd))
+        await client.start_io(*self.command, cwd=str(cwd), env=self.env)
         self.initialized = await client.initialize_async(
             lsp.InitializeParams(
                 capabilities=lsp.ClientCapabilities(

@@ -81,8 +81,10 @@ def test_every_check_diagnostic_with_its_range_and_code(server) -> None:
 
 def test_notes_and_refusals_of_a_clean_plan(server) -> None:
     text = "memplan 1\nmodule fc { keep }\nbudget 50%\nmemory {\n    static_memory_policy = 2\n}\n"
-    found = _open(server, text)
     expected = check_text(text, FILE).diagnostics  # what `memoplan check` prints about this plan
+    # The parser's diagnostics (none here) may come first, while torch is still being imported;
+    # the statement checks' follow.
+    found = server.diagnostics(URI, server.open(URI, text), until=lambda found: found)
     assert [d.code for d in found] == [d.code for d in expected]
     severities = {d.code: d.severity for d in found}
     assert severities["MP224"] == lsp.DiagnosticSeverity.Information  # a note: where the budget is measured
@@ -184,6 +186,34 @@ def test_hover_on_a_selector_without_the_model(server) -> None:
     assert "`module layer1.* : Block`" in value
     assert "specificity (1, 0, 0, 1, 1)" in value
     assert "loadModel" in value  # says how to see the modules
+
+
+def test_hover_on_a_selector_while_the_plan_has_a_syntax_error(server) -> None:
+    good = "memplan 1\nmodule layer1.* : Block { checkpoint }\nmodule fc { keep }\n"
+    _open(server, good)
+    # A line typed above the rule and left half-written: the text no longer parses.
+    broken = "memplan 1\nmodule head {\nmodule layer1.* : Block { checkpoint }\nmodule fc { keep }\n"
+    found = server.diagnostics(URI, server.change(URI, broken))
+    assert any(d.severity == lsp.DiagnosticSeverity.Error for d in found)
+    hover = server.hover(URI, 2, 10)  # the selector, one line lower than where it parsed
+    assert hover is not None
+    assert "`module layer1.* : Block`" in hover.contents.value
+    assert "specificity (1, 0, 0, 1, 1)" in hover.contents.value
+    assert "last version of this plan that parsed" in hover.contents.value
+    assert (hover.range.start.line, hover.range.start.character) == (2, 7)
+    # The new line never parsed: its selector is read from the line alone.
+    alone = server.hover(URI, 1, 8).contents.value
+    assert "**`module head`** (line 2)" in alone and "this line alone" in alone
+
+
+def test_hover_on_a_selector_of_a_plan_that_never_parsed(server) -> None:
+    uri = (ROOT / "build" / "lsp-never-parsed.memplan").as_uri()
+    found = _open(server, "memplan 1\n\nmodule blocks.*.attn[0:2] : Block {\n    checkpointing\n}\n", uri)
+    assert [d.code for d in found] == ["MP102"]  # an unknown policy: the plan does not parse
+    value = server.hover(uri, 2, 10).contents.value
+    assert "**`module blocks.*.attn[0:2] : Block`** (line 3)" in value
+    assert "specificity (2, 1, 0, 1, 1)" in value
+    assert server.hover(uri, 3, 6) is None or "line alone" not in server.hover(uri, 3, 6).contents.value
 
 
 def _labels(items) -> list[str]:

@@ -16,6 +16,7 @@ pytest.importorskip("matplotlib")
 from memoplan.report import data, draw  # noqa: E402
 
 from _cli import run, write  # noqa: E402
+from _clients import require  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CNN_PLAN = ROOT / "plans" / "cnn_bn_dropout.memplan"
@@ -231,14 +232,16 @@ def _browser() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_browser() is None, reason="no Chromium or Chrome installed")
 def test_report_renders_in_a_headless_browser(cnn_report, tmp_path):
     from matplotlib.image import imread
+
+    require(_browser() is not None, "Chromium", "apt-get install chromium (Debian), or any Chrome on PATH")
 
     shot = tmp_path / "shot.png"
     subprocess.run(
         [
             _browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,2400",
             f"--screenshot={shot}", cnn_report.as_uri(),
         ],

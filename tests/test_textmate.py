@@ -21,6 +21,8 @@ from lark.exceptions import UnexpectedInput
 from memoplan._resources import grammar_text
 from memoplan.lsp import textmate
 
+from _clients import require
+
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted(ROOT.glob("plans/*.memplan")) + sorted((ROOT / "tests" / "fixtures" / "syntax").rglob("*.memplan"))
 GRAMMAR = json.loads(textmate.OUTPUT.read_text(encoding="utf-8"))
@@ -184,24 +186,23 @@ def test_vscode_extension_uses_the_grammar() -> None:
     assert (editors / tm["path"]).resolve() == textmate.OUTPUT
     assert (editors / language["configuration"]).is_file()
     json.loads((editors / language["configuration"]).read_text(encoding="utf-8"))
-    main = (editors / package["main"]).read_text(encoding="utf-8")
-    assert '"lsp"' in main  # starts `memoplan lsp`
+    assert package["main"] == "./dist/extension.js"  # the bundle `npm run bundle` writes
+    source = (editors / "extension.js").read_text(encoding="utf-8")
+    assert '"lsp"' in source  # starts `memoplan lsp`
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_vscode_extension_is_valid_javascript() -> None:
+    require(shutil.which("node") is not None, "Node.js", "apt-get install nodejs npm")
     subprocess.run(["node", "--check", str(ROOT / "editors" / "extension.js")], check=True)
 
 
 NODE_MODULES = ROOT / "editors" / "node_modules"
 
 
-@pytest.mark.skipif(
-    shutil.which("node") is None or not (NODE_MODULES / "vscode-textmate").is_dir(),
-    reason="VS Code's tokenizer is not installed (`npm install` in editors/)",
-)
 def test_python_tokenizer_agrees_with_vscode_textmate() -> None:
     """The same scopes, character by character, as vscode-textmate with Oniguruma gives."""
+    require(shutil.which("node") is not None, "Node.js", "apt-get install nodejs npm")
+    require((NODE_MODULES / "vscode-textmate").is_dir(), "VS Code's tokenizer (vscode-textmate)", "`make editors` (npm ci in editors/)")
     paths = [str(p) for p in FILES]
     run = subprocess.run(
         ["node", str(ROOT / "editors" / "tokenize.js"), str(textmate.OUTPUT), *paths],

@@ -1,12 +1,18 @@
 """How long `memoplan lsp` takes to answer an edit with diagnostics, hover and completion.
 
     .venv/bin/python tools/lsp_latency.py [--rules N] [--edits K]
+    .venv/bin/python tools/lsp_latency.py --first [--runs R]
 
 Starts the server over stdio with pygls's client, opens plans/spiking.memplan and a generated
 plan of N rules (default 1000), and for each makes K edits (default 20), each one character
 that breaks or fixes the last policy, timing every edit until its diagnostics are published, and
 then K hovers and completions.  Prints the median and the largest time of each, in ms.  Model
 loading is off: this is the typing path.
+
+``--first``: R times (default 5), start a fresh server, initialize it and open a plan with a
+syntax error, timing from the open until its diagnostics are published (what an editor shows
+first; the server answers it with the parser alone while torch is still being imported), and
+from the process's start.  Prints the median and the largest of each.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from pygls.lsp.client import LanguageClient
 ROOT = Path(__file__).resolve().parents[1]
 
 
+WARM_UP = "memplan 1\nmodule fc { keep }\nbudget 50%\n"
+
+
 def generated(rules: int) -> str:
     lines = ["memplan 1", ""]
     for i in range(rules):
@@ -35,16 +44,29 @@ async def measure(name: str, text: str, edits: int) -> None:
     client = LanguageClient("latency", "1")
     published: asyncio.Queue = asyncio.Queue()
 
+    warm = (ROOT / "build" / "latency-warm-up.memplan").as_uri()
+    noted = asyncio.Event()
+
     @client.feature(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     def _published(params: lsp.PublishDiagnosticsParams) -> None:
-        published.put_nowait(time.perf_counter())
+        if params.uri != warm:
+            published.put_nowait(time.perf_counter())
+        elif any(d.code == "MP224" for d in params.diagnostics):
+            noted.set()
 
     await client.start_io(sys.executable, "-m", "memoplan.cli", "lsp", cwd=str(ROOT))
     await client.initialize_async(lsp.InitializeParams(capabilities=lsp.ClientCapabilities()))
     client.initialized(lsp.InitializedParams())
+    # Wait until the statement checks are loaded (a budget's MP224 note comes from them), so that
+    # each edit below is answered by one publication (before that, a plan without errors is
+    # published twice: first as the parser sees it).
+    client.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=warm, language_id="memplan", version=1, text=WARM_UP))
+    )
+    await asyncio.wait_for(noted.wait(), 300)
     uri = (ROOT / "build" / f"latency-{name}.memplan").as_uri()
     client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="memplan", version=1, text=text)))
-    await published.get()  # the first check imports what it needs: not counted
+    await published.get()  # the first check of this document: not counted
     lines = text.rstrip("\n").split("\n")
     # the last line with a policy: each edit misspells its policy, or puts it back
     last = max(i for i, line in enumerate(lines) if any(w in line for w in ("checkpoint", "compress", "keep")))
@@ -88,11 +110,47 @@ async def measure(name: str, text: str, edits: int) -> None:
         print(f"{name:>24}  {what:<20} median {statistics.median(found):7.1f} ms   max {max(found):7.1f} ms")
 
 
+BROKEN = "memplan 1\n\nmodule blocks.* {\n    checkpoint\n"  # the closing brace not typed yet
+
+
+async def first_diagnostics(command: list[str] | None = None, env: dict | None = None) -> tuple[float, float]:
+    """(seconds from didOpen, seconds from starting the process) until the first diagnostics."""
+    client = LanguageClient("latency", "1")
+    published: asyncio.Queue = asyncio.Queue()
+
+    @client.feature(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    def _published(params: lsp.PublishDiagnosticsParams) -> None:
+        published.put_nowait((time.perf_counter(), params.diagnostics))
+
+    command = command or [sys.executable, "-m", "memoplan.cli", "lsp"]
+    launched = time.perf_counter()
+    await client.start_io(*command, cwd=str(ROOT), env=env)
+    await client.initialize_async(lsp.InitializeParams(capabilities=lsp.ClientCapabilities()))
+    client.initialized(lsp.InitializedParams())
+    uri = (ROOT / "build" / "latency-first.memplan").as_uri()
+    opened = time.perf_counter()
+    client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="memplan", version=1, text=BROKEN)))
+    finished, diagnostics = await asyncio.wait_for(published.get(), 60)
+    assert diagnostics and diagnostics[0].code == "MP106", diagnostics
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    return finished - opened, finished - launched
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rules", type=int, default=1000)
     parser.add_argument("--edits", type=int, default=20)
+    parser.add_argument("--first", action="store_true", help="time the first diagnostics of fresh servers")
+    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    if args.first:
+        runs = [asyncio.run(first_diagnostics()) for _ in range(args.runs)]
+        for what, found in (("didOpen -> diagnostics", [r[0] for r in runs]), ("start -> diagnostics", [r[1] for r in runs])):
+            found_ms = [t * 1000 for t in found]
+            print(f"first diagnostics  {what:<24} median {statistics.median(found_ms):7.1f} ms   max {max(found_ms):7.1f} ms   ({args.runs} fresh servers)")
+        return 0
     spiking = (ROOT / "plans" / "spiking.memplan").read_text(encoding="utf-8")
     asyncio.run(measure("plans/spiking.memplan", spiking, args.edits))
     asyncio.run(measure(f"{args.rules} rules", generated(args.rules), args.edits))

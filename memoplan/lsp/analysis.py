@@ -34,6 +34,28 @@ class Checked:
         return self.plan is not None and not any(d.is_error for d in self.diagnostics)
 
 
+def parse_text(text: str, file: str) -> Checked:
+    """The syntax and value diagnostics of a document: the parser alone, no torch imported.
+
+    For a plan with errors this is all ``check`` says; for a plan without, the statement
+    checks (:func:`with_effects`) add theirs.
+    """
+    plan, diagnostics = parse_with_diagnostics(text, file)
+    if plan is None or any(d.is_error for d in diagnostics):
+        return Checked(None, tuple(diagnostics), plan)
+    return Checked(plan, tuple(diagnostics), plan)
+
+
+def with_effects(parsed: Checked) -> Checked:
+    """``parsed`` with the refusals and notes of its plan-wide statements (imports torch)."""
+    if not parsed.clean:
+        return parsed  # a plan with errors is not given to the statement checks, as `check` does
+    from memoplan.resolver.effects import statement_effects  # imports torch: only when needed
+
+    effects = statement_effects(parsed.plan, checking=True)
+    return Checked(parsed.plan, parsed.diagnostics + tuple(effects), parsed.parsed)
+
+
 def check_text(text: str, file: str) -> Checked:
     """The diagnostics ``memoplan check FILE`` prints without a model, in source order.
 
@@ -41,13 +63,7 @@ def check_text(text: str, file: str) -> Checked:
     a plan without errors gets the refusals and notes of its plan-wide statements
     (``resolver.effects``).
     """
-    from memoplan.resolver.effects import statement_effects  # imports torch: only when needed
-
-    plan, diagnostics = parse_with_diagnostics(text, file)
-    if plan is None or any(d.is_error for d in diagnostics):
-        return Checked(None, tuple(diagnostics), plan)
-    effects = statement_effects(plan, checking=True)
-    return Checked(plan, tuple(diagnostics) + tuple(effects), plan)
+    return with_effects(parse_text(text, file))
 
 
 def lines_of(text: str) -> list[str]:

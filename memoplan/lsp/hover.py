@@ -17,6 +17,7 @@ from memoplan.lsp.analysis import contains
 from memoplan.lsp.context import context_at, word_at
 from memoplan.lsp.reference import reference, row_markdown, section_markdown
 from memoplan.syntax import ast
+from memoplan.syntax.specificity import specificity
 
 # Words with no section of their own, and the reference rows that say what they are.
 _ROWS_OF_WORDS = {
@@ -136,7 +137,6 @@ def _selector_columns(rule: ast.ModuleRule, line: int) -> tuple[int, int]:
 
 
 def _selector_markdown(rule: ast.ModuleRule, model: dict | None, model_state: str) -> str:
-    from memoplan.resolver.selectors import specificity  # imports torch
     from memoplan.syntax.formatter import format_selector
 
     head = f"**`module {format_selector(rule.selector)}`** (line {rule.span.line})"

@@ -18,8 +18,12 @@ answer of that process.  Off by default: loading a model runs its code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import difflib
 import importlib
 import os
+import re
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +36,8 @@ from memoplan.diagnostics import Diagnostic, Severity
 from memoplan.lsp.analysis import (
     BOM,
     Checked,
-    check_text,
+    parse_text,
+    with_effects,
     from_units,
     lines_of,
     span_range,
@@ -42,6 +47,7 @@ from memoplan.lsp.analysis import (
 from memoplan.lsp.completion import completions
 from memoplan.lsp.hover import hover_at
 from memoplan.lsp.worker import ModelWorker, diagnostic_from_json
+from memoplan.syntax import ast
 from memoplan.version import __version__
 
 _SEVERITY = {
@@ -70,6 +76,7 @@ class PlanServer(LanguageServer):
         self.model_timeout = 120.0
         self.worker: ModelWorker | None = None
         self.checked: dict[str, tuple[str, Checked]] = {}  # uri -> (text, check of it)
+        self.last_parsed: dict[str, tuple[str, ast.Plan]] = {}  # uri -> the last text that parsed, its tree
         self.model_replies: dict[str, tuple[str, dict]] = {}  # uri -> (text analysed, reply)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._wanted: dict[str, tuple[str, str, str]] = {}  # uri -> (text, file, folder) to analyse
@@ -78,6 +85,9 @@ class PlanServer(LanguageServer):
         self._lock = threading.Lock()
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-model")
         self._checking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-check")
+        # The statement checks wait for torch's import at first: in a thread of their own, so that
+        # parsing the next edit never queues behind them.
+        self._effects = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoplan-effects")
         self._settling: dict[str, asyncio.TimerHandle] = {}  # uri -> the check waiting for edits to settle
         self._again_after_check: dict[str, bool] = {}
         self.open_documents: set[str] = set()  # as the editor names them (pygls keys its own by another spelling)
@@ -107,17 +117,40 @@ class PlanServer(LanguageServer):
         self._settling[uri] = self.loop.call_later(SETTLE, self._check, uri)
 
     def _check(self, uri: str) -> None:
+        """Parse in the checking thread and publish; then the statement checks, which import torch.
+
+        The syntax and value diagnostics never wait for torch: while its import (started at
+        ``initialized``) is under way, a plan without errors is published first as the parser
+        sees it, and again with the statement checks' notes once they are ready.
+        """
         self._settling.pop(uri, None)
         if uri not in self.open_documents:
             return  # closed meanwhile
         text = self.workspace.get_text_document(uri).source
         file, folder = _file_and_folder(uri, self.workspace.root_path)
         again = self._again_after_check.pop(uri, False)
-        future = self.loop.run_in_executor(self._checking, _check_safely, text, file)
+        future = self.loop.run_in_executor(self._checking, _safely, parse_text, text, file)
+        future.add_done_callback(lambda done: self._after_parse(uri, text, file, folder, again, done.result()))
+
+    def _current(self, uri: str, text: str) -> bool:
+        return uri in self.open_documents and self.workspace.get_text_document(uri).source == text
+
+    def _after_parse(self, uri: str, text: str, file: str, folder: str, again: bool, parsed: Checked) -> None:
+        if not self._current(uri, text):
+            return  # edited meanwhile: the check of the newer text is on its way
+        if parsed.parsed is not None:
+            self.last_parsed[uri] = (text, parsed.parsed)
+        if not parsed.clean:
+            self._after_check(uri, text, file, folder, again, parsed)
+            return
+        if not _effects_ready():
+            self.checked[uri] = (text, parsed)
+            self.publish(uri)  # now, without waiting for torch; the statement checks follow
+        future = self.loop.run_in_executor(self._effects, _safely, with_effects, parsed)
         future.add_done_callback(lambda done: self._after_check(uri, text, file, folder, again, done.result()))
 
     def _after_check(self, uri: str, text: str, file: str, folder: str, again: bool, checked: Checked) -> None:
-        if uri not in self.open_documents or self.workspace.get_text_document(uri).source != text:
+        if not self._current(uri, text):
             return  # edited meanwhile: the check of the newer text is on its way
         self.checked[uri] = (text, checked)
         self.publish(uri)
@@ -130,6 +163,7 @@ class PlanServer(LanguageServer):
         if waiting is not None:
             waiting.cancel()
         self.checked.pop(uri, None)
+        self.last_parsed.pop(uri, None)
         self.model_replies.pop(uri, None)
         with self._lock:
             self._wanted.pop(uri, None)
@@ -221,6 +255,7 @@ class PlanServer(LanguageServer):
             self.worker.close()
         self._background.shutdown(wait=False, cancel_futures=True)
         self._checking.shutdown(wait=False, cancel_futures=True)
+        self._effects.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ positions
 
@@ -241,12 +276,22 @@ def _range(start: tuple[int, int], end: tuple[int, int]) -> lsp.Range:
     return lsp.Range(start=lsp.Position(line=start[0], character=start[1]), end=lsp.Position(line=end[0], character=end[1]))
 
 
-def _check_safely(text: str, file: str) -> Checked:
-    """``check_text``, and a bug in memoplan said in the editor rather than taking the server down."""
+def _safely(check, *args) -> Checked:
+    """A check of the document, and a bug in memoplan said in the editor rather than taking the server down."""
     try:
-        return check_text(text, file)
+        return check(*args)
     except Exception as exc:
         return Checked(None, (_internal(exc),))
+
+
+def _warm_up() -> None:
+    parse_text("memplan 1\n", "<warm-up>")
+    importlib.import_module("memoplan.resolver.effects")
+
+
+def _effects_ready() -> bool:
+    """Whether the statement checks (and torch) are imported, so that they answer at once."""
+    return "memoplan.resolver.effects" in sys.modules
 
 
 def _internal(exc: BaseException) -> Diagnostic:
@@ -297,8 +342,9 @@ def _did_save(ls: PlanServer, params: lsp.DidSaveTextDocumentParams) -> None:
 @server.feature(lsp.INITIALIZED)
 async def _initialized(ls: PlanServer, params: lsp.InitializedParams) -> None:
     """With the model loaded, ask the editor to say when a Python file changes (where it can)."""
-    # The statement checks import torch: start now, while the editor opens its first document.
-    threading.Thread(target=importlib.import_module, args=("memoplan.resolver.effects",), daemon=True).start()
+    # Build the parser, then import the statement checks (and torch), while the editor opens
+    # its first document: the first diagnostics need only the parser.
+    threading.Thread(target=_warm_up, daemon=True, name="memoplan-warm-up").start()
     workspace = ls.client_capabilities.workspace
     watching = workspace.did_change_watched_files if workspace is not None else None
     if not ls.load_model or watching is None or not watching.dynamic_registration:
@@ -333,6 +379,9 @@ def _shutdown(ls: PlanServer, params) -> None:
 
 @server.feature(lsp.TEXT_DOCUMENT_HOVER)
 def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
+    """Hover from this text's parse.  While the text does not parse: from the last text that did
+    (the line under the cursor found there unchanged), else from a rule's first line parsed on
+    its own, so that selectors still answer mid-edit."""
     uri = params.text_document.uri
     text, lines = ls.lines(uri)
     line = params.position.line
@@ -341,33 +390,79 @@ def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
     column = from_units(lines[line], params.position.character, ls.encoding)
     checked = ls.checked.get(uri)
     plan = checked[1].parsed if checked is not None and checked[0] == text else None
-    reply = ls.model_reply(uri, text)
-    if not ls.load_model:
-        state = "The model is not loaded: start the server with the initialization option `loadModel` to see the modules this selects."
-    elif plan is None or plan.model is None:
-        state = "The plan names no model (`model \"pkg.module:factory\"`)."
-    elif not checked[1].clean:
-        state = "The plan has errors: once they are fixed, the modules this selects are shown here."
-    elif reply is None:
-        state = "The model is loading…"
-    elif "error" in reply:
-        state = f"The model could not be loaded: {reply['error']}"
-    elif not reply.get("modules"):
-        state = "The model could not be built: see the diagnostic at the `model` line."
-    else:
-        state = ""
+    shown_text, shown_line, source = text, line, ""
+    if plan is None and uri in ls.last_parsed and ls.last_parsed[uri][0] != text:
+        old_text, old_plan = ls.last_parsed[uri]
+        old_line = _same_line(lines_of(old_text), lines, line)
+        if old_line is not None:
+            shown_text, shown_line, plan = old_text, old_line, old_plan
+            checked = checked if checked is not None and checked[0] == old_text else None
+            source = "the last version of this plan that parsed"
+    if plan is None and (alone := _rule_line_alone(lines[line], line)) is not None:
+        shown_text, shown_line, plan, checked = alone, line, _parsed(alone), None
+        source = "this line alone: the plan does not parse"
+    reply = ls.model_reply(uri, shown_text)
+    state = _hover_state(ls, plan, checked, reply)
+    if source:
+        state = f"(From {source}.) {state}"
     try:
-        found = hover_at(_editor_text(lines), line, column, plan, reply, state)
+        found = hover_at(_editor_text(lines_of(shown_text)), shown_line, column, plan, reply, state)
     except Exception:  # never let a hover take the server down
         return None
     if found is None:
         return None
-    start = to_units(lines[found.line], found.start, ls.encoding)
-    end = to_units(lines[found.line], found.end, ls.encoding)
+    start = to_units(lines[line], found.start, ls.encoding)
+    end = to_units(lines[line], found.end, ls.encoding)
     return lsp.Hover(
         contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=found.markdown),
-        range=_range((found.line, start), (found.line, end)),
+        range=_range((line, start), (line, end)),
     )
+
+
+def _hover_state(ls: PlanServer, plan: ast.Plan | None, checked: tuple[str, Checked] | None, reply: dict | None) -> str:
+    """What a selector's hover says instead of its modules, when it cannot show them."""
+    if not ls.load_model:
+        return "The model is not loaded: start the server with the initialization option `loadModel` to see the modules this selects."
+    if plan is None or plan.model is None:
+        return "The plan names no model (`model \"pkg.module:factory\"`)."
+    if checked is None or not checked[1].clean:
+        return "The plan has errors: once they are fixed, the modules this selects are shown here."
+    if reply is None:
+        return "The model is loading…"
+    if "error" in reply:
+        return f"The model could not be loaded: {reply['error']}"
+    if not reply.get("modules"):
+        return "The model could not be built: see the diagnostic at the `model` line."
+    return ""
+
+
+_RULE_HEAD = re.compile(r"\s*module\s[^{#]*\{")
+
+
+def _rule_line_alone(line: str, index: int) -> str | None:
+    """A rule's first line on its own (``module SELECTOR {``, at its line and columns) as a plan
+    that parses, for a hover on its selector when the document does not parse and never did."""
+    head = _RULE_HEAD.match(line)
+    if head is None or index < 1:
+        return None
+    text = "memplan 1" + "\n" * index + f"{head.group(0)} keep }}\n"
+    plan = _parsed(text)
+    return text if plan is not None and plan.rules else None
+
+
+def _parsed(text: str) -> ast.Plan | None:
+    from memoplan.syntax import parse_with_diagnostics
+
+    return parse_with_diagnostics(text, "<hover>")[0]
+
+
+def _same_line(old: list[str], new: list[str], line: int) -> int | None:
+    """The line of ``old`` that line ``line`` of ``new`` was, if the edit left it unchanged."""
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    for old_start, new_start, size in matcher.get_matching_blocks():
+        if new_start <= line < new_start + size:
+            return old_start + line - new_start
+    return None
 
 
 @server.feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(trigger_characters=[".", ":", "="]))
@@ -425,6 +520,17 @@ def _formatting(ls: PlanServer, params: lsp.DocumentFormattingParams) -> list[ls
 
 
 def serve() -> int:
-    """Run the server on stdin and stdout until the editor ends it."""
-    server.start_io()
-    return 0
+    """Run the server on stdin and stdout until the editor ends it.
+
+    The process then ends at once, with the protocol's exit code (0 after a shutdown request):
+    a background import of torch, or a check waiting for it, must not hold the editor up.
+    """
+    code = 0
+    try:
+        server.start_io()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # the protocol may have closed standard output
+            stream.flush()
+    os._exit(code)
