@@ -1,0 +1,208 @@
+"""Faults while a plan is installed and run: Ctrl-C during ``apply`` leaves nothing half-done, an
+error in a recompute says which module was recomputed, and ``apply`` shows its warnings."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch import nn
+
+import memoplan
+from memoplan import runtime as rt
+from memoplan.runtime import pickling
+from memoplan.syntax import parse
+
+# the module, not the function ``memoplan.runtime.install`` that the package exports
+install_module = importlib.import_module("memoplan.runtime.install")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMOPLAN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+LAYERS = 6
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Linear(8, 8) for _ in range(LAYERS)))
+
+
+def _state(model: nn.Module) -> dict[str, dict[str, tuple[int, int | None]]]:
+    """Every module's instance attributes, by identity, with the size of its dicts (hooks)."""
+    return {
+        name: {key: (id(value), len(value) if isinstance(value, dict) else None) for key, value in vars(m).items()}
+        for name, m in model.named_modules()
+    }
+
+
+PLAN = "memplan 1\nmodule * : Linear { checkpoint }\n"
+
+
+class _Interrupt:
+    """Raise KeyboardInterrupt at the ``at``-th call (0-based) of a wrapped function."""
+
+    def __init__(self, function, at: int) -> None:
+        self.function, self.at, self.calls = function, at, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls - 1 == self.at:
+            raise KeyboardInterrupt
+        return self.function(*args, **kwargs)
+
+
+def _after(function, at: int):
+    """Raise KeyboardInterrupt just *after* the ``at``-th call of ``function`` did its work."""
+    calls = [0]
+
+    def wrapped(*args, **kwargs):
+        result = function(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] - 1 == at:
+            raise KeyboardInterrupt
+        return result
+
+    return wrapped
+
+
+def _assert_untouched_then_usable(model: nn.Module, before, plan: str = PLAN) -> None:
+    assert _state(model) == before
+    assert rt.installed_plan(model) is None
+    memoplan.remove(model)  # a no-op, and no error
+    assert _state(model) == before
+    x = torch.randn(3, 8)
+    expected = model(x)
+    memoplan.apply(model, parse(plan))  # applying again works: no MP403
+    assert rt.installed_plan(model) is not None
+    assert torch.equal(model(x), expected)
+    memoplan.remove(model)
+    assert _state(model) == before
+
+
+class _Refusing(nn.Linear):
+    """A module whose ``__setattr__`` is interrupted while the plan sets its forward."""
+
+    interrupt_at: int | None = None
+    seen = 0
+
+    def __setattr__(self, name, value):
+        if name == "forward":
+            index = type(self).seen
+            type(self).seen += 1
+            if index == type(self).interrupt_at:
+                raise KeyboardInterrupt
+        super().__setattr__(name, value)
+
+
+@pytest.mark.parametrize("at", range(LAYERS))
+def test_ctrl_c_while_a_forward_is_set_rolls_back_every_module(at, monkeypatch):
+    model = nn.Sequential(*(_Refusing(8, 8) for _ in range(LAYERS)))
+    before = _state(model)
+    monkeypatch.setattr(_Refusing, "interrupt_at", at)
+    monkeypatch.setattr(_Refusing, "seen", 0)
+    with pytest.raises(KeyboardInterrupt):
+        memoplan.apply(model, parse("memplan 1\nmodule * : _Refusing { checkpoint }\n"))
+    assert _Refusing.seen == at + 1  # it was interrupted at that module, not before
+    monkeypatch.setattr(_Refusing, "interrupt_at", None)
+    _assert_untouched_then_usable(model, before, "memplan 1\nmodule * : _Refusing { checkpoint }\n")
+
+
+@pytest.mark.parametrize("at", range(LAYERS))
+def test_ctrl_c_after_a_module_is_patched_rolls_back_every_module(at, monkeypatch):
+    model = _model()
+    before = _state(model)
+    monkeypatch.setattr(pickling, "register", _after(pickling.register, at))
+    with pytest.raises(KeyboardInterrupt):
+        memoplan.apply(model, parse(PLAN))
+    monkeypatch.undo()
+    _assert_untouched_then_usable(model, before)
+
+
+def test_ctrl_c_before_the_plan_is_recorded_rolls_back(monkeypatch):
+    model = _model()
+    before = _state(model)
+
+    class Interrupted(install_module.InstalledPlan):
+        def __init__(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(install_module, "InstalledPlan", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        memoplan.apply(model, parse(PLAN))
+    monkeypatch.undo()
+    _assert_untouched_then_usable(model, before)
+
+
+@pytest.mark.parametrize("error", [SystemExit(2), GeneratorExit()], ids=["SystemExit", "GeneratorExit"])
+def test_any_base_exception_is_rolled_back_and_re_raised_as_it_was(error, monkeypatch):
+    model = _model()
+    before = _state(model)
+
+    def raising(function):
+        raise error
+
+    monkeypatch.setattr(pickling, "register", raising)
+    with pytest.raises(type(error)) as caught:
+        memoplan.apply(model, parse(PLAN))
+    assert caught.value is error
+    monkeypatch.undo()
+    _assert_untouched_then_usable(model, before)
+
+
+def test_ctrl_c_after_the_memory_block_is_in_place_rolls_it_back(monkeypatch):
+    model = _model()
+    before = _state(model)
+    monkeypatch.setattr(install_module, "install_memory", _after(install_module.install_memory, 0))
+    with pytest.raises(KeyboardInterrupt):
+        memoplan.apply(model, parse(PLAN + "memory { atomic_clean_policy = 0 }\n"))
+    monkeypatch.undo()
+    assert not model._forward_pre_hooks
+    _assert_untouched_then_usable(model, before)
+
+
+ARENA_PLAN = "memplan 1\nexample randn(3, 8)\nmemonger { algo = greedy; ordering = topological }\n"
+
+
+class _ArenaHost(nn.Sequential):
+    """Interrupted while its forward is set: before (``"before"``) or after (``"after"``) storing it."""
+
+    interrupt: str | None = None
+
+    def __setattr__(self, name, value):
+        if name == "forward" and type(self).interrupt == "before":
+            raise KeyboardInterrupt
+        super().__setattr__(name, value)
+        if name == "forward" and type(self).interrupt == "after":
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("position", ["before", "after", "recording", "registering"])
+def test_ctrl_c_while_the_memonger_arena_is_installed_rolls_back(position, monkeypatch):
+    from memoplan.runtime import arena
+
+    torch.manual_seed(0)
+    model = _ArenaHost(*(nn.Linear(8, 8) for _ in range(LAYERS))).eval()
+    before = _state(model)
+    if position == "registering":
+        monkeypatch.setattr(pickling, "register", _Interrupt(pickling.register, 0))
+    elif position == "recording":
+
+        class Interrupted(arena.ArenaState):
+            def __init__(self, *args, **kwargs):
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(arena, "ArenaState", Interrupted)
+    else:
+        monkeypatch.setattr(_ArenaHost, "interrupt", position)
+    with pytest.raises(KeyboardInterrupt):
+        memoplan.apply(model, parse(ARENA_PLAN))
+    monkeypatch.undo()
+    assert _state(model) == before and arena.arena_state(model) is None
+    memoplan.apply(model, parse(ARENA_PLAN))
+    assert arena.arena_state(model) is not None
+    memoplan.remove(model)
+    assert _state(model) == before
