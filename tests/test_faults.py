@@ -206,3 +206,63 @@ def test_ctrl_c_while_the_memonger_arena_is_installed_rolls_back(position, monke
     assert arena.arena_state(model) is not None
     memoplan.remove(model)
     assert _state(model) == before
+
+
+# ---------------------------------------------------------------- an error in a recompute
+
+
+class _Odd(ValueError):
+    """The user's own exception type: it must come out as itself."""
+
+
+class _FailsOnSecondCall(nn.Module):
+    """Works in the forward, raises when the plan runs it again in backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 2:
+            raise _Odd("the second call fails")
+        return torch.tanh(self.linear(x))
+
+
+RECOMPUTED = [
+    ("checkpoint", "memplan 1\nmodule 1 { checkpoint }\n", "`1` (a checkpointed region)"),
+    ("region", "memplan 1\nmodule 1 { checkpoint; compress input = auto }\n", "`1` (a memoplan region)"),
+    ("dtr", "memplan 1\ndtr { eviction_threshold = 1 B; evictee_minimum_size = 0 B }\n", "`1` (an evicted dtr candidate)"),
+]
+
+
+@pytest.mark.parametrize("text,named", [case[1:] for case in RECOMPUTED], ids=[case[0] for case in RECOMPUTED])
+def test_an_error_in_a_recompute_names_the_module_and_keeps_its_type(text, named):
+    import warnings
+
+    from memoplan.runtime.recompute import RECOMPUTE_NOTE
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _FailsOnSecondCall(), nn.Linear(4, 4))
+    planned = memoplan.apply(model, parse(text))
+    x = torch.randn(2, 4, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        y = planned(x)
+        with pytest.raises(_Odd) as caught:
+            y.sum().backward()
+    assert type(caught.value) is _Odd and str(caught.value) == "the second call fails"
+    notes = [note for note in getattr(caught.value, "__notes__", []) if note.startswith(RECOMPUTE_NOTE)]
+    assert len(notes) == 1, caught.value.__notes__ if hasattr(caught.value, "__notes__") else None
+    assert named in notes[0] and "in backward" in notes[0]
+    assert model[1].calls == 2  # the forward ran, then the recompute raised
+
+
+def test_an_error_in_the_forward_itself_gets_no_recompute_note():
+    model = nn.Sequential(nn.Linear(4, 4), _FailsOnSecondCall())
+    model[1].calls = 1  # the forward call is the failing one
+    planned = memoplan.apply(model, parse("memplan 1\nmodule 1 { checkpoint }\n"))
+    with pytest.raises(_Odd) as caught:
+        planned(torch.randn(2, 4, requires_grad=True))
+    assert not getattr(caught.value, "__notes__", None)
