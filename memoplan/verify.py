@@ -110,7 +110,7 @@ def verify(
     if device is not None:
         reference.to(device)
         example = example.to(device)
-    planned = api.apply(copy.deepcopy(reference), resolved)
+    planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
     where = step_device(reference, example.args, example.kwargs)
     with _reproducible(where) as nondeterministic:
         _warm_up(reference, planned, example, loss_fn, where)
@@ -150,7 +150,7 @@ def _step_times(
     reference = copy.deepcopy(model)
     if device is not None:
         reference.to(device)
-    planned = api.apply(copy.deepcopy(reference), resolved)
+    planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
     times = []
     with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
         for copied in (reference, planned):

@@ -266,3 +266,114 @@ def test_an_error_in_the_forward_itself_gets_no_recompute_note():
     with pytest.raises(_Odd) as caught:
         planned(torch.randn(2, 4, requires_grad=True))
     assert not getattr(caught.value, "__notes__", None)
+
+
+# ---------------------------------------------------------------- apply shows its warnings
+
+
+def _gpt2():
+    pytest.importorskip("transformers")
+    from real_models import gpt2
+
+    torch.manual_seed(0)
+    return gpt2()
+
+
+GPT2_PLAN = "memplan 1\n# checkpoint every block\nmodule transformer.h.* { checkpoint }\n"
+
+
+def _enable(model) -> None:
+    """Turn the model's own (Hugging Face) gradient checkpointing on, as the Trainer does."""
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
+def _mp322(caught) -> list:
+    return [w for w in caught if issubclass(w.category, memoplan.MemoplanWarning) and w.message.code == "MP322"]
+
+
+def _train_step(model) -> None:
+    model.train()
+    model(torch.randint(0, 128, (2, 16))).logits.square().mean().backward()
+
+
+def test_apply_emits_the_plans_warnings_as_a_filterable_category():
+    import warnings
+
+    assert issubclass(memoplan.MemoplanWarning, UserWarning)
+    model = _gpt2()
+    _enable(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        memoplan.apply(model, parse(GPT2_PLAN, "gpt2.memplan"))
+    (warning,) = _mp322(caught)
+    assert str(warning.message).startswith("gpt2.memplan:3:")
+    assert "warning[MP322]" in str(warning.message) and "`transformer.h.0` and 1 more" in str(warning.message)
+    assert warning.filename == __file__  # it points at the caller's apply
+    memoplan.remove(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=memoplan.MemoplanWarning)
+        memoplan.apply(model, parse(GPT2_PLAN, "gpt2.memplan"))
+    assert not _mp322(caught)  # users can silence them by category
+    memoplan.remove(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        memoplan.apply(model, parse(GPT2_PLAN, "gpt2.memplan"), warn=False)
+    assert not _mp322(caught)
+
+
+def test_hf_checkpointing_turned_on_after_apply_is_warned_once_at_the_first_training_forward():
+    import warnings
+
+    model = _gpt2()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        memoplan.apply(model, parse(GPT2_PLAN, "gpt2.memplan"))
+        _enable(model)  # what the HF Trainer does in train()
+        model.eval()
+        with torch.no_grad():
+            model(torch.randint(0, 128, (2, 16)))  # not a training forward: nothing recomputed yet
+        assert not _mp322(caught)
+        _train_step(model)
+        _train_step(model)
+    (warning,) = _mp322(caught)
+    assert "turned on after the plan was applied" in str(warning.message)
+    assert str(warning.message).startswith("gpt2.memplan:3:")
+
+
+def test_no_late_warning_without_hf_checkpointing_and_remove_takes_the_watch_away():
+    import warnings
+
+    model = _gpt2()
+    hooks = dict(model._forward_pre_hooks)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        memoplan.apply(model, parse(GPT2_PLAN, "gpt2.memplan"))
+        _train_step(model)
+        _enable(model)  # after the first training forward: the check is done
+        _train_step(model)
+    assert not _mp322(caught)
+    memoplan.remove(model)
+    assert dict(model._forward_pre_hooks) == hooks
+    assert not any(key.startswith("_memoplan") for key in vars(model))
+
+
+def test_a_watched_model_deep_copies_and_pickles_with_its_own_watch():
+    import copy
+    import io
+    import warnings
+
+    model = memoplan.apply(_gpt2(), parse(GPT2_PLAN, "gpt2.memplan"))
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for clone in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        _enable(clone)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _train_step(clone)
+        assert len(_mp322(caught)) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train_step(model)  # the original's own checkpointing is still off
+    assert not _mp322(caught)

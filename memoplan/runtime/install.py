@@ -33,7 +33,7 @@ from typing import Any
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError, did_you_mean
-from memoplan.runtime import pickling
+from memoplan.runtime import hfcheck, pickling
 from memoplan.runtime.dtr import DTR_ATTR, DtrSettings, Tracker
 from memoplan.runtime.memory import MemorySettings, install_memory, uninstall_memory
 
@@ -223,6 +223,7 @@ def _undo(model: nn.Module, done: list[tuple[nn.Module, types.MethodType]]) -> N
 
 def uninstall(model: nn.Module) -> None:
     """Remove the installed plan, restoring every patched module; no-op without a plan."""
+    hfcheck.unwatch(model)
     record = model.__dict__.pop(_PLAN_ATTR, None)
     if not isinstance(record, InstalledPlan):
         return
