@@ -66,6 +66,7 @@ def _plan(folder: Path, model: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_without_isolation_an_abort_kills_memoplan_silently(tmp_path):
     """What --isolate is for: in-process, a signal leaves no diagnostic (documented)."""
     done = _memoplan("check", _plan(tmp_path, "os:abort"), cwd=tmp_path)
@@ -73,7 +74,7 @@ def test_without_isolation_an_abort_kills_memoplan_silently(tmp_path):
     assert "MP530" not in done.stderr
 
 
-@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize("how", ["flag", pytest.param("env", marks=pytest.mark.slow)])
 def test_an_abort_in_the_model_spec_is_mp530_at_the_model_line(how, tmp_path):
     plan = _plan(tmp_path, "os:abort")
     argv = ("check", "--isolate", plan) if how == "flag" else ("check", plan)
@@ -85,6 +86,7 @@ def test_an_abort_in_the_model_spec_is_mp530_at_the_model_line(how, tmp_path):
     assert TRACEBACK not in done.stderr + done.stdout
 
 
+@pytest.mark.slow
 def test_a_segfault_in_a_c_call_is_mp530(tmp_path):
     done = _memoplan("explain", "--isolate", _plan(tmp_path, "models.py:segfaults"), cwd=tmp_path)
     assert done.returncode == 1
@@ -92,6 +94,7 @@ def test_a_segfault_in_a_c_call_is_mp530(tmp_path):
     assert TRACEBACK not in done.stderr
 
 
+@pytest.mark.slow
 def test_os_exit_in_the_model_spec_is_mp531(tmp_path):
     done = _memoplan("compile", "--isolate", _plan(tmp_path, "models.py:exits"), "-o", tmp_path / "out.py", cwd=tmp_path)
     assert done.returncode == 1
@@ -100,6 +103,7 @@ def test_os_exit_in_the_model_spec_is_mp531(tmp_path):
     assert not (tmp_path / "out.py").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory,code", [("raises", "MP504"), ("sys_exits", "MP504")])
 def test_exceptions_are_still_the_childs_own_diagnostics(factory, code, tmp_path):
     done = _memoplan("check", "--isolate", _plan(tmp_path, f"models.py:{factory}"), cwd=tmp_path)
@@ -108,6 +112,7 @@ def test_exceptions_are_still_the_childs_own_diagnostics(factory, code, tmp_path
     assert done.stderr.count(f"error[{code}]") == 1  # said once, by the child
 
 
+@pytest.mark.slow
 def test_an_isolated_command_that_succeeds_is_unchanged(tmp_path):
     plan = _plan(tmp_path, "models.py:build")
     plain = _memoplan("check", plan, cwd=tmp_path)
@@ -116,6 +121,7 @@ def test_an_isolated_command_that_succeeds_is_unchanged(tmp_path):
     assert plain.stdout == isolated.stdout and "MP53" not in isolated.stderr
 
 
+@pytest.mark.slow
 def test_a_crash_under_format_json_is_one_document_naming_the_plan(tmp_path):
     done = _memoplan("check", "--isolate", "--format", "json", _plan(tmp_path, "os:abort"), cwd=tmp_path)
     assert done.returncode == 1
