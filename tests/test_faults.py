@@ -167,6 +167,41 @@ def test_ctrl_c_after_the_memory_block_is_in_place_rolls_it_back(monkeypatch):
 ARENA_PLAN = "memplan 1\nexample randn(3, 8)\nmemonger { algo = greedy; ordering = topological }\n"
 
 
+GPT2_TARGETS = (
+    "memplan 1\nmodule transformer.h.*.attn.* { checkpoint }\nmodule transformer.h.*.mlp.* { checkpoint }\n"
+    "module transformer.h.*.ln_* { checkpoint }\nmodule lm_head { checkpoint }\n"
+)
+
+
+def test_ctrl_c_at_every_module_of_a_hugging_face_apply(monkeypatch):
+    """The issue's case: an interrupted apply of a real model, at each of its patched modules."""
+    pytest.importorskip("transformers")
+    from real_models import gpt2
+
+    torch.manual_seed(0)
+    model = gpt2().eval()
+    resolved = memoplan.resolve(parse(GPT2_TARGETS), model)
+    count = len(resolved.modules)
+    assert count == 21
+    before = _state(model)
+    tokens = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        expected = model(tokens).logits
+    register = pickling.register
+    for at in range(count):
+        monkeypatch.setattr(pickling, "register", _after(register, at))
+        with pytest.raises(KeyboardInterrupt):
+            memoplan.apply(model, resolved)
+        monkeypatch.setattr(pickling, "register", register)
+        assert _state(model) == before, f"interrupted at module {at + 1} of {count}"
+        assert rt.installed_plan(model) is None
+    memoplan.apply(model, resolved)  # no MP403: nothing was left behind
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, expected)
+    memoplan.remove(model)
+    assert _state(model) == before
+
+
 class _ArenaHost(nn.Sequential):
     """Interrupted while its forward is set: before (``"before"``) or after (``"after"``) storing it."""
 
