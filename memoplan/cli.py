@@ -297,11 +297,11 @@ def _model(plan, path: Path, spec: str | None, *, required: bool, seed: int = 0)
     torch.manual_seed(seed)
     if spec is not None:
         _progress(f"loading model {spec}")
-        return specs.load_model(spec)
+        return isolate.ran(specs.load_model(spec))
     if plan.model is not None:
         _progress(f"loading model {plan.model.spec}")
         with _shown_in(plan.source):
-            return specs.load_model(plan.model.spec, base_dir=path.parent, span=plan.model.span)
+            return isolate.ran(specs.load_model(plan.model.spec, base_dir=path.parent, span=plan.model.span))
     if required:
         raise PlanError(
             (Diagnostic("MP502", f"no model for `{path}`", help="pass --model SPEC or add a `model` statement"),)
@@ -315,11 +315,13 @@ def _example(plan, path: Path, spec: str | None, *, required: bool):
 
     if spec is not None:
         stmt = parse_example_spec(spec, "--example")
+        isolate.note(f"building example {spec.strip()}")
         with _shown_in(f"example {spec.strip()}"):  # the text parse_example_spec's spans point into
-            return specs.make_example(stmt)
+            return isolate.ran(specs.make_example(stmt))
     if plan.example is not None:
+        isolate.note(f"building example {plan.example.spec or 'inline'}")
         with _shown_in(plan.source):
-            return specs.make_example(plan.example, base_dir=path.parent)
+            return isolate.ran(specs.make_example(plan.example, base_dir=path.parent))
     if required:
         raise PlanError(
             (

@@ -34,12 +34,13 @@ from typing import Any
 
 from memoplan.diagnostics import Diagnostic, PlanError
 
-__all__ = ["ENV", "finished", "note", "requested", "run"]
+__all__ = ["ENV", "finished", "note", "ran", "requested", "run"]
 
 #: Set to ``1`` to isolate every command that runs a model's code, as ``--isolate`` does.
 ENV = "MEMOPLAN_ISOLATE"
 _STATUS = "MEMOPLAN_ISOLATED_STATUS"
 _DONE = "done"
+_RUNNING = "running the model's code"
 
 
 def requested(args: Any) -> bool:
@@ -53,6 +54,12 @@ def requested(args: Any) -> bool:
 def note(step: str) -> None:
     """In the child: the step it is at now (what the parent names if the child dies)."""
     _write(step)
+
+
+def ran(value: Any) -> Any:
+    """In the child: a spec was loaded; what runs next is the model's code at large. Returns ``value``."""
+    _write(_RUNNING)
+    return value
 
 
 def finished(code: int) -> int:
@@ -109,6 +116,8 @@ def _wait(child: subprocess.Popen) -> int:
 def _crashed(code: int, step: str, plan: Path | None) -> PlanError:
     where = "while starting" if step == "starting" else f"while {step}"
     span, source = _model_line(plan, step)
+    if span is None and plan is not None:
+        where += f" (plan {plan})"
     if code < 0:
         name = _signal_name(-code)
         hint = (
@@ -141,8 +150,8 @@ def _signal_name(number: int) -> str:
 
 
 def _model_line(plan: Path | None, step: str):
-    """The span of the plan's ``model`` line when ``step`` was loading it, and the plan's text."""
-    if plan is None or not step.startswith("loading model ") or str(plan) == "-":
+    """The span of the plan's ``model`` (``example``) line when ``step`` was loading it, and the plan's text."""
+    if plan is None or not step.startswith(("loading model ", "building example ")) or str(plan) == "-":
         return None, None
     from memoplan.syntax import parse_with_diagnostics, read_plan
 
@@ -151,6 +160,9 @@ def _model_line(plan: Path | None, step: str):
         parsed, _ = parse_with_diagnostics(text, str(plan))
     except (PlanError, OSError, ValueError):
         return None, None
-    if parsed is None or parsed.model is None or step != f"loading model {parsed.model.spec}":
-        return None, None
-    return parsed.model.span, text
+    if parsed is not None and parsed.model is not None and step == f"loading model {parsed.model.spec}":
+        return parsed.model.span, text
+    example = None if parsed is None else parsed.example
+    if example is not None and step == f"building example {example.spec or 'inline'}":
+        return example.span, text
+    return None, None

@@ -46,6 +46,19 @@ def raises():
 
 def sys_exits():
     sys.exit(3)
+
+
+def aborting_example():
+    os.abort()
+
+
+class ExitsInForward(nn.Module):
+    def forward(self, x):
+        os._exit(5)
+
+
+def exits_in_forward():
+    return ExitsInForward()
 """
 
 
@@ -101,6 +114,20 @@ def test_os_exit_in_the_model_spec_is_mp531(tmp_path):
     assert "p.memplan:2:1: error[MP531]" in done.stderr and "exit status 7" in done.stderr
     assert "os._exit()" in done.stderr
     assert not (tmp_path / "out.py").exists()
+
+
+@pytest.mark.slow
+def test_the_step_is_named_an_example_by_its_line_a_forward_by_the_plan(tmp_path):
+    plan = _plan(tmp_path, "models.py:build")
+    plan.write_text('memplan 1\nmodel "models.py:build"\nexample "models.py:aborting_example"\n')
+    done = _memoplan("verify", "--isolate", plan, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "p.memplan:3:1: error[MP530]" in done.stderr and "while building example models.py:aborting_example" in done.stderr
+    plan.write_text('memplan 1\nmodel "models.py:exits_in_forward"\nexample randn(2, 4)\n')
+    done = _memoplan("verify", "--isolate", plan, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "error[MP531]" in done.stderr and "exit status 5" in done.stderr
+    assert "while running one training step" in done.stderr and f"(plan {plan})" in done.stderr
 
 
 @pytest.mark.slow
