@@ -412,3 +412,45 @@ def test_a_watched_model_deep_copies_and_pickles_with_its_own_watch():
         warnings.simplefilter("always")
         _train_step(model)  # the original's own checkpointing is still off
     assert not _mp322(caught)
+
+
+class _ChunkedFailsOnCall(nn.Module):
+    """Linear then a LIF neuron over (T, B, F); its ``fail_at``-th call raises."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        from memoplan.neurons import LIF
+
+        self.fc = nn.Linear(4, 4)
+        self.lif = LIF(threshold=0.3)
+        self.calls, self.fail_at = 0, fail_at
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise _Odd("the second call fails")
+        return self.lif(self.fc(x))
+
+
+@pytest.mark.parametrize(
+    "fail_at,named",
+    [(3, "(a time chunk replayed for the state it ended with)"), (4, "(a memoplan region)")],
+    ids=["replay", "chunk-recompute"],
+)
+def test_an_error_while_time_chunks_are_replayed_or_recomputed_is_named(fail_at, named):
+    """Chunks 1 and 2 run forward (calls 1, 2); chunk 2's backward first replays chunk 1 for the
+    state chunk 2 starts from (call 3), then recomputes chunk 2 (call 4)."""
+    from memoplan.neurons import reset
+    from memoplan.runtime.recompute import RECOMPUTE_NOTE
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_ChunkedFailsOnCall(fail_at))
+    text = "memplan 1\nmodule class LIF { state = functional }\nmodule 0 { temporal_chunk 2 dim 0 boundaries = recompute }\n"
+    memoplan.apply(model, parse(text))
+    reset(model)
+    y = model(torch.randn(8, 2, 4, requires_grad=True))
+    with pytest.raises(_Odd) as caught:
+        y.sum().backward()
+    notes = [note for note in getattr(caught.value, "__notes__", []) if note.startswith(RECOMPUTE_NOTE)]
+    assert len(notes) == 1 and f"`0` {named}" in notes[0], getattr(caught.value, "__notes__", None)
+    assert model[0].calls == fail_at
