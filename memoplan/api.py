@@ -47,6 +47,10 @@ def apply(model: nn.Module, plan: PlanLike, *, warn: bool = True) -> nn.Module:
     """
     parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
     resolved = plan if parsed is None else resolve(parsed, model)
+    if warn:  # before anything changes: a warning filtered into an error leaves the model as it was
+        for diagnostic in resolved.warnings:
+            if diagnostic.severity is Severity.WARNING:
+                warnings.warn(MemoplanWarning(diagnostic), stacklevel=2)
     generated = import_generated(emit(resolved, arena=_arena(model, parsed, resolved)))
     generated.apply(model)
     try:
@@ -54,10 +58,6 @@ def apply(model: nn.Module, plan: PlanLike, *, warn: bool = True) -> nn.Module:
     except BaseException:
         remove(model)
         raise
-    if warn:
-        for diagnostic in resolved.warnings:
-            if diagnostic.severity is Severity.WARNING:
-                warnings.warn(MemoplanWarning(diagnostic), stacklevel=2)
     return model
 
 

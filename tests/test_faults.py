@@ -355,6 +355,13 @@ def test_apply_emits_the_plans_warnings_as_a_filterable_category():
         warnings.simplefilter("always")
         memoplan.apply(model, parse(GPT2_PLAN, "gpt2.memplan"), warn=False)
     assert not _mp322(caught)
+    memoplan.remove(model)
+    before = _state(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", memoplan.MemoplanWarning)  # `-W error::memoplan.MemoplanWarning`
+        with pytest.raises(memoplan.MemoplanWarning):
+            memoplan.apply(model, parse(GPT2_PLAN, "gpt2.memplan"))
+    assert _state(model) == before and rt.installed_plan(model) is None  # raised before anything changed
 
 
 def test_hf_checkpointing_turned_on_after_apply_is_warned_once_at_the_first_training_forward():
