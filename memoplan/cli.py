@@ -20,15 +20,6 @@ from memoplan.version import __version__
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 
-UNTRUSTED = """\
-A plan's `model` and `example` lines name Python code: every command that resolves a
-plan against a model (check, explain, verify, compile, profile, plan, report) imports
-and runs it, with the plan's folder on sys.path.  Treat a plan like a script: run
-those commands only on plans you trust.  `memoplan check --syntax-only` runs no code
-(no model, no torch).  --isolate (or MEMOPLAN_ISOLATE=1) runs the command in a child
-process so that a crash of that code (a signal, os._exit) is reported as a diagnostic;
-it is not a sandbox.  docs/security.md"""
-
 SUBCOMMANDS = ("check", "fmt", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
 
 
@@ -45,8 +36,8 @@ def _main(argv: list[str] | None) -> int:
     out = cli_output.configure(args)
     try:
         if isolate.requested(args):  # the command, and the model's code, in a child process
-            out.begin(str(_plan_path(args) or ""))  # named in --format json if the child crashes
-            return isolate.run(sys.argv[1:] if argv is None else list(argv), _plan_path(args))
+            out.begin(str(isolate.plan_path(args) or ""))  # named in --format json if the child crashes
+            return isolate.run(sys.argv[1:] if argv is None else list(argv), isolate.plan_path(args))
         return out.finish(args.run(args))
     except PlanError as error:
         if not out.failed(error):
@@ -61,16 +52,11 @@ def _main(argv: list[str] | None) -> int:
         return 1
 
 
-def _plan_path(args) -> Path | None:
-    plans = getattr(args, "plans", None)
-    return plans[0] if plans and len(plans) == 1 else getattr(args, "plan", None)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memoplan",
         description="Declarative activation-memory plans for PyTorch models.",
-        epilog=UNTRUSTED,
+        epilog=isolate.UNTRUSTED,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"memoplan {__version__}")
@@ -215,7 +201,7 @@ def _spec_options(parser: argparse.ArgumentParser, required: bool = True) -> Non
         required=required,
         help="pkg.module:inputs, path/file.py:inputs, or 'randn(4, 3, 32, 32)'" + also.replace("model", "example"),
     )
-    _isolate_option(parser)
+    isolate.add_option(parser)
 
 
 def _positive_int(text: str) -> int:
@@ -236,7 +222,7 @@ def _rule_command(sub) -> None:
 
 def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:
     parser.add_argument("--model", metavar="SPEC", help="pkg.module:factory or path/file.py:factory")
-    _isolate_option(parser)
+    isolate.add_option(parser)
     if example:
         parser.add_argument(
             "--example", metavar="SPEC", help="pkg.module:inputs, path/file.py:inputs, or e.g. 'randn(4, 3, 32, 32)'"
@@ -263,15 +249,6 @@ def _report(error: PlanError) -> None:
         if count:
             summary += f", {count} {severity.value}{'s' if count != 1 else ''}"
     print(summary, file=sys.stderr)
-
-
-def _isolate_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--isolate",
-        action="store_true",
-        help="run in a child process: a crash of the model's code (signal, os._exit) becomes a diagnostic "
-        "(MP530-MP532; also MEMOPLAN_ISOLATE=1). Not a sandbox: the model's code still runs",
-    )
 
 
 def _progress(message: str) -> None:

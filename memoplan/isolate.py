@@ -34,13 +34,40 @@ from typing import Any
 
 from memoplan.diagnostics import Diagnostic, PlanError
 
-__all__ = ["ENV", "finished", "note", "ran", "requested", "run"]
+__all__ = ["ENV", "UNTRUSTED", "add_option", "finished", "note", "plan_path", "ran", "requested", "run"]
 
 #: Set to ``1`` to isolate every command that runs a model's code, as ``--isolate`` does.
 ENV = "MEMOPLAN_ISOLATE"
 _STATUS = "MEMOPLAN_ISOLATED_STATUS"
 _DONE = "done"
 _RUNNING = "running the model's code"
+
+
+#: The epilog of `memoplan --help`: what resolving a plan runs, and the guards.
+UNTRUSTED = """\
+A plan's `model` and `example` lines name Python code: every command that resolves a
+plan against a model (check, explain, verify, compile, profile, plan, report) imports
+and runs it, with the plan's folder on sys.path.  Treat a plan like a script: run
+those commands only on plans you trust.  `memoplan check --syntax-only` runs no code
+(no model, no torch).  --isolate (or MEMOPLAN_ISOLATE=1) runs the command in a child
+process so that a crash of that code (a signal, os._exit) is reported as a diagnostic;
+it is not a sandbox.  docs/security.md"""
+
+
+def add_option(parser: Any) -> None:
+    """``--isolate`` on a command that loads a model."""
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run in a child process: a crash of the model's code (signal, os._exit) becomes a diagnostic "
+        "(MP530-MP532; also MEMOPLAN_ISOLATE=1). Not a sandbox: the model's code still runs",
+    )
+
+
+def plan_path(args: Any) -> Path | None:
+    """The command's one plan file (``check`` takes several: the first when it is the only one)."""
+    plans = getattr(args, "plans", None)
+    return plans[0] if plans and len(plans) == 1 else getattr(args, "plan", None)
 
 
 def requested(args: Any) -> bool:
