@@ -17,6 +17,7 @@ from memoplan.version import __version__
 # public name -> module that defines it
 _EXPORTS = {
     "Diagnostic": "memoplan.diagnostics",
+    "MemoplanWarning": "memoplan.diagnostics",
     "PlanError": "memoplan.diagnostics",
     "apply": "memoplan.api",
     "compile": "memoplan.api",
@@ -62,7 +63,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from memoplan.api import apply, compile, remove
-    from memoplan.diagnostics import Diagnostic, PlanError
+    from memoplan.diagnostics import Diagnostic, MemoplanWarning, PlanError
     from memoplan.runtime.dtr import dtr_stats
     from memoplan.resolver import explain, resolve
     from memoplan.syntax import format_plan, load, parse

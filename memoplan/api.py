@@ -7,14 +7,15 @@ writes into a user's repository.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from torch import nn
 
 from memoplan import runtime
-from memoplan.runtime import arena
+from memoplan.runtime import arena, hfcheck
 from memoplan.codegen import emit, import_generated, write_files
-from memoplan.diagnostics import PlanError
+from memoplan.diagnostics import MemoplanWarning, PlanError, Severity, Span
 from memoplan.ir import ResolvedPlan
 from memoplan.memonger.build import missing_example, plan_arena
 from memoplan.memonger.plan import ArenaPlan
@@ -33,16 +34,30 @@ def as_plan(plan: ast.Plan | Path | str) -> ast.Plan:
     return load(plan)
 
 
-def apply(model: nn.Module, plan: PlanLike) -> nn.Module:
+def apply(model: nn.Module, plan: PlanLike, *, warn: bool = True) -> nn.Module:
     """Apply ``plan`` to ``model`` in place and return it; undo with :func:`remove`.
 
     Nothing changes if the plan does not fit the model: every problem is raised at
-    once as a :class:`memoplan.diagnostics.PlanError` before any module is touched.
+    once as a :class:`memoplan.diagnostics.PlanError` before any module is touched, and an
+    interruption (Ctrl-C) part way is rolled back before it propagates.  The plan's
+    warnings (``ResolvedPlan.warnings``) are shown through :mod:`warnings` as
+    :class:`memoplan.MemoplanWarning` (``warn=False``: not shown, for callers that print them
+    themselves); ``MP322`` is also warned at the first training forward if the model's own
+    gradient checkpointing was turned on after this call (:mod:`memoplan.runtime.hfcheck`).
     """
     parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
     resolved = plan if parsed is None else resolve(parsed, model)
+    if warn:  # before anything changes: a warning filtered into an error leaves the model as it was
+        for diagnostic in resolved.warnings:
+            if diagnostic.severity is Severity.WARNING:
+                warnings.warn(MemoplanWarning(diagnostic), stacklevel=2)
     generated = import_generated(emit(resolved, arena=_arena(model, parsed, resolved)))
     generated.apply(model)
+    try:
+        hfcheck.watch(model, *_regions(resolved))
+    except BaseException:
+        remove(model)
+        raise
     return model
 
 
@@ -67,6 +82,15 @@ def remove(model: nn.Module) -> nn.Module:
     arena.uninstall(model)
     runtime.uninstall(model)
     return model
+
+
+def _regions(resolved: ResolvedPlan) -> tuple[tuple[str, ...], Span | None]:
+    """The modules the plan recomputes as regions (`checkpoint`, `temporal_chunk`) and the first rule's place."""
+    regions = [m for m in resolved.modules if m.checkpoint is not None or m.temporal_chunk is not None]
+    origins = [(m.checkpoint or m.temporal_chunk).origin for m in regions]
+    first = min(origins, key=lambda o: (o.file, o.line), default=None)
+    span = None if first is None else Span(first.file, first.line, 1, first.line, 1)
+    return tuple(m.path for m in regions), span
 
 
 def _arena(model: nn.Module, parsed: ast.Plan | None, resolved: ResolvedPlan) -> ArenaPlan | None:

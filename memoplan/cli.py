@@ -14,7 +14,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from memoplan import cli_output
+from memoplan import cli_output, isolate
 from memoplan.cli_output import OUTPUT, add_common_options, load_plan, write_output
 from memoplan.version import __version__
 from memoplan.diagnostics import printable
@@ -24,6 +24,10 @@ SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "compile", "profile"
 
 
 def main(argv: list[str] | None = None) -> int:
+    return isolate.finished(_main(argv))  # in an --isolate child: memoplan finished, nothing crashed
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if not args.command:
@@ -31,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = cli_output.configure(args)
     try:
+        if isolate.requested(args):  # the command, and the model's code, in a child process
+            out.begin(str(isolate.plan_path(args) or ""))  # named in --format json if the child crashes
+            return isolate.run(sys.argv[1:] if argv is None else list(argv), isolate.plan_path(args))
         return out.finish(args.run(args))
     except PlanError as error:
         if not out.failed(error):
@@ -47,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="memoplan", description="Declarative activation-memory plans for PyTorch models."
+        prog="memoplan",
+        description="Declarative activation-memory plans for PyTorch models.",
+        epilog=isolate.UNTRUSTED,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"memoplan {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -191,6 +201,7 @@ def _spec_options(parser: argparse.ArgumentParser, required: bool = True) -> Non
         required=required,
         help="pkg.module:inputs, path/file.py:inputs, or 'randn(4, 3, 32, 32)'" + also.replace("model", "example"),
     )
+    isolate.add_option(parser)
 
 
 def _positive_int(text: str) -> int:
@@ -211,6 +222,7 @@ def _rule_command(sub) -> None:
 
 def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:
     parser.add_argument("--model", metavar="SPEC", help="pkg.module:factory or path/file.py:factory")
+    isolate.add_option(parser)
     if example:
         parser.add_argument(
             "--example", metavar="SPEC", help="pkg.module:inputs, path/file.py:inputs, or e.g. 'randn(4, 3, 32, 32)'"
@@ -241,6 +253,7 @@ def _report(error: PlanError) -> None:
 
 def _progress(message: str) -> None:
     OUTPUT.progress(message)  # -q silences it, -v times it
+    isolate.note(message)  # under --isolate: the step the parent names if the model's code crashes
 
 
 def _load(path: Path):
@@ -261,11 +274,11 @@ def _model(plan, path: Path, spec: str | None, *, required: bool, seed: int = 0)
     torch.manual_seed(seed)
     if spec is not None:
         _progress(f"loading model {spec}")
-        return specs.load_model(spec)
+        return isolate.ran(specs.load_model(spec))
     if plan.model is not None:
         _progress(f"loading model {plan.model.spec}")
         with _shown_in(plan.source):
-            return specs.load_model(plan.model.spec, base_dir=path.parent, span=plan.model.span)
+            return isolate.ran(specs.load_model(plan.model.spec, base_dir=path.parent, span=plan.model.span))
     if required:
         raise PlanError(
             (Diagnostic("MP502", f"no model for `{path}`", help="pass --model SPEC or add a `model` statement"),)
@@ -279,11 +292,13 @@ def _example(plan, path: Path, spec: str | None, *, required: bool):
 
     if spec is not None:
         stmt = parse_example_spec(spec, "--example")
+        isolate.note(f"building example {spec.strip()}")
         with _shown_in(f"example {spec.strip()}"):  # the text parse_example_spec's spans point into
-            return specs.make_example(stmt)
+            return isolate.ran(specs.make_example(stmt))
     if plan.example is not None:
+        isolate.note(f"building example {plan.example.spec or 'inline'}")
         with _shown_in(plan.source):
-            return specs.make_example(plan.example, base_dir=path.parent)
+            return isolate.ran(specs.make_example(plan.example, base_dir=path.parent))
     if required:
         raise PlanError(
             (

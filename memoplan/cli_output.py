@@ -352,4 +352,21 @@ def verify_details(report: Any) -> dict[str, Any]:
             {"name": c.name, "equal": c.equal, "compared": c.compared, "differences": [str(d) for d in c.differences[:10]]}
             for c in report.checks
         ],
+        **({} if getattr(report, "arena", None) is None else {"memonger": _arena_details(report.arena)}),
+    }
+
+
+def _arena_details(check: Any) -> dict[str, Any]:
+    """The ``memonger`` block's arena inference against eager (``memoplan.verify.ArenaCheck``)."""
+    return {
+        "ran": check.ran,
+        "equal": check.equal,
+        "compared": check.outputs.compared,
+        "differences": [str(d) for d in check.outputs.differences[:10]],
+        "peak_bytes": {"eager": check.eager_peak, "arena": check.arena_peak + check.arena_bytes},
+        "arena_bytes": check.arena_bytes,
+        "allocations": {
+            "eager": {"count": check.eager_allocations.count, "bytes": check.eager_allocations.bytes},
+            "arena": {"count": check.arena_allocations.count, "bytes": check.arena_allocations.bytes},
+        },
     }

@@ -108,6 +108,23 @@ class PlanError(Exception):
         return self.render()
 
 
+class MemoplanWarning(UserWarning):
+    """A plan's warning shown through Python's :mod:`warnings` (``memoplan.apply``, a planned forward).
+
+    ``diagnostic`` is the :class:`Diagnostic` it renders (``code`` its code).  Filter them like any
+    warning: ``warnings.filterwarnings("ignore", category=memoplan.MemoplanWarning)``, or one
+    code with ``message=r".*\\[MP322\\]"`` (the text starts with the plan's ``file:line:column``).
+    """
+
+    def __init__(self, diagnostic: Diagnostic) -> None:
+        super().__init__(diagnostic.render())
+        self.diagnostic = diagnostic
+
+    @property
+    def code(self) -> str:
+        return self.diagnostic.code
+
+
 # Bidirectional overrides and isolates: they reorder the text that follows them on screen.
 _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 

@@ -64,6 +64,7 @@ RANGES: tuple[Range, ...] = (
     Range(500, 509, "loading models and examples; the command line", frozenset({_S.SPECS, _S.CLI})),
     Range(510, 519, "`memoplan report`", frozenset({_S.REPORT})),
     Range(520, 529, "the language server", frozenset({_S.EDITOR})),
+    Range(530, 539, "running a model's code in a child process", frozenset({_S.SPECS})),
     Range(600, 699, "the planner", frozenset({_S.PLANNER})),
 )
 
@@ -190,6 +191,9 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP512", _S.REPORT, E, "`memoplan report --budgets F`: a budget of the sweep that is not a share of the unplanned peak in (0, 1]", "give shares such as `0.5,0.75`"),
     ("MP520", _S.EDITOR, W, "`memoplan lsp` with `loadModel`: the model process timed out or exited (the plan's `model` line)", "run `memoplan check --model` on the plan to see the model's own error"),
     ("MP521", _S.EDITOR, W, "`memoplan lsp`: checking the document failed inside memoplan (a bug); the server goes on", "report it with the plan text"),
+    ("MP530", _S.SPECS, E, "`--isolate`: the model's code killed the process with a signal (os.abort(), a fault in a C extension, the out-of-memory killer)", "run the plan's `model` or `example` code on its own to find the crash"),
+    ("MP531", _S.SPECS, E, "`--isolate`: the process ended before memoplan finished (os._exit() in the model's code)", "raise an exception or call sys.exit() instead: memoplan reports those as MP504"),
+    ("MP532", _S.SPECS, E, "`--isolate`: the child process could not be started", "run the command without --isolate (and without MEMOPLAN_ISOLATE=1)"),
     # ---- the planner
     ("MP601", _S.PLANNER, E, "`memoplan plan`: no plan of the search meets a `hard` budget", "raise the budget (the message gives the least reachable peak) or write it as `hint`"),
     ("MP602", _S.PLANNER, E, "`memoplan plan --dtr`: a budget that is not in bytes, or that eviction cannot meet", "give the budget in bytes, above the least the message gives"),

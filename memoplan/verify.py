@@ -35,8 +35,11 @@ from memoplan.compare import Check, compare
 from memoplan.diagnostics import Diagnostic, Severity
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, measured_step, step_device, training_step
+from memoplan.memonger.measure import Allocations, count_allocations
+from memoplan.memonger.probe import allocated_inside
 from memoplan.planner.budgets import budget_from_ast
 from memoplan.resolver import resolve
+from memoplan.runtime.arena import arena_state
 from memoplan.runtime.dtr import DtrStats, dtr_stats
 from memoplan.specs import Example
 from memoplan.syntax import ast
@@ -44,6 +47,24 @@ from memoplan.syntax import ast
 #: Tolerance for plans with temporal chunks: max |planned - unplanned| <= CHUNK_RTOL * max |unplanned|,
 #: the maximum taken over the tensor's category (outputs, gradients or buffers).
 CHUNK_RTOL = 5e-5
+
+
+@dataclass(frozen=True)
+class ArenaCheck:
+    """The ``memonger`` block's arena against eager: one inference call of each (eval, no grad)
+    with the example, after the training step both copies took."""
+
+    outputs: Check  # bit for bit
+    ran: bool  # the arena ran the call (not the model's own forward)
+    arena_peak: int  # bytes above what was held when the call began, at most (probe.allocated_inside)
+    eager_peak: int
+    arena_bytes: int  # the arena itself, held between calls (not in arena_peak)
+    arena_allocations: Allocations  # fresh storages the call's ops returned
+    eager_allocations: Allocations
+
+    @property
+    def equal(self) -> bool:
+        return self.ran and self.outputs.equal and not self.outputs.within
 
 
 @dataclass(frozen=True)
@@ -61,10 +82,12 @@ class VerifyReport:
     planned_seconds: float = 0.0
     #: What the ``dtr`` block's tracker did in the planned step (None without one).
     dtr: DtrStats | None = None
+    #: The ``memonger`` block's arena inference against eager (None without one).
+    arena: ArenaCheck | None = None
 
     @property
     def equivalent(self) -> bool:
-        return all(c.equal for c in self.checks)
+        return all(c.equal for c in self.checks) and (self.arena is None or self.arena.equal)
 
     @property
     def exact(self) -> bool:
@@ -110,7 +133,7 @@ def verify(
     if device is not None:
         reference.to(device)
         example = example.to(device)
-    planned = api.apply(copy.deepcopy(reference), resolved)
+    planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
     where = step_device(reference, example.args, example.kwargs)
     with _reproducible(where) as nondeterministic:
         _warm_up(reference, planned, example, loss_fn, where)
@@ -131,9 +154,56 @@ def verify(
         ),
     )
     memory = before.memory, after.memory
-    del reference, planned, before, after  # compared: free them before timing fresh copies
+    del before, after
+    arena = None if resolved.memonger is None else arena_check(reference, planned, example, where)
+    del reference, planned  # compared: free them before timing fresh copies
     times = _step_times(model, resolved, example, loss_fn, device, where)
-    return VerifyReport(resolved, *memory, checks, rtol, tuple(nondeterministic), *times, evictions)
+    return VerifyReport(resolved, *memory, checks, rtol, tuple(nondeterministic), *times, evictions, arena)
+
+
+def arena_check(reference: nn.Module, planned: nn.Module, example: Example, device: torch.device) -> ArenaCheck:
+    """One inference call (eval, no grad) of ``reference`` and of ``planned``, whose ``memonger``
+    arena runs it: outputs bit for bit, the peak of each call and what its ops allocate."""
+    reference.eval()
+    planned.eval()
+    state = arena_state(planned)
+    calls = state.arena_calls if state is not None else 0
+
+    def call(model: nn.Module):
+        def run():
+            with torch.no_grad():
+                return model(*example.args, **dict(example.kwargs))
+
+        return run
+
+    expected, got = call(reference)(), call(planned)()
+    ran = state is not None and state.arena_calls == calls + 1
+    outputs = compare("arena outputs", {"outputs": expected}, {"outputs": got}, 0.0)
+    del expected, got
+    eager_allocations, _ = count_allocations(call(reference))
+    arena_allocations, _ = count_allocations(call(planned))
+    eager_peak, _ = allocated_inside(call(reference), device)
+    arena_peak, _ = allocated_inside(call(planned), device)
+    held = state.arena.untyped_storage().nbytes() if state is not None and state.arena is not None else 0
+    return ArenaCheck(outputs, ran, arena_peak, eager_peak, held, arena_allocations, eager_allocations)
+
+
+def render_arena(check: ArenaCheck) -> str:
+    """The one line ``memoplan verify`` prints for the ``memonger`` block."""
+    if not check.ran:
+        verdict = "DID NOT RUN: the call ran the model's own forward"
+    elif check.equal:
+        verdict = f"outputs equal bit for bit ({check.outputs.compared} compared)"
+    else:
+        verdict = "outputs DIFFERENT: " + "; ".join(check.outputs.differences[:3])
+    a, e = check.arena_allocations, check.eager_allocations
+    total = check.arena_peak + check.arena_bytes
+    return (
+        f"memonger arena (one inference call with the example, eval, no grad) against eager: {verdict}; "
+        f"peak {_mib(total)} ({total} B: the call's {check.arena_peak} B and the arena's {check.arena_bytes} B), "
+        f"eager {_mib(check.eager_peak)} ({check.eager_peak} B); allocations {a.count} ({a.bytes} B), "
+        f"eager {e.count} ({e.bytes} B)"
+    )
 
 
 def _step_times(
@@ -150,7 +220,7 @@ def _step_times(
     reference = copy.deepcopy(model)
     if device is not None:
         reference.to(device)
-    planned = api.apply(copy.deepcopy(reference), resolved)
+    planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
     times = []
     with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
         for copied in (reference, planned):
@@ -263,6 +333,8 @@ def render_report(report: VerifyReport) -> str:
     ]
     if report.dtr is not None:
         lines.append(report.dtr.summary())
+    if report.arena is not None:
+        lines.append(render_arena(report.arena))
     for check in report.checks:
         if not check.equal:
             status = "DIFFERENT"

@@ -17,6 +17,7 @@ PLAN = "memplan 1\nmodule features.* { checkpoint }\n"
 def test_public_names_are_frozen():
     assert sorted(memoplan.__all__) == [
         "Diagnostic",
+        "MemoplanWarning",
         "PlanError",
         "__version__",
         "apply",

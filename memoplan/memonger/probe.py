@@ -22,6 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from memoplan.memonger.program import Const, Ref, ScalarTensor, Step
+from memoplan.memonger.quiet import profiler_quiet
 from memoplan.runtime import arena_into
 from memoplan.runtime.arena_into import FORMS, scalar
 
@@ -277,8 +278,8 @@ def allocated_inside(fn, device: torch.device) -> tuple[int, Any]:
     Many ``out=`` overloads are wrappers that run the op into a tensor of their own and copy it
     (``relu.out``, ``masked_fill.Scalar_out``, ``embedding.out``): writing through them saves
     nothing, and the live-storage meter, which sees only what ops return, would not show it.
-    On CPU the profiler's memory events, in time order, see every allocation and free; on CUDA
-    the allocator's peak.
+    On CPU the profiler's memory events, in time order, see every allocation and free (its
+    own lines on stderr held back, :mod:`memoplan.memonger.quiet`); on CUDA the allocator's peak.
     """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -289,7 +290,7 @@ def allocated_inside(fn, device: torch.device) -> tuple[int, Any]:
         return max(0, torch.cuda.max_memory_allocated(device) - before), result
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with profiler_quiet(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     live = peak = 0

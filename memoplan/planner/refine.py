@@ -129,7 +129,7 @@ def measure_plan(model: nn.Module, example: Example, plan: ast.Plan) -> int:
     """
     example = _as_example(example)
     with Snapshot(model, example):
-        clone = memoplan.apply(_copy(model), plan)
+        clone = memoplan.apply(_copy(model), plan, warn=False)
         return measure_step(clone, example.args, example.kwargs).peak_bytes
 
 

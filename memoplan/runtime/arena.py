@@ -179,8 +179,7 @@ def install(model: nn.Module, forward: Callable[..., Any], spec: ArenaSpec) -> N
         if model.__dict__.get("forward") is not bound:
             raise AttributeError("the module's __setattr__ did not store `forward` on the instance")
     except Exception as error:
-        if model.__dict__.get("forward") is bound:
-            del model.__dict__["forward"]
+        _take_back(model, bound)
         raise PlanError(
             (
                 Diagnostic(
@@ -191,8 +190,21 @@ def install(model: nn.Module, forward: Callable[..., Any], spec: ArenaSpec) -> N
                 ),
             )
         ) from None
-    model.__dict__[STATE_ATTR] = ArenaState(spec.plan_id)
-    pickling.register(forward)
+    except BaseException:  # Ctrl-C and the like: nothing stays half-installed
+        _take_back(model, bound)
+        raise
+    try:
+        model.__dict__[STATE_ATTR] = ArenaState(spec.plan_id)
+        pickling.register(forward)
+    except BaseException:
+        _take_back(model, bound)
+        raise
+
+
+def _take_back(model: nn.Module, bound: types.MethodType) -> None:
+    if model.__dict__.get("forward") is bound:
+        del model.__dict__["forward"]
+    model.__dict__.pop(STATE_ATTR, None)
 
 
 def uninstall(model: nn.Module) -> None:

@@ -28,6 +28,7 @@ from memoplan.runtime import inplace
 from memoplan.runtime.argstate import ArgumentGuard, combined
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.install import PATH_ATTR
+from memoplan.runtime.recompute import recomputing
 from memoplan.runtime.region import RegionOptions, run_region
 
 __all__ = ["run_checkpointed", "run_segmented"]
@@ -135,10 +136,15 @@ def _region(
     # keyword arguments travel inside the flat list, never as checkpoint's own keyword
     # arguments, so a user kwarg named `use_reentrant` or `context_fn` reaches the module.
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    calls = [0]
 
     def call(*flat: Any) -> Any:
         call_args, call_kwargs = pytree.tree_unflatten(list(flat), spec)
-        return fn(*call_args, **call_kwargs)
+        calls[0] += 1
+        if calls[0] == 1:  # the forward; any later call is checkpoint's recompute in backward
+            return fn(*call_args, **call_kwargs)
+        with recomputing(where, "a checkpointed region"):
+            return fn(*call_args, **call_kwargs)
 
     if torch.compiler.is_compiling():
         # A compiled graph is functionalized: buffers mutate once, when the graph's

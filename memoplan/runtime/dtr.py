@@ -69,7 +69,7 @@ from torch.utils.checkpoint import get_device_states
 
 from memoplan.runtime.argstate import ArgumentGuard
 from memoplan.runtime.buffers import BufferGuard
-from memoplan.runtime.recompute import as_in_forward, autocast_state
+from memoplan.runtime.recompute import as_in_forward, autocast_state, recomputing
 from memoplan.runtime.state import get_state, is_stateful, load_state
 
 __all__ = ["DTR_ATTR", "DtrSettings", "DtrStats", "Tracker", "dtr_stats", "run_evictable"]
@@ -292,8 +292,8 @@ class _Call:
             raise RuntimeError(f"memoplan: `{self.where}`: a recomputed graph is never differentiated")
 
         post = [get_state(m) for m in self.stateful]
-        with as_in_forward(self), self.arguments_recompute, torch.enable_grad():
-            with torch.autograd.graph.saved_tensors_hooks(refill, unpack):
+        with recomputing(self.where, "an evicted dtr candidate"), as_in_forward(self), self.arguments_recompute:
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(refill, unpack):
                 try:
                     for module, state in zip(self.stateful, entry):
                         load_state(module, state)

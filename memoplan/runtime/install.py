@@ -15,7 +15,9 @@ forwards (:mod:`memoplan.runtime.pickling`).
 
 Installing is all or nothing: if setting any forward raises (a module whose
 ``__setattr__`` refuses it), every module patched so far is restored and the
-failure is a :class:`PlanMismatchError` (``MP406``) naming the module.
+failure is a :class:`PlanMismatchError` (``MP406``) naming the module.  Any other
+``BaseException`` on the way (Ctrl-C's ``KeyboardInterrupt``, ``SystemExit``) is
+rolled back the same way and then re-raised as it was.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError, did_you_mean
-from memoplan.runtime import pickling
+from memoplan.runtime import hfcheck, pickling
 from memoplan.runtime.dtr import DTR_ATTR, DtrSettings, Tracker
 from memoplan.runtime.memory import MemorySettings, install_memory, uninstall_memory
 
@@ -156,51 +158,62 @@ def install(
     targets = tuple(targets)
     modules = _validate(model, targets)
     done: list[tuple[nn.Module, types.MethodType]] = []
-    for target, module in zip(targets, modules, strict=True):
-        # An instance attribute shadows the class's forward for this module only;
-        # ``nn.Module.__call__`` looks up ``self.forward``, so hooks still run around it.
-        bound = types.MethodType(target.forward, module)
-        try:
-            module.forward = bound
-            if module.__dict__.get("forward") is not bound:
-                raise AttributeError("the module's __setattr__ did not store `forward` on the instance")
-        except Exception as error:
-            _undo(done + [(module, bound)])
-            raise PlanMismatchError(
-                (
-                    Diagnostic(
-                        code="MP406",
-                        message=(
-                            f"cannot install the plan's forward on `{target.path}` "
-                            f"({type(module).__qualname__}): {type(error).__name__}: {error}"
-                        ),
-                        help="its class refuses an instance `forward`; leave this module out of the plan "
-                        "(nothing was changed)",
-                    ),
-                )
-            ) from None
-        module.__dict__[PATH_ATTR] = target.path  # named in runtime messages
-        done.append((module, bound))
-        pickling.register(target.forward)
-    if memory is not None:
-        try:
-            install_memory(model, memory)
-        except BaseException:
-            _undo(done)
-            raise
-    if dtr is not None:
-        tracker = Tracker(dtr)
-        model.__dict__[DTR_ATTR] = tracker
+    try:
         for target, module in zip(targets, modules, strict=True):
-            if target.evictable:
-                tracker.attach(module, target.path)
-    model.__dict__[_PLAN_ATTR] = InstalledPlan(
-        plan_id=plan_id, forwards=tuple((t.path, t.forward) for t in targets)
-    )
+            _patch(target, module, done)
+        if memory is not None:
+            install_memory(model, memory)
+        if dtr is not None:
+            tracker = Tracker(dtr)
+            model.__dict__[DTR_ATTR] = tracker
+            for target, module in zip(targets, modules, strict=True):
+                if target.evictable:
+                    tracker.attach(module, target.path)
+        model.__dict__[_PLAN_ATTR] = InstalledPlan(
+            plan_id=plan_id, forwards=tuple((t.path, t.forward) for t in targets)
+        )
+    except BaseException:
+        # Anything at all (a refusing module, Ctrl-C, a SystemExit from a hook) leaves the
+        # model as it was: a half-installed plan could be neither removed nor applied again.
+        _undo(model, done)
+        raise
 
 
-def _undo(done: list[tuple[nn.Module, types.MethodType]]) -> None:
-    """Take back the forwards an install that failed part way had set."""
+def _patch(target: Target, module: nn.Module, done: list[tuple[nn.Module, types.MethodType]]) -> None:
+    """Give ``module`` the target's forward; recorded in ``done`` before it is set, so that an
+    interruption at any point is undone."""
+    # An instance attribute shadows the class's forward for this module only;
+    # ``nn.Module.__call__`` looks up ``self.forward``, so hooks still run around it.
+    bound = types.MethodType(target.forward, module)
+    done.append((module, bound))
+    try:
+        module.forward = bound
+        if module.__dict__.get("forward") is not bound:
+            raise AttributeError("the module's __setattr__ did not store `forward` on the instance")
+    except Exception as error:
+        raise PlanMismatchError(
+            (
+                Diagnostic(
+                    code="MP406",
+                    message=(
+                        f"cannot install the plan's forward on `{target.path}` "
+                        f"({type(module).__qualname__}): {type(error).__name__}: {error}"
+                    ),
+                    help="its class refuses an instance `forward`; leave this module out of the plan "
+                    "(nothing was changed)",
+                ),
+            )
+        ) from None
+    module.__dict__[PATH_ATTR] = target.path  # named in runtime messages
+    pickling.register(target.forward)
+
+
+def _undo(model: nn.Module, done: list[tuple[nn.Module, types.MethodType]]) -> None:
+    """Take back what an install that failed or was interrupted part way had done."""
+    if isinstance(model.__dict__.get(_PLAN_ATTR), InstalledPlan):
+        del model.__dict__[_PLAN_ATTR]
+    uninstall_memory(model)
+    model.__dict__.pop(DTR_ATTR, None)
     for module, bound in reversed(done):
         if module.__dict__.get("forward") is bound:
             del module.__dict__["forward"]
@@ -210,6 +223,7 @@ def _undo(done: list[tuple[nn.Module, types.MethodType]]) -> None:
 
 def uninstall(model: nn.Module) -> None:
     """Remove the installed plan, restoring every patched module; no-op without a plan."""
+    hfcheck.unwatch(model)
     record = model.__dict__.pop(_PLAN_ATTR, None)
     if not isinstance(record, InstalledPlan):
         return

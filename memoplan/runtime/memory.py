@@ -219,7 +219,11 @@ def install_memory(model: nn.Module, settings: MemorySettings) -> None:
     flat = FlatGradients(model, flat_parameters(model)) if settings.atomic_clean_policy == 0 else None
     reservation = Reservation(allocator.reserve_bytes) if allocator.reserve_bytes else None
     hook = model.register_forward_pre_hook(_before_forward)
-    model.__dict__[MEMORY_ATTR] = InstalledMemory(hook, flat, reservation, allocator.expandable_segments)
+    try:
+        model.__dict__[MEMORY_ATTR] = InstalledMemory(hook, flat, reservation, allocator.expandable_segments)
+    except BaseException:  # interrupted before the record that uninstall_memory undoes exists
+        hook.remove()
+        raise
     if flat is not None:
         model.zero_grad = types.MethodType(_zero_grad, model)
     if allocator.expandable_segments:

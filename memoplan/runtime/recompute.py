@@ -22,7 +22,20 @@ from torch.utils.checkpoint import set_device_states
 from memoplan.runtime import codecs
 from memoplan.runtime.state import load_state
 
-__all__ = ["Boundaries", "Entry", "as_in_forward", "autocast_state", "saved_as_payload"]
+__all__ = [
+    "RECOMPUTE_NOTE",
+    "Boundaries",
+    "Entry",
+    "as_in_forward",
+    "autocast_state",
+    "recomputing",
+    "saved_as_payload",
+]
+
+#: How the note that :func:`recomputing` adds to an exception starts.
+RECOMPUTE_NOTE = "memoplan: raised while recomputing"
+# torch's own early stop of a non-reentrant checkpoint's recompute: control flow, not an error.
+_STOP = getattr(torch.utils.checkpoint, "_StopRecomputationError", ())
 
 
 def autocast_state() -> list[tuple[str, bool, torch.dtype]]:
@@ -103,6 +116,28 @@ def as_in_forward(ctx) -> Any:
         yield
 
 
+@contextlib.contextmanager
+def recomputing(where: str, what: str) -> Any:
+    """Name the module in any exception its recompute raises (``what``: how the plan runs it).
+
+    The exception keeps its type and traceback; it gains a note (``add_note``), once, from
+    the innermost recompute, saying that this was the module's forward run again in backward.
+    """
+    try:
+        yield
+    except BaseException as error:
+        if not isinstance(error, _STOP) and not any(
+            str(note).startswith(RECOMPUTE_NOTE) for note in getattr(error, "__notes__", ())
+        ):
+            name = f"`{where}`" if where else "the model's root module"
+            error.add_note(
+                f"{RECOMPUTE_NOTE} {name} ({what}) in backward: the plan runs its forward a second "
+                "time there to rebuild the activations it did not keep; the first run succeeded, so "
+                "look for what differs on the second (state changed after forward, a side effect)"
+            )
+        raise
+
+
 class Boundaries:
     """The states the time chunks of one call start from, recomputed in backward instead of kept.
 
@@ -173,7 +208,8 @@ def _replay(ctx: Any, state: list[torch.Tensor] | None, where: str) -> list[torc
     tensors = [codecs.decode(ctx.payload) if t is None else t.detach() for t in args]
     del args
     post_forward = run.read_states()
-    with torch.no_grad(), as_in_forward(ctx):
+    replaying = recomputing(where, "a time chunk replayed for the state it ended with")
+    with replaying, torch.no_grad(), as_in_forward(ctx):
         try:
             run.load_states(run.entry_states, run.state_keys, saved if state is None else state)
             run.call(tensors)

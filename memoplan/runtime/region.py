@@ -45,7 +45,7 @@ from memoplan.runtime.install import PATH_ATTR
 # The recompute's surroundings live in their own module; ``_Boundaries`` and
 # ``_saved_as_payload`` keep their names here, where the tests reach them.
 from memoplan.runtime.recompute import Boundaries as _Boundaries
-from memoplan.runtime.recompute import Entry, as_in_forward, autocast_state
+from memoplan.runtime.recompute import Entry, as_in_forward, autocast_state, recomputing
 from memoplan.runtime.recompute import saved_as_payload as _saved_as_payload
 from memoplan.runtime.state import get_state, load_state
 
@@ -689,7 +689,7 @@ class _RegionFunction(torch.autograd.Function):
             del decoded
 
         post_forward = run.read_states()
-        with as_in_forward(ctx), saving:
+        with recomputing(run.options.where, "a memoplan region"), as_in_forward(ctx), saving:
             try:
                 run.load_states(run.entry_states, run.state_keys, state_in)
                 with torch.enable_grad():
