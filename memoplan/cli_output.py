@@ -203,7 +203,11 @@ def is_stdin(path: Path | None) -> bool:
 
 def read_stdin() -> str:
     """Standard input as plan text: UTF-8, else MP107 (as for a file)."""
-    data = sys.stdin.buffer.read()
+    from memoplan.syntax.parser import MAX_PLAN_BYTES, too_large
+
+    data = sys.stdin.buffer.read(MAX_PLAN_BYTES + 1)  # never more than the limit: stdin may be endless
+    if len(data) > MAX_PLAN_BYTES:
+        raise PlanError((too_large("<stdin>", len(data), "bytes or more"),))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -107,8 +107,9 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP104", _S.SYNTAX, E, "no `memplan 1` header (or an empty file)", "start the file with `memplan 1`"),
     ("MP105", _S.SYNTAX, E, "a quoted path segment that is empty or contains `.`", "quote one segment at a time: `\"a\".\"b\"`"),
     ("MP106", _S.SYNTAX, E, "a block not closed: at the end of the file, or before the next statement", "close the block with `}` before the next statement"),
-    ("MP107", _S.SYNTAX, E, "the plan file cannot be read, or is not UTF-8", "check the path and save the file as UTF-8"),
+    ("MP107", _S.SYNTAX, E, "the plan file cannot be read, is not a regular file (a folder, a device, a pipe), or is not UTF-8", "check the path and save the file as UTF-8"),
     ("MP108", _S.SYNTAX, E, "an invalid escape in a string", "use one of `\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX`"),
+    ("MP109", _S.SYNTAX, E, "a plan over the size limit of 4 MiB (a file, standard input or text given to `parse`); nothing of it is parsed", "split the plan, or cover many modules with one wildcard rule"),
     # ---- values
     ("MP201", _S.SYNTAX, E, "unknown option, key or example argument, with a did-you-mean; an option that does not apply (`tolerance` on a lossless codec, `low`/`high` on a function other than `randint`)", "use an option the policy, block or function lists in the reference, or remove it"),
     ("MP202", _S.SYNTAX, E, "a value of the wrong type (an integer where a size is needed, a string where a word is, ...)", "write the value in the type the reference lists (a size with a unit, a bare word, ...)"),

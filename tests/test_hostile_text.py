@@ -119,3 +119,64 @@ def test_clipped_excerpt_keeps_the_caret_far_along_a_line() -> None:
     assert line.startswith("  2 | ...") and "a.a.a." in line and line.endswith("b { bogus }")
     assert len(line) < EXCERPT_WIDTH + 20
     assert caret.index("^") == line.index("bogus") and caret.count("^") == 5
+
+
+# ---------------------------------------------------------------- files that are not plans, and the size limit
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null", "/dev/urandom"])
+def test_a_device_is_refused_without_reading_it(capsys, device) -> None:
+    if not Path(device).exists():
+        pytest.skip(f"no {device} here")
+    code, err = _check(capsys, Path(device))
+    assert code == 1
+    assert f"error[MP107]: cannot read plan `{device}`: it is not a regular file" in err
+
+
+def test_a_named_pipe_is_refused_without_waiting_for_a_writer(capsys, tmp_path) -> None:
+    import os
+
+    fifo = tmp_path / "plan.memplan"
+    os.mkfifo(fifo)
+    code, err = _check(capsys, fifo)  # would block forever if the pipe were opened for reading
+    assert code == 1 and "error[MP107]" in err and "not a regular file" in err
+
+
+def test_a_plan_over_the_size_limit_is_mp109_and_not_read(capsys, tmp_path, monkeypatch) -> None:
+    from memoplan.syntax import parser
+
+    path = tmp_path / "big.memplan"
+    path.write_bytes(b"memplan 1\n" + b"# padding\n" * 2000)
+    monkeypatch.setattr(parser, "MAX_PLAN_BYTES", 1000)
+    reads = []
+    monkeypatch.setattr(parser.os, "fdopen", lambda *a, **k: reads.append(a) or open(*a, **k))
+    code, err = _check(capsys, path)
+    assert code == 1 and len(reads) == 1
+    assert f"error[MP109]: plan `{path}` is too large: 20,010 bytes, over the limit of 1,000 bytes" in err
+    with pytest.raises(PlanError) as info:
+        memoplan.load(path)
+    assert info.value.codes == ["MP109"]
+
+
+def test_text_over_the_size_limit_is_mp109_before_parsing(monkeypatch) -> None:
+    from memoplan.syntax import parser
+
+    monkeypatch.setattr(parser, "MAX_PLAN_BYTES", 100)
+    monkeypatch.setattr(parser, "_parse_tree", lambda *a, **k: pytest.fail("parsed a plan over the limit"))
+    plan, diagnostics = parser.parse_with_diagnostics("memplan 1\n" + "module a { keep }\n" * 10, "x.memplan")
+    assert plan is None and [d.code for d in diagnostics] == ["MP109"]
+
+
+def test_endless_standard_input_is_read_only_up_to_the_limit(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    with open("/dev/zero", "rb") as endless:
+        done = subprocess.run(
+            [sys.executable, "-m", "memoplan", "check", "--syntax-only", "-"],
+            stdin=endless, capture_output=True, text=True, timeout=120, cwd=root,
+            env={**__import__("os").environ, "PYTHONPATH": str(root)},
+        )
+    assert done.returncode == 1
+    assert "error[MP109]: plan `<stdin>` is too large" in done.stderr and "Traceback" not in done.stderr
