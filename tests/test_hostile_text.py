@@ -180,3 +180,20 @@ def test_endless_standard_input_is_read_only_up_to_the_limit(tmp_path) -> None:
         )
     assert done.returncode == 1
     assert "error[MP109]: plan `<stdin>` is too large" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_parsing_leaves_the_garbage_collector_as_it_found_it() -> None:
+    import gc
+
+    assert gc.isenabled()
+    memoplan.parse("memplan 1\nmodule a { keep }\n")
+    assert gc.isenabled()
+    with pytest.raises(PlanError):
+        memoplan.parse("memplan 1\nmodule a { bogus }\n")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        memoplan.parse("memplan 1\n")
+        assert not gc.isenabled()  # a caller's own choice is kept
+    finally:
+        gc.enable()

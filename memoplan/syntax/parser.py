@@ -8,6 +8,8 @@ without cascades.  Value errors (``MP2xx``) come from ``build``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import re
 import stat
@@ -165,8 +167,32 @@ def parse_with_diagnostics(text: str, file: str = "<memory>") -> tuple[ast.Plan 
     """Parse plan text and return ``(plan or None, diagnostics)`` without raising.
 
     Lines may end in ``\\n``, ``\\r\\n`` or ``\\r`` (each is one line break, as Python's
-    text files read them); the plan's ``source`` has ``\\n`` only.
+    text files read them); the plan's ``source`` has ``\\n`` only.  Text longer than
+    :data:`MAX_PLAN_BYTES` characters is ``MP109`` and not parsed.
     """
+    with _gc_paused():
+        return _parse_with_diagnostics(text, file)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off while a plan is parsed.
+
+    A parse allocates a few objects per character and frees none of them until it ends: the
+    collector's passes over them found nothing and took half the time of a large plan
+    (``benchmarks/parse_speed.py``).  Reference counting still frees everything; the
+    collector runs again as soon as the parse returns.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _parse_with_diagnostics(text: str, file: str) -> tuple[ast.Plan | None, list[Diagnostic]]:
     if len(text) > MAX_PLAN_BYTES:
         return None, [too_large(file, len(text), "characters")]
     text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
