@@ -324,6 +324,19 @@ def run_fmt(args: Any, report: Any) -> int:
     return EXIT_FINDINGS if (args.check and would_change) else EXIT_OK
 
 
+def unified_diff(old: bytes, new: bytes, old_name: str, new_name: str) -> str:
+    """``diff -u`` of two files' bytes, each line through ``printable`` (``compile --check``).
+
+    Bytes that are not UTF-8 show as U+FFFD; a line-ending change shows as a changed line.
+    """
+    import difflib
+
+    before = old.decode("utf-8", "replace").splitlines(keepends=True)
+    after = new.decode("utf-8", "replace").splitlines(keepends=True)
+    diff = difflib.unified_diff(before, after, printable(old_name), printable(new_name))
+    return "".join(printable(line.rstrip("\n")) + "\n" for line in diff)
+
+
 def _rewrite(path: Path, text: str) -> None:
     try:
         path.write_text(text, encoding="utf-8")
