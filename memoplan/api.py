@@ -21,6 +21,7 @@ from memoplan.memonger.build import missing_example, plan_arena
 from memoplan.memonger.plan import ArenaPlan
 from memoplan.resolver import resolve
 from memoplan.syntax import ast, load, parse
+from memoplan.targets import check_target
 
 PlanLike = ast.Plan | ResolvedPlan | Path | str
 
@@ -71,7 +72,7 @@ def compile(plan: PlanLike, model: nn.Module, output: Path | str, *, source: str
     """
     parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
     resolved = plan if parsed is None else resolve(parsed, model)
-    output = Path(output)
+    output = check_target(output, [resolved.file])  # MP508: a device, a missing folder, the plan itself
     code = emit(resolved, source=source, module_name=output.stem, arena=_arena(model, parsed, resolved))
     (path,) = write_files(code, output.parent, main_name=output.name)
     return path

@@ -19,6 +19,7 @@ from memoplan.cli_output import OUTPUT, add_common_options, load_plan, write_out
 from memoplan.version import __version__
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
+from memoplan.targets import check_target
 
 SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
 
@@ -326,13 +327,26 @@ def _show(text: str) -> None:
     print("\n".join(printable(line) for line in text.split("\n")))
 
 
-def _output(path: Path) -> Path:
-    """``-o PATH``, refused (MP508) before any work when it is a directory."""
-    if path.is_dir():
-        raise PlanError(
-            (Diagnostic("MP508", f"cannot write `{path}`: it is a directory", help="give -o the path of a file"),)
-        )
-    return path
+def _model_file(spec: str | None, base: Path | None = None) -> Path | None:
+    """The file a ``path/file.py:factory`` spec names (an input no ``-o`` may overwrite), else None."""
+    module = spec.rpartition(":")[0] if spec else ""
+    if not module.endswith(".py"):
+        return None
+    return (base or Path(".")) / module
+
+
+def _plan_inputs(plan, path: Path, spec: str | None) -> tuple[Path | None, ...]:
+    """A plan command's inputs: the plan's file and its model's file."""
+    own = plan.model.spec if plan is not None and plan.model is not None else None
+    return (path, _model_file(spec) if spec else _model_file(own, path.parent))
+
+
+def _output(path: Path, *inputs: Path | str | None) -> Path:
+    """``-o PATH``, refused (MP508) before any work unless it is absent or a regular file in
+    an existing folder, and none of ``inputs`` (memoplan.targets); ``-`` is standard output."""
+    if cli_output.to_stdout(path):
+        return path
+    return check_target(path, [p for p in inputs if p is not None and not cli_output.is_stdin(Path(p))])
 
 
 @contextlib.contextmanager
@@ -527,7 +541,7 @@ def _profile(args) -> int:
     from memoplan.planner.profile import profile
     from memoplan.planner.report import profile_table
 
-    _output(args.output)
+    _output(args.output, _model_file(args.model))
     model, example = _model_and_example(args)
     result = _first_step(lambda: profile(model, example, repeats=args.repeats))
     if cli_output.to_stdout(args.output):  # `-o -`: the JSON on stdout, the table on stderr
@@ -687,7 +701,7 @@ def _plan(args) -> int:
     if args.dtr and start is not None:
         print("memoplan plan: error: --dtr writes a new plan; it does not complete one", file=sys.stderr)
         return 2
-    _output(args.output)
+    _output(args.output, *(_plan_inputs(start, args.start, args.model) if start is not None else ()), _model_file(args.model), *(args.profile or ()))
     if start is None:
         model, example = _model_and_example(args)
     else:
@@ -772,9 +786,9 @@ def _report_html(args) -> int:
 
     options = report_command.options_from(args)
     report_command.require_matplotlib()
-    _output(args.output)
     device = _device(args.device)
     plan = _load(args.plan)
+    _output(args.output, *_plan_inputs(plan, args.plan, args.model))
     refused = [d for d in statement_effects(plan, checking=True) if d.is_error]
     if refused:
         raise PlanError(tuple(refused), plan.source)
@@ -798,7 +812,7 @@ def _compile(args) -> int:
     from memoplan.api import compile as compile_plan
 
     plan = _load(args.plan)
-    _output(args.output)
+    _output(args.output, *_plan_inputs(plan, args.plan, args.model))
     model = _model(plan, args.plan, args.model, required=True)
     resolved = _resolve(plan, model)
     source = args.plan.as_posix()
@@ -809,11 +823,13 @@ def _compile(args) -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         fresh = compile_plan(resolved, model, Path(tmp) / args.output.name, source=source).read_bytes()
-    current = args.output.read_bytes() if args.output.exists() else None
+    current = args.output.read_bytes() if args.output.exists() else None  # a regular file: _output checked it
     if current == fresh:
         print(f"{args.output} is up to date")
         return 0
     print(f"{args.output} {'is missing' if current is None else 'is out of date'}; run without --check")
+    if current is not None:
+        sys.stdout.write(cli_output.unified_diff(current, fresh, str(args.output), f"{args.output} (compiled now)"))
     return 1
 
 

@@ -203,7 +203,11 @@ def is_stdin(path: Path | None) -> bool:
 
 def read_stdin() -> str:
     """Standard input as plan text: UTF-8, else MP107 (as for a file)."""
-    data = sys.stdin.buffer.read()
+    from memoplan.syntax.parser import MAX_PLAN_BYTES, too_large
+
+    data = sys.stdin.buffer.read(MAX_PLAN_BYTES + 1)  # never more than the limit: stdin may be endless
+    if len(data) > MAX_PLAN_BYTES:
+        raise PlanError((too_large("<stdin>", len(data), "bytes or more"),))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -318,6 +322,19 @@ def run_fmt(args: Any, report: Any) -> int:
     if unreadable:
         return EXIT_UNREADABLE
     return EXIT_FINDINGS if (args.check and would_change) else EXIT_OK
+
+
+def unified_diff(old: bytes, new: bytes, old_name: str, new_name: str) -> str:
+    """``diff -u`` of two files' bytes, each line through ``printable`` (``compile --check``).
+
+    Bytes that are not UTF-8 show as U+FFFD; a line-ending change shows as a changed line.
+    """
+    import difflib
+
+    before = old.decode("utf-8", "replace").splitlines(keepends=True)
+    after = new.decode("utf-8", "replace").splitlines(keepends=True)
+    diff = difflib.unified_diff(before, after, printable(old_name), printable(new_name))
+    return "".join(printable(line.rstrip("\n")) + "\n" for line in diff)
 
 
 def _rewrite(path: Path, text: str) -> None:

@@ -12,6 +12,8 @@ its group and the stage that raises it (``memoplan rule CODE`` prints one).  Bad
 from __future__ import annotations
 
 import enum
+import functools
+import re
 import unicodedata
 from dataclasses import dataclass, field
 
@@ -70,17 +72,49 @@ class Diagnostic:
 
 
 def _excerpt(source: str, span: Span) -> list[str]:
-    text_lines = source.split("\n")
-    if not 1 <= span.line <= len(text_lines):
+    """The span's source line and a caret under the span.
+
+    Lines end in ``\\n``, ``\\r\\n`` or ``\\r``, as the parser reads them.  The line is shown
+    through :func:`printable` (a comment may hold an escape sequence or a bidi override)
+    with the caret under the escaped text, and a line longer than :data:`EXCERPT_WIDTH`
+    is clipped to a window around the caret, marked with ``...``.
+    """
+    lines = _source_lines(source)
+    if not 1 <= span.line <= len(lines):
         return []
-    text = text_lines[span.line - 1].expandtabs(1)
-    end = span.end_column if span.end_line == span.line else len(text) + 1
-    width = max(1, end - span.column)
+    text = lines[span.line - 1]
+    if span.line == 1:
+        text = text.removeprefix("\ufeff")  # the parser drops a byte-order mark too
+    start = max(0, span.column - 1)
+    end = span.end_column - 1 if span.end_line == span.line else len(text)
+    lo, hi = 0, len(text)
+    if hi > EXCERPT_WIDTH:
+        lo = max(0, min(start - EXCERPT_WIDTH // 4, hi - EXCERPT_WIDTH))
+        hi = lo + EXCERPT_WIDTH
+    before = ("..." if lo else "") + _shown(text[lo:start])
+    marked = _shown(text[start : max(start, min(end, hi))])
+    after = _shown(text[max(start, min(end, hi)) : hi]) + ("..." if hi < len(text) else "")
     gutter = str(span.line)
     return [
-        f"  {gutter} | {text}",
-        f"  {' ' * len(gutter)} | {' ' * (span.column - 1)}{'^' * width}",
+        f"  {gutter} | {before}{marked}{after}",
+        f"  {' ' * len(gutter)} | {' ' * len(before)}{'^' * max(1, len(marked))}",
     ]
+
+
+EXCERPT_WIDTH = 160  # characters of one source line shown under a diagnostic
+
+_LINE_BREAKS = re.compile(r"\r\n|\r|\n")
+
+
+@functools.lru_cache(maxsize=4)
+def _source_lines(source: str) -> list[str]:
+    """``source`` split into lines as the parser counts them (cached: one plan, many diagnostics)."""
+    return _LINE_BREAKS.split(source)
+
+
+def _shown(text: str) -> str:
+    """Part of a source line as an excerpt shows it: a tab is one space, the rest :func:`printable`."""
+    return printable(text.replace("\t", " "))
 
 
 @dataclass

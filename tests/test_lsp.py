@@ -325,3 +325,19 @@ def test_a_file_name_that_needs_escaping_in_its_uri(server) -> None:
     assert found.code == "MP102"
     assert list(server.diagnostics(uri, server.change(uri, "memplan 1\nmodule fc { keep }\n"))) == []
     server.close_document(uri)
+
+
+def test_a_document_over_the_size_limit_is_mp522_and_left_alone(server) -> None:
+    from memoplan.lsp.server import MAX_DOCUMENT
+
+    uri = URI.replace("lsp-test", "lsp-huge")
+    text = "memplan 1\nmodule a { bogus }\n" + "#" * MAX_DOCUMENT + "\n"
+    (found,) = _open(server, text, uri)
+    assert found.code == "MP522" and found.severity == lsp.DiagnosticSeverity.Error
+    assert f"{len(text):,} characters" in found.message
+    assert server.hover(uri, 1, 12) is None
+    assert server.complete(uri, 1, 12) == []
+    assert server.format(uri) is None
+    small = "memplan 1\nmodule a { bogus }\n"
+    assert [d.code for d in server.diagnostics(uri, server.change(uri, small))] == ["MP102"]
+    server.close_document(uri)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memoplan.version import __version__
 from memoplan.codegen.arena import RESERVED as ARENA_RESERVED
 from memoplan.codegen.arena import render_arena
 from memoplan.codegen.names import NameAllocator
@@ -17,9 +16,10 @@ from memoplan.codegen.render import pyrepr, render
 from memoplan.diagnostics import printable
 from memoplan.ir import ModulePlan, ResolvedPlan
 from memoplan.memonger.plan import ArenaPlan
+from memoplan.runtime.abi import ABI
 
 # Names the template defines itself.
-RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "MEMORY", "DTR", "_rt", "self", "args", "kwargs", "torch")
+RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "RUNTIME_ABI", "MEMORY", "DTR", "_rt", "self", "args", "kwargs", "torch")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def emit(
     wrappers = {p: _wrapper(p, texts_of[p], sorted(lines_of[p], key=_line_order), names) for p in order}
     wrappers[None] = evictable
     context = {
-        "version": __version__,
+        "abi": ABI,
         "source": source or plan.file,
         "plan_id": plan.digest,
         "rows": plan_table(plan),

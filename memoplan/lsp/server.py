@@ -48,6 +48,7 @@ from memoplan.lsp.completion import completions
 from memoplan.lsp.hover import hover_at
 from memoplan.lsp.worker import ModelWorker, diagnostic_from_json
 from memoplan.syntax import ast
+from memoplan.syntax.parser import MAX_PLAN_BYTES
 from memoplan.version import __version__
 
 _SEVERITY = {
@@ -129,6 +130,9 @@ class PlanServer(LanguageServer):
         text = self.workspace.get_text_document(uri).source
         file, folder = _file_and_folder(uri, self.workspace.root_path)
         again = self._again_after_check.pop(uri, False)
+        if len(text) > MAX_DOCUMENT:  # never parsed, split or analysed: MP522, and nothing else
+            self._after_check(uri, text, file, folder, False, Checked(None, (_too_large(len(text)),)))
+            return
         future = self.loop.run_in_executor(self._checking, _safely, parse_text, text, file)
         future.add_done_callback(lambda done: self._after_parse(uri, text, file, folder, again, done.result()))
 
@@ -263,6 +267,10 @@ class PlanServer(LanguageServer):
         text = self.workspace.get_text_document(uri).source
         return text, lines_of(text)
 
+    def too_large(self, uri: str) -> bool:
+        """A document over MAX_DOCUMENT: hover, completion and formatting leave it alone."""
+        return len(self.workspace.get_text_document(uri).source) > MAX_DOCUMENT
+
 
 def _file_and_folder(uri: str, root: str | None) -> tuple[str, str]:
     """The file name diagnostics carry and the folder a model spec is relative to."""
@@ -292,6 +300,21 @@ def _warm_up() -> None:
 def _effects_ready() -> bool:
     """Whether the statement checks (and torch) are imported, so that they answer at once."""
     return "memoplan.resolver.effects" in sys.modules
+
+
+# The largest document the server checks, in characters: `memoplan check`'s limit (MP109).
+MAX_DOCUMENT = MAX_PLAN_BYTES
+
+
+def _too_large(size: int) -> Diagnostic:
+    return Diagnostic(
+        "MP522",
+        f"this document is too large for memoplan: {size:,} characters, over the limit of {MAX_DOCUMENT:,} "
+        "(the limit of `memoplan check`); it is not checked, and hover, completion and formatting are off",
+        None,
+        "split the plan, or cover many modules with one wildcard rule",
+        Severity.ERROR,
+    )
 
 
 def _internal(exc: BaseException) -> Diagnostic:
@@ -383,6 +406,8 @@ def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
     (the line under the cursor found there unchanged), else from a rule's first line parsed on
     its own, so that selectors still answer mid-edit."""
     uri = params.text_document.uri
+    if ls.too_large(uri):
+        return None
     text, lines = ls.lines(uri)
     line = params.position.line
     if not 0 <= line < len(lines):
@@ -468,6 +493,8 @@ def _same_line(old: list[str], new: list[str], line: int) -> int | None:
 @server.feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(trigger_characters=[".", ":", "="]))
 def _completion(ls: PlanServer, params: lsp.CompletionParams) -> lsp.CompletionList:
     uri = params.text_document.uri
+    if ls.too_large(uri):
+        return lsp.CompletionList(is_incomplete=False, items=[])
     text, lines = ls.lines(uri)
     line = min(max(params.position.line, 0), len(lines) - 1)
     column = from_units(lines[line], params.position.character, ls.encoding)
@@ -503,6 +530,8 @@ def _formatting(ls: PlanServer, params: lsp.DocumentFormattingParams) -> list[ls
     """The canonical form (``memoplan fmt``) as one edit; nothing for a plan with errors."""
     from memoplan.syntax import format_plan, parse_with_diagnostics
 
+    if ls.too_large(params.text_document.uri):
+        return None
     text, lines = ls.lines(params.text_document.uri)
     try:
         plan, diagnostics = parse_with_diagnostics(text)

@@ -1,6 +1,7 @@
 """Runtime stage: the small, stable layer that generated plan code imports.
 
-Generated modules call exactly these names: :class:`Target`, :func:`install`,
+Generated modules call exactly these names: :func:`require_abi` (on import: MP424 when
+this runtime cannot run the interface the module was generated for), :class:`Target`, :func:`install`,
 :func:`uninstall`, :func:`run_checkpointed`, :func:`run_segmented` and
 :func:`run_planned` (memoplan's own region: compressed input, threaded state,
 temporal chunks), :func:`run_evictable` and :class:`DtrSettings` (the ``dtr`` block), and
@@ -12,6 +13,7 @@ package imports only ``torch``, the standard library and
 
 from __future__ import annotations
 
+from memoplan.runtime.abi import ABI, require_abi
 from memoplan.runtime.checkpoint import run_checkpointed, run_segmented
 from memoplan.runtime.region import RegionOptions, run_chunked, run_planned, run_region
 from memoplan.runtime.memory import MemorySettings
@@ -27,6 +29,7 @@ from memoplan.runtime.install import (
 )
 
 __all__ = [
+    "ABI",
     "DtrSettings",
     "DtrStats",
     "InstalledPlan",
@@ -37,6 +40,7 @@ __all__ = [
     "install",
     "installed_plan",
     "qualified_type_name",
+    "require_abi",
     "run_checkpointed",
     "dtr_stats",
     "run_chunked",

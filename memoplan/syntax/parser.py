@@ -8,7 +8,11 @@ without cascades.  Value errors (``MP2xx``) come from ``build``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
 import re
+import stat
 import threading
 from dataclasses import replace
 from functools import cache
@@ -107,11 +111,13 @@ def read_plan(path: str | Path) -> str:
     """The text of a ``.memplan`` file, as ``load`` and the CLI both read it: UTF-8, else
     ``MP107`` with the line and column of the first bad byte (and a caret under it).
 
+    Only a regular file is read (a folder, a device such as ``/dev/zero``, a pipe: ``MP107``,
+    nothing read), and at most :data:`MAX_PLAN_BYTES` of it (a larger plan: ``MP109``).
     Line endings are left alone here; parsing reads ``\\n``, ``\\r\\n`` and ``\\r`` alike.
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
     except OSError as exc:
         raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: {exc.strerror or exc}"),)) from None
     try:
@@ -125,6 +131,35 @@ def read_plan(path: str | Path) -> str:
         raise PlanError((Diagnostic("MP107", message, span, "save the file as UTF-8"),), shown) from None
 
 
+MAX_PLAN_BYTES = 4 * 1024 * 1024  # the largest plan read or parsed (MP109): grammar/README.md, "Limits"
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_PLAN_BYTES; PlanError (MP107, MP109) otherwise.
+
+    Opened without blocking (a pipe would wait for a writer) and checked with ``fstat``
+    before a byte is read, so a device or a folder is never read from."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, a pipe or a socket)"
+            raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: it is {kind}", help="give the path of a .memplan file"),))
+        data = file.read(MAX_PLAN_BYTES + 1)  # a file may grow after fstat: never read more than the limit
+    if max(info.st_size, len(data)) > MAX_PLAN_BYTES:
+        raise PlanError((too_large(str(path), max(info.st_size, len(data)), "bytes"),))
+    return data
+
+
+def too_large(name: str, size: int, unit: str) -> Diagnostic:
+    """MP109: a plan over :data:`MAX_PLAN_BYTES` (``size`` may be a lower bound: reading stopped there)."""
+    return Diagnostic(
+        "MP109",
+        f"plan `{name}` is too large: {size:,} {unit}, over the limit of {MAX_PLAN_BYTES:,} bytes ({MAX_PLAN_BYTES >> 20} MiB)",
+        help="split the plan, or write selectors with wildcards instead of one rule per module",
+    )
+
+
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
 
@@ -132,8 +167,34 @@ def parse_with_diagnostics(text: str, file: str = "<memory>") -> tuple[ast.Plan 
     """Parse plan text and return ``(plan or None, diagnostics)`` without raising.
 
     Lines may end in ``\\n``, ``\\r\\n`` or ``\\r`` (each is one line break, as Python's
-    text files read them); the plan's ``source`` has ``\\n`` only.
+    text files read them); the plan's ``source`` has ``\\n`` only.  Text longer than
+    :data:`MAX_PLAN_BYTES` characters is ``MP109`` and not parsed.
     """
+    with _gc_paused():
+        return _parse_with_diagnostics(text, file)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off while a plan is parsed.
+
+    A parse allocates a few objects per character and frees none of them until it ends: the
+    collector's passes over them found nothing and took half the time of a large plan
+    (``benchmarks/parse_speed.py``).  Reference counting still frees everything; the
+    collector runs again as soon as the parse returns.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _parse_with_diagnostics(text: str, file: str) -> tuple[ast.Plan | None, list[Diagnostic]]:
+    if len(text) > MAX_PLAN_BYTES:
+        return None, [too_large(file, len(text), "characters")]
     text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     missing = _missing_header(text, file)
     if missing:
