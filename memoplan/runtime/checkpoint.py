@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from memoplan.runtime import inplace
 from memoplan.runtime.argstate import ArgumentGuard, combined
 from memoplan.runtime.buffers import BufferGuard
+from memoplan.runtime.compiled import eager_fallback
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.region import RegionOptions, run_region
 
@@ -143,7 +144,7 @@ def _region(
     if torch.compiler.is_compiling():
         # A compiled graph is functionalized: buffers mutate once, when the graph's
         # outputs are written back, and checkpoint only accepts dispatch-mode contexts.
-        return checkpoint(_traced(call), *leaves, use_reentrant=False, preserve_rng_state=preserve_rng)
+        return checkpoint(_traced(call, roots, where), *leaves, use_reentrant=False, preserve_rng_state=preserve_rng)
     before = inplace.versions(leaves)
     out = checkpoint(
         call,
@@ -158,8 +159,19 @@ def _region(
     return out
 
 
-def _traced(call):
+def _traced(call: Callable[..., Any], roots: Sequence[nn.Module], where: str) -> Callable[..., Any]:
+    """The region's body for the checkpoint op Dynamo traces.
+
+    Traced, it may update argument objects (a transformers cache): the update is applied
+    once, as in eager mode.  If Dynamo could not trace it, torch's checkpoint runs it
+    eagerly instead, and the eager guards and a located warning (MP415) take over."""
     from torch._dynamo.utils import _disable_side_effect_safety_checks_for_current_subtracer as allow
-    def inner(*flat):
-        return allow(call, *flat)
+
+    fallback = eager_fallback(call, roots, where)
+
+    def inner(*flat: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return allow(call, *flat)
+        return fallback(*flat)
+
     return inner
