@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memoplan.runtime import inplace
-from memoplan.runtime.argstate import ArgumentGuard, combined
+from memoplan.runtime.argstate import ArgumentGuard, combined, warn_cache_in_training
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.compiled import eager_fallback
 from memoplan.runtime.install import PATH_ATTR
@@ -156,6 +156,7 @@ def _region(
     )
     # An input overwritten in place would be recomputed from in backward (MP407).
     inplace.unchanged(leaves, before, roots, where)
+    warn_cache_in_training(leaves, roots, where)  # MP416, once
     return out
 
 

@@ -24,10 +24,10 @@ from typing import Any
 
 from torch import nn
 
-from memoplan.runtime.argstate import ArgumentGuard, combined
+from memoplan.runtime.argstate import ArgumentGuard, combined, is_cache
 from memoplan.runtime.buffers import BufferGuard
 
-__all__ = ["eager_fallback", "is_cache", "warned_regions"]
+__all__ = ["eager_fallback", "warned_regions"]
 
 #: Regions already warned about (by path): the warning is given once per process.
 _WARNED: set[str] = set()
@@ -38,11 +38,6 @@ _REPORTED: dict[str, int] = {}
 def warned_regions() -> frozenset[str]:
     """The paths of the regions MP415 was given for in this process."""
     return frozenset(_WARNED)
-
-
-def is_cache(obj: Any) -> bool:
-    """A transformers ``Cache`` (``DynamicCache``, ...): a class named ``*Cache`` from ``transformers``."""
-    return any(c.__module__.startswith("transformers") and c.__name__.endswith("Cache") for c in type(obj).__mro__)
 
 
 def eager_fallback(
