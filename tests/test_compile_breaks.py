@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
 
 import memoplan
 from memoplan.runtime import compiled
@@ -51,6 +52,8 @@ class Net(nn.Module):
 def fresh_dynamo(monkeypatch):
     torch._dynamo.reset()
     monkeypatch.setattr(compiled, "_WARNED", set())
+    monkeypatch.setattr(compiled, "_REPORTED", {})
+    counters.clear()  # the reasons reported are those Dynamo recorded since the last report
     yield
     torch._dynamo.reset()
 

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from memoplan.runtime import inplace
 from memoplan.runtime.argstate import ArgumentGuard, combined, warn_cache_in_training
 from memoplan.runtime.buffers import BufferGuard
-from memoplan.runtime.compiled import eager_fallback
+from memoplan.runtime.compiled import eager_fallback, outside_graph, outside_needed, region_kind
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.region import RegionOptions, run_region
 
@@ -68,6 +68,12 @@ def run_segmented(
     to ``module``) threaded; the first group's input is encoded with the region's
     codec, later groups' inputs with ``auto`` (unless the codec is ``none``).
     """
+    if region is not None and outside_needed():
+        what = f"segments with {region_kind(region.codec, stateful)}"
+        return outside_graph(
+            run_segmented, module.__dict__.get(PATH_ATTR, ""), what, module, groups, args, kwargs,
+            preserve_rng=preserve_rng, region=region, stateful=stateful,
+        )
     if type(module).forward is not nn.Sequential.forward:
         raise TypeError(
             f"memoplan: segments need an nn.Sequential forward, "
