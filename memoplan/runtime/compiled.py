@@ -88,7 +88,8 @@ def outside_graph(fn: Callable[..., Any], where: str, what: str, /, *args: Any, 
     state, chunks time) is not traceable by Dynamo; rather than breaking the graph at each
     of its steps, it breaks once around the whole region, which then runs eagerly with the
     same results as without compile, and warns once per region (MP417)."""
-    return _eager(fn, where, what, *args, **kwargs)
+    run = _all_eager if "temporal_chunk" in what else _eager
+    return run(fn, where, what, *args, **kwargs)
 
 
 def region_kind(codec: str, stateful: Sequence[Any], chunks: int | None = None) -> str:
@@ -106,7 +107,7 @@ def _run_eagerly(fn: Callable[..., Any], where: str, what: str, /, *args: Any, *
         _OUTSIDE.add(where)
         warnings.warn(
             f"memoplan: MP417: {where or 'a region'}: under torch.compile, memoplan's own region ({what}) is not "
-            "traced into the model's graph: the graph breaks at it, its module's code is compiled on its own, "
+            f"traced into the model's graph: the graph breaks at it, {_inside(what)}, "
             f"and {_LOOP}; the results are the same. A plain `checkpoint` (no compress, state or "
             "temporal_chunk) compiles with the model",
             RuntimeWarning,
@@ -117,6 +118,12 @@ def _run_eagerly(fn: Callable[..., Any], where: str, what: str, /, *args: Any, *
         return fn(*args, **kwargs)  # its frames, the module's forward among them, are compiled on their own
     finally:
         _DEPTH[0] -= 1
+
+
+def _inside(what: str) -> str:
+    if "temporal_chunk" in what:
+        return "its module runs eagerly"
+    return "its module's forward is compiled on its own"
 
 
 def outside_needed() -> bool:
@@ -171,3 +178,8 @@ def _first_line(reason: str) -> str:
 
 #: Only this frame is skipped: the frames it calls (the region's, the module's forward) are compiled on their own.
 _eager = torch._dynamo.disable(_run_eagerly, recursive=False)
+#: Every frame skipped: the region and its module run eagerly.  For time chunks: with the chunks'
+#: frames compiled one by one (BatchNorm's whole-batch statistics measured chunk by chunk), the
+#: gradients came out wrong (input gradients off by more than their own magnitude on the bundled
+#: spiking CNN, tests/test_compile_policies.py), so chunked regions run wholly eagerly.
+_all_eager = torch._dynamo.disable(_run_eagerly, recursive=True)
