@@ -413,7 +413,19 @@ def _check_one(args, path: Path) -> None:
             found = check_example(plan, model, example.args, example.kwargs)  # MP324: a chunk dim past the input's
             if found:
                 raise PlanError(tuple(found), plan.source)
+            _cache_warnings(resolved, model, example, plan)  # MP327: a returned cache the regions write
     OUTPUT.result(summary)
+
+
+def _cache_warnings(resolved, model, example, plan) -> None:
+    """MP327 (a returned cache the regions write); without ``plan``, not located (a plan being written)."""
+    import dataclasses
+
+    from memoplan.resolver.caches import returned_cache
+
+    for warning in returned_cache(resolved, model, example.args, example.kwargs, plan):
+        located = warning if plan is not None else dataclasses.replace(warning, span=None)
+        OUTPUT.diagnostic(located, plan.source if plan is not None else None)
 
 
 def _inputs(example) -> str:
@@ -467,6 +479,7 @@ def _verify_plan(args) -> int:
     print(f"resolved plan {args.plan} ({len(resolved.modules)} modules):")
     for row in plan_table(resolved):
         _show(f"  {row}")
+    _cache_warnings(resolved, model, example, plan)
     _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
     report = _first_step(lambda: verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device))
     _show(render_report(report))
@@ -668,6 +681,7 @@ def _plan(args) -> int:
     from memoplan.planner.plan import Planner, rebased, with_sources
     from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
     from memoplan.planner.profile import Profile, merge, profile
+    from memoplan.resolver import resolve
     from memoplan.syntax import ast, format_plan, parse_example_spec
 
     start = _load(args.start) if args.start is not None else None
@@ -746,6 +760,7 @@ def _plan(args) -> int:
             args.output.parent,
         )
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
+    _cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
     verdict = "met" if result.met else "NOT met (hint)"
     refined = ""
     if result.refinement is not None:

@@ -162,6 +162,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP323", _S.RESOLVE, E, "a region starts with a module that overwrites its input in place (`inplace=True`)", "checkpoint the enclosing module the help names"),
     ("MP324", _S.CHECK, E, "with an example: `temporal_chunk ... dim d` past the dimensions of the input the chunked module sees", "chunk a dimension the input has"),
     # ---- installing and running
+    ("MP327", _S.CHECK, W, "with an example: in training, the model returns a transformers cache (`use_cache=True`) that the plan's regions write; the bytes it holds (`check`, `verify`, `plan`)", "train with `use_cache=False` (`model.config.use_cache = False`): that frees them"),
     ("MP401", _S.RUNTIME, E, "a plan that cannot be installed on this model: no such module", "apply the plan to the model it was resolved for"),
     ("MP402", _S.RUNTIME, E, "a plan that cannot be installed on this model: a module of another type", "apply the plan to the model it was resolved for"),
     ("MP403", _S.RUNTIME, E, "a plan that cannot be installed: a module's `forward` is already patched", "remove the other patch (or `memoplan.remove` the earlier plan) first"),
@@ -171,6 +172,9 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP408", _S.RUNTIME, E, "`temporal_chunk ... dim d` past the chunked input's dimensions: the rule's `file:line`, the module, the shape", "chunk a dimension the input has"),
     ("MP409", _S.RUNTIME, E, "a planned model cannot be pickled (a forward that is not a module-level function)", "pickle the unplanned model and apply the plan after loading"),
     ("MP410", _S.RUNTIME, E, "no folder can hold `apply`'s generated code: neither the cache folder nor a temporary one can be written", "set `MEMOPLAN_CACHE_DIR` or `XDG_CACHE_HOME` to a writable folder"),
+    ("MP415", _S.RUNTIME, W, "under `torch.compile`, Dynamo could not trace inside a checkpointed region: the graph breaks there and the region runs eagerly (once per region: its path and Dynamo's reason)", "make the module traceable (the reason names what), or leave it out of the plan; an HF model in training: `use_cache=False`"),
+    ("MP416", _S.RUNTIME, W, "in training, a region was given a transformers cache (`use_cache=True`) and wrote it: the returned cache holds every layer's keys and values (once per process, at the first such region)", "train with `use_cache=False` (`model.config.use_cache = False`)"),
+    ("MP417", _S.RUNTIME, W, "under `torch.compile`, memoplan's own region (`compress`, `state = functional`, `temporal_chunk`) is not traced into the model's graph: the graph breaks at it (once per region)", "use a plain `checkpoint` where the model must compile whole; the results are the same either way"),
     ("MP421", _S.RUNTIME, E, "`atomic_clean_policy = 0` under DDP with `gradient_as_bucket_view=True`", "leave `atomic_clean_policy` at its default under DDP"),
     ("MP422", _S.RUNTIME, E, "`atomic_clean_policy = 0` after FSDP2 replaced the parameters", "leave `atomic_clean_policy` at its default under FSDP2"),
     ("MP423", _S.RUNTIME, E, "expandable segments asked for after CUDA memory was already reserved", "apply the plan before anything allocates on CUDA"),

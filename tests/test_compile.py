@@ -26,11 +26,10 @@ Backends:
   ``fallback_random`` (Inductor's own RNG draws other dropout masks than eager) and its
   fused kernels round differently, so it is compared within a tolerance.
 
-Dynamo breaks the graph at memoplan's region (10 breaks over the two steps with PyTorch
-2.13: ``torch.get_rng_state`` and ``get_device_states`` for RNG stashing, ``Tensor.item``
-in codec validation, an unsupported context manager), so the ``autograd.Function`` runs
-eagerly while the code around it is compiled (7 graphs instead of the unplanned model's 1).
-That is accepted; what matters is that the results are the same.
+memoplan's own region (the spiking block: compress and state) leaves the compiled graph on
+purpose (MP417, tests/test_compile_policies.py): the graph breaks around it and its module's
+forward is compiled on its own, while the plain ``checkpoint`` of the other block is traced into
+the model's graph.  What matters here is that the results are the same.
 """
 
 from __future__ import annotations

@@ -24,13 +24,14 @@ place).  Modules are never walked (their buffers are the buffer guard's), nor te
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["ArgumentGuard", "combined"]
+__all__ = ["ArgumentGuard", "cache_bytes", "combined", "is_cache", "reachable", "warn_cache_in_training"]
 
 #: At most this many objects are recorded per region (a guard against walking a huge graph).
 MAX_OBJECTS = 10_000
@@ -140,3 +141,67 @@ class _All:
 
     def __exit__(self, *exc: object) -> bool:
         return bool(self._stacks.pop().__exit__(*exc))
+
+
+def is_cache(obj: Any) -> bool:
+    """A transformers ``Cache`` (``DynamicCache``, ...): a class named ``*Cache`` from ``transformers``."""
+    if isinstance(obj, _ATOMS):
+        return False
+    return any(c.__module__.startswith("transformers") and c.__name__.endswith("Cache") for c in type(obj).__mro__)
+
+
+def cache_bytes(cache: Any) -> int:
+    """The bytes of the distinct tensor storages ``cache`` holds (its layers' keys and values)."""
+    storages: dict[int, int] = {}
+    for obj in reachable(cache):
+        if isinstance(obj, torch.Tensor) and obj.layout is torch.strided:
+            storage = obj.untyped_storage()
+            storages.setdefault(storage.data_ptr() or id(storage), storage.nbytes())
+    return sum(storages.values())
+
+
+def reachable(value: Any) -> list[Any]:
+    """Every object reachable from ``value`` through containers and attributes (modules are not opened)."""
+    seen: set[int] = set()
+    found = []
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen or isinstance(item, (nn.Module, type, str, bytes, int, float, bool, type(None))):
+            continue
+        seen.add(id(item))
+        found.append(item)
+        if isinstance(item, torch.Tensor):
+            continue
+        if isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            todo.extend(item)
+        elif isinstance(getattr(item, "__dict__", None), dict):
+            todo.extend(vars(item).values())
+    return found
+
+
+#: Whether MP416 was given in this process (once: every region of every step would repeat it).
+_CACHE_WARNED: list[bool] = [False]
+
+
+def warn_cache_in_training(arguments: Iterable[Any], roots: Iterable[nn.Module], where: str) -> None:
+    """MP416, once: a region in training was given a transformers cache (``use_cache=True``) and wrote it.
+
+    Called after the region's forward: the bytes are what the cache holds then."""
+    if _CACHE_WARNED[0]:
+        return
+    cache = next((a for a in arguments if is_cache(a)), None)
+    if cache is None or not any(root.training for root in roots):
+        return
+    _CACHE_WARNED[0] = True
+    warnings.warn(
+        f"memoplan: MP416: {where or 'a region'}: in training, the model passes a {type(cache).__name__} through "
+        f"the plan's regions (`use_cache=True`): it holds {cache_bytes(cache)} B of keys and values after this "
+        "region, and every region that writes it adds its own, alive as long as the output; train with "
+        "`use_cache=False` (`model.config.use_cache = False`), as Hugging Face's own gradient checkpointing "
+        "does, to free them",
+        RuntimeWarning,
+        stacklevel=5,
+    )

@@ -25,8 +25,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memoplan.runtime import inplace
-from memoplan.runtime.argstate import ArgumentGuard, combined
+from memoplan.runtime.argstate import ArgumentGuard, combined, warn_cache_in_training
 from memoplan.runtime.buffers import BufferGuard
+from memoplan.runtime.compiled import eager_fallback, outside_graph, outside_needed, region_kind
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.recompute import recomputing
 from memoplan.runtime.region import RegionOptions, run_region
@@ -68,6 +69,12 @@ def run_segmented(
     to ``module``) threaded; the first group's input is encoded with the region's
     codec, later groups' inputs with ``auto`` (unless the codec is ``none``).
     """
+    if region is not None and outside_needed():
+        what = f"segments with {region_kind(region.codec, stateful)}"
+        return outside_graph(
+            run_segmented, module.__dict__.get(PATH_ATTR, ""), what, module, groups, args, kwargs,
+            preserve_rng=preserve_rng, region=region, stateful=stateful,
+        )
     if type(module).forward is not nn.Sequential.forward:
         raise TypeError(
             f"memoplan: segments need an nn.Sequential forward, "
@@ -149,7 +156,7 @@ def _region(
     if torch.compiler.is_compiling():
         # A compiled graph is functionalized: buffers mutate once, when the graph's
         # outputs are written back, and checkpoint only accepts dispatch-mode contexts.
-        return checkpoint(_traced(call), *leaves, use_reentrant=False, preserve_rng_state=preserve_rng)
+        return checkpoint(_traced(call, roots, where), *leaves, use_reentrant=False, preserve_rng_state=preserve_rng)
     before = inplace.versions(leaves)
     out = checkpoint(
         call,
@@ -161,11 +168,23 @@ def _region(
     )
     # An input overwritten in place would be recomputed from in backward (MP407).
     inplace.unchanged(leaves, before, roots, where)
+    warn_cache_in_training(leaves, roots, where)  # MP416, once
     return out
 
 
-def _traced(call):
+def _traced(call: Callable[..., Any], roots: Sequence[nn.Module], where: str) -> Callable[..., Any]:
+    """The region's body for the checkpoint op Dynamo traces.
+
+    Traced, it may update argument objects (a transformers cache): the update is applied
+    once, as in eager mode.  If Dynamo could not trace it, torch's checkpoint runs it
+    eagerly instead, and the eager guards and a located warning (MP415) take over."""
     from torch._dynamo.utils import _disable_side_effect_safety_checks_for_current_subtracer as allow
-    def inner(*flat):
-        return allow(call, *flat)
+
+    fallback = eager_fallback(call, roots, where)
+
+    def inner(*flat: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return allow(call, *flat)
+        return fallback(*flat)
+
     return inner

@@ -41,6 +41,7 @@ from torch.utils.checkpoint import get_device_states, set_device_states
 
 from memoplan.runtime import batchnorm, codecs, gradroot, inplace
 from memoplan.runtime.buffers import BufferGuard
+from memoplan.runtime.compiled import outside_graph, outside_needed, region_kind
 from memoplan.runtime.install import PATH_ATTR
 # The recompute's surroundings live in their own module; ``_Boundaries`` and
 # ``_saved_as_payload`` keep their names here, where the tests reach them.
@@ -94,6 +95,12 @@ def run_planned(
     ``boundaries="recompute"`` keeps only the state the first chunk starts from
     (:class:`_Boundaries`).
     """
+    if outside_needed():
+        return outside_graph(
+            run_planned, where or module.__dict__.get(PATH_ATTR, ""), region_kind(codec, stateful, chunks),
+            module, args, kwargs, codec=codec, validate=validate, tolerance=tolerance, preserve_rng=preserve_rng,
+            where=where, stateful=stateful, chunks=chunks, dim=dim, chunk_args=chunk_args, boundaries=boundaries,
+        )
     options = RegionOptions(codec, validate, tolerance, preserve_rng, where or module.__dict__.get(PATH_ATTR, ""))
     modules = tuple(module.get_submodule(path) if path else module for path in stateful)
     fn = _Chain(module) if type(module).forward is nn.Sequential.forward else partial(type(module).forward, module)

@@ -1,0 +1,207 @@
+"""Every policy under ``torch.compile``: what Dynamo captures, and training equal to the compiled unplanned model.
+
+:class:`memoplan.graphs.CountingBackend` counts the graphs, the graph breaks (by reason) and the
+ops, ops inside higher-order-op subgraphs included (a checkpointed region is one such op), then
+hands each graph to ``aot_eager`` (AOTAutograd with functionalisation, no C++ compiler).  Each case
+trains one step of the planned model compiled and of the unplanned model compiled, from the same
+seed, and compares the loss, the input and parameter gradients and the buffers:
+
+* ``WHOLE``: plain ``checkpoint`` (whole, ``segments``/``split`` without state, ``nested``), the
+  ``memory`` block, on the bundled models and HF GPT-2 / Llama / BERT with their default
+  configuration (``use_cache=True``): as many graphs as the unplanned model (one), no break, at
+  least its ops, no memoplan warning, bit for bit.
+* ``OUTSIDE``: memoplan's own region (``compress``, ``state = functional``, ``temporal_chunk`` and
+  ``segments``/``split`` holding stateful modules) leaves the graph on purpose: graph breaks,
+  MP417 once per region, the same results (bit for bit; ``temporal_chunk`` within
+  :data:`memoplan.verify.CHUNK_RTOL`, as in eager mode).
+* the ``memonger`` arena (an inference plan) compiles to one graph without a break, with
+  eager's outputs bit for bit.
+
+docs/compile.md has the table these cases prove.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import memoplan
+from memoplan.examples import spiking, transformer
+from memoplan.graphs import Capture, CountingBackend
+from memoplan.neurons import reset
+from memoplan.runtime import compiled as compiled_regions
+from memoplan.verify import CHUNK_RTOL
+from tests import real_models
+
+WHOLE, OUTSIDE = "whole", "outside"
+
+
+def _transformer() -> nn.Module:
+    return transformer.Transformer(n_blocks=2)
+
+
+def _spiking() -> nn.Module:
+    return spiking.SpikingCNN(channels=(4, 4))
+
+
+def _spikingjelly() -> nn.Module:
+    pytest.importorskip("spikingjelly")
+    return real_models.spiking()
+
+
+def _hf(name: str):
+    def build() -> nn.Module:
+        pytest.importorskip("transformers")
+        return getattr(real_models, name)()
+
+    build.__name__ = name
+    return build
+
+
+def _ids() -> tuple[torch.Tensor]:
+    return (torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1)),)
+
+
+def _events(steps: int = 3) -> tuple[torch.Tensor]:
+    return ((torch.rand(steps, 2, 2, 8, 8, generator=torch.Generator().manual_seed(1)) < 0.2).float(),)
+
+
+def _jelly_events() -> tuple[torch.Tensor]:
+    return ((torch.rand(3, 2, 1, 8, 8, generator=torch.Generator().manual_seed(1)) < 0.3).float(),)
+
+
+STATE = "module class LIFNeuron { state = functional }\n"
+JELLY_STATE = "module class LIFNode { state = functional }\n"
+
+# id: (model, example, plan rules, expectation)
+CASES = {
+    "transformer-checkpoint": (_transformer, _ids, "module blocks.* { checkpoint }", WHOLE),
+    "transformer-nested": (
+        _transformer,
+        _ids,
+        "module blocks.* { checkpoint nested = true }\nmodule blocks.*.mlp { checkpoint nested = true }",
+        WHOLE,
+    ),
+    "transformer-memory": (_transformer, _ids, "memory { atomic_clean_policy = 1 }", WHOLE),
+    "gpt2-checkpoint": (_hf("gpt2"), _ids, "module transformer.h.* { checkpoint }", WHOLE),
+    "llama-checkpoint": (_hf("llama"), _ids, "module model.layers.* { checkpoint }", WHOLE),
+    "bert-checkpoint": (_hf("bert"), _ids, "module bert.encoder.layer.* { checkpoint }", WHOLE),
+    "transformer-compress": (_transformer, _ids, "module blocks.0 {\n checkpoint\n compress input = auto\n}", OUTSIDE),
+    "spiking-state": (_spiking, _events, "module blocks.* { checkpoint }\n" + STATE, OUTSIDE),
+    "spiking-segments": (_spiking, _events, "module blocks { checkpoint segments = 2 }\n" + STATE, OUTSIDE),
+    "spiking-split-bit": (
+        _spiking,
+        _events,
+        "module blocks.0 {\n checkpoint split = [lif]\n compress input = bit\n}\n" + STATE,
+        OUTSIDE,
+    ),
+    "spiking-temporal-chunk": (_spiking, _events, "module blocks { temporal_chunk 3 dim 0 }\n" + STATE, OUTSIDE),
+    "spikingjelly-state": (_spikingjelly, _jelly_events, "module features.* { checkpoint }\n" + JELLY_STATE, OUTSIDE),
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiled_regions, "_OUTSIDE", set())
+    monkeypatch.setattr(compiled_regions, "_WARNED", set())
+    yield
+    torch._dynamo.reset()
+
+
+def _loss(out) -> torch.Tensor:
+    out = getattr(out, "logits", out)
+    return out.float().square().mean()
+
+
+def train_compiled(model: nn.Module, example: tuple[torch.Tensor, ...]) -> tuple[Capture, dict, list[str]]:
+    """One step of ``model`` under ``torch.compile`` with the counting backend (seeded)."""
+    torch._dynamo.reset()
+    backend = CountingBackend("aot_eager")
+    reset(model)
+    x = tuple(t.clone().requires_grad_(t.is_floating_point()) for t in example)
+    with warnings.catch_warnings(record=True) as caught, backend:
+        warnings.simplefilter("always")
+        torch.manual_seed(7)
+        loss = _loss(torch.compile(model, backend=backend)(*x))
+        loss.backward()
+    record = {"loss": loss.detach(), "inputs": [t.grad for t in x if t.requires_grad]}
+    record.update({f"grad {n}": p.grad for n, p in model.named_parameters()})
+    record.update({f"buffer {n}": b for n, b in model.named_buffers()})
+    ours = [str(w.message) for w in caught if str(w.message).startswith("memoplan: MP")]
+    return backend.capture, record, ours
+
+
+@functools.lru_cache(maxsize=None)
+def unplanned(build) -> tuple[nn.Module, Capture, dict]:
+    torch.manual_seed(0)
+    model = build()
+    capture, record, _ = train_compiled(copy.deepcopy(model), EXAMPLES[build]())
+    return model, capture, record
+
+
+EXAMPLES = {build: example for build, example, _, _ in CASES.values()}
+
+
+def _same(ref: dict, got: dict, rtol: float) -> None:
+    assert ref.keys() == got.keys()
+    for key, a in ref.items():
+        b = got[key]
+        if isinstance(a, list):
+            for x, y in zip(a, b):
+                _close(x, y, rtol, key)
+        elif a is not None:
+            _close(a, b, rtol, key)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, key: str) -> None:
+    if rtol == 0 or not a.is_floating_point():
+        assert torch.equal(a, b), key
+    else:
+        assert (a - b).abs().max() <= rtol * max(a.abs().max(), 1e-12), key
+
+
+FAST = {"transformer-nested", "transformer-memory", "spiking-segments"}  # under 10 s each on two cores
+
+
+@pytest.mark.parametrize(
+    "case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
+)
+def test_policy_under_compile(case):
+    build, _example, rules, expected = CASES[case]
+    model, base, ref = unplanned(build)
+    planned = memoplan.apply(copy.deepcopy(model), "memplan 1\n" + rules + "\n")
+    capture, got, ours = train_compiled(planned, EXAMPLES[build]())
+    if expected == WHOLE:
+        assert (capture.graphs, capture.break_count) == (base.graphs, base.break_count) == (1, 0), capture.describe()
+        assert capture.ops >= base.ops, (capture.ops, base.ops)
+        assert ours == []
+    else:
+        assert capture.break_count > base.break_count, capture.describe()
+        assert ours and all(m.startswith("memoplan: MP417:") for m in ours), ours
+        assert len(ours) == len(set(ours))  # once per region
+    _same(ref, got, CHUNK_RTOL if "temporal_chunk" in rules else 0.0)
+
+
+def test_memonger_inference_under_compile_gives_eager_outputs():
+    """The ``memonger`` arena replaces an inference forward; compiled, Dynamo traces through it."""
+    from memoplan.examples import mlp
+
+    torch.manual_seed(0)
+    model = mlp.MLP(depth=3, width=32).eval()
+    reference = copy.deepcopy(model)
+    memoplan.apply(model, "memplan 1\nexample randn(8, 32)\nmemonger { }\n")
+    backend = CountingBackend("aot_eager")
+    x = torch.randn(8, 32)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught, backend:
+        warnings.simplefilter("always")
+        got = torch.compile(model, backend=backend)(x)
+        want = reference(x)
+    assert torch.equal(got, want)
+    assert (backend.capture.graphs, backend.capture.break_count) == (1, 0), backend.capture.describe()
+    assert not [w for w in caught if str(w.message).startswith("memoplan: MP")]
