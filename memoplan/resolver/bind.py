@@ -17,6 +17,7 @@ from memoplan import ir
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
 from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 from memoplan.syntax import ast
+from memoplan.runtime import codecs
 from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import is_stateful
 from memoplan.resolver.dtr import candidates as dtr_candidates
@@ -427,6 +428,14 @@ def _check_policies(res: Resolution) -> None:
                 f"`compress` on `{path}` needs `checkpoint` on the same module",
                 compress.span,
                 "compression keeps the saved input of a checkpointed region; add `checkpoint` or `temporal_chunk`",
+            )
+        if compress is not None and not codecs.runs(compress.codec):
+            res.error(
+                "MP214",
+                f"codec `{compress.codec.value}` has no implementation in this installation's runtime",
+                compress.span,
+                "register its encoder with `memoplan.runtime.codecs.register` before resolving, or use one of "
+                + ", ".join(f"`{name}`" for name in codecs.registered()),
             )
 
 

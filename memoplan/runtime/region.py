@@ -61,9 +61,6 @@ class RegionOptions:
     where: str = ""  # the module path, for messages
 
 
-# Codecs `auto` may choose, each able to hold everything the ones before it hold.
-AUTO_ORDER = ("bit", "bool", "uint8", "sparse", "none")
-
 # (where, chunks, length) already warned about, so a clamp is reported once, not every step.
 _CLAMPED: set[tuple[str, int, int]] = set()
 
@@ -578,20 +575,9 @@ class _Run:
             return codecs.encode(
                 x, options.codec, validate=options.validate, where=options.where, tolerance=options.tolerance
             )
-        # `auto` keeps the codec chosen on the region's first call, but checks every
-        # call in full: an input the codec cannot hold widens the choice instead of
-        # being stored wrongly.  (A rank that widens alone changes its memory use,
-        # never the results.)
-        chosen = _AUTO.setdefault(self.roots[0], {})
-        codec = chosen.get(options.where)
-        if codec is None:
-            codec = chosen[options.where] = _agree(codecs.choose(x))
-        try:
-            payload = codecs.encode(x, codec, validate="always", where=options.where)
-        except codecs.CodecError:
-            codec = chosen[options.where] = max(codec, codecs.choose(x), key=AUTO_ORDER.index)
-            payload = codecs.encode(x, codec, validate="always", where=options.where)
-        return None if codec == "none" else payload
+        # `auto`: chosen on the region's first call, agreed across ranks, widened when an
+        # input the codec cannot hold comes (codecs.encode_auto).
+        return codecs.encode_auto(x, _AUTO.setdefault(self.roots[0], {}), options.where)
 
 
 def _tensor_keys(states: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
@@ -604,20 +590,6 @@ def _without_tensors(leaves: Sequence[Any]) -> list[Any]:
 
 def _state_without_tensors(state: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
-
-
-def _agree(codec: str) -> str:
-    """Under torch.distributed, every rank takes the most general codec any rank needs."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return codec
-    order = list(AUTO_ORDER)
-    rank = torch.tensor([order.index(codec)], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        rank = rank.cuda()
-    dist.all_reduce(rank, op=dist.ReduceOp.MAX)
-    return order[int(rank.item())]
 
 
 class _RegionFunction(torch.autograd.Function):
