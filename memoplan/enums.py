@@ -51,14 +51,24 @@ class Boundaries(enum.Enum):
     RECOMPUTE = "recompute"
 
 
-class Aspect(enum.Enum):
-    """What about a module a policy decides; per module and aspect the most specific rule wins."""
+class Aspect(str, enum.Enum):
+    """What about a module a policy decides; per module and aspect the most specific rule wins.
+
+    A ``str`` enum: it compares and hashes as its value, so ``decisions["compress"]`` and
+    ``decisions[Aspect.COMPRESS]`` are the same entry, and it prints as its value.
+    """
 
     RECOMPUTE = "recompute"  # checkpoint or keep
     COMPRESS = "compress"
-    CHUNK = "chunk"
+    CHUNK = "temporal_chunk"
     STATE = "state"
     BUFFERS = "buffers"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 # ---------------------------------------------------------------- codecs

@@ -11,7 +11,8 @@ import hashlib
 from dataclasses import dataclass
 
 from memoplan.diagnostics import Diagnostic
-from memoplan.syntax.ast import Budget, Codec, Size, StateMode, Validate
+from memoplan.enums import Boundaries, Codec, Validate
+from memoplan.syntax.ast import Budget, Size, StateMode
 from memoplan.syntax.blocks import DtrConfig, MemongerConfig, MemoryConfig, SublinearConfig
 
 
@@ -54,7 +55,12 @@ class TemporalChunkAction:
     dim: int
     args: tuple[int | str, ...] = (0,)
     allow_nonequivalent: bool = False
-    recompute_boundaries: bool = False
+    boundaries: Boundaries = Boundaries.KEEP
+
+    @property
+    def recompute_boundaries(self) -> bool:
+        """Whether the states chunks start from are recomputed in backward (``boundaries = recompute``)."""
+        return self.boundaries is Boundaries.RECOMPUTE
 
 
 @dataclass(frozen=True)
@@ -138,14 +144,16 @@ class ResolvedPlan:
 
 # Fields added after plan ids were first committed, with their defaults: left out of the
 # digest while at the default, so a plan that does not use them keeps its id.
-_LATER_FIELDS = {"recompute_boundaries": False}
+_LATER_FIELDS = {"boundaries": Boundaries.KEEP}
+# Fields hashed in the form they had when plan ids were first committed: name -> that form.
+_HASHED_AS = {"boundaries": lambda v: ("recompute_boundaries", v is Boundaries.RECOMPUTE)}
 
 
 def _strip(action) -> tuple | None:
     if action is None:
         return None
     return tuple(
-        (k, v)
+        _HASHED_AS[k](v) if k in _HASHED_AS else (k, v)
         for k, v in vars(action).items()
         if k != "origin" and not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])
     )

@@ -15,6 +15,7 @@ from memoplan.codegen.arena import render_arena
 from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
 from memoplan.diagnostics import printable
+from memoplan.enums import Boundaries
 from memoplan.ir import ModulePlan, ResolvedPlan
 from memoplan.memonger.plan import ArenaPlan
 
@@ -109,7 +110,7 @@ class _Policy:
     chunks: int | None
     dim: int
     chunk_args: tuple[int | str, ...]
-    recompute_boundaries: bool
+    boundaries: Boundaries
 
     @property
     def own_region(self) -> bool:
@@ -158,7 +159,7 @@ def _policy_of(m: ModulePlan) -> _Policy | None:
         chunks=chunk.chunks if chunk else None,
         dim=chunk.dim if chunk else 0,
         chunk_args=chunk.args if chunk else (0,),
-        recompute_boundaries=chunk.recompute_boundaries if chunk else False,
+        boundaries=chunk.boundaries if chunk else Boundaries.KEEP,
     )
 
 
@@ -181,8 +182,8 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
         hint.append(policy.codec)
     if policy.stateful:
         hint.append("stateful")
-    if policy.recompute_boundaries:
-        hint.append("recompute")
+    if policy.boundaries is not Boundaries.KEEP:
+        hint.append(policy.boundaries.value)
     name = names.allocate("_".join(hint))
     doc = f"{'; '.join(texts)}  ({', '.join(lines)})"
     rng = pyrepr(policy.preserve_rng)
@@ -208,8 +209,8 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
     parts = codec + [f"preserve_rng={rng}", state]
     if policy.chunks is not None:
         parts += [f"chunks={policy.chunks}", f"dim={policy.dim}", f"chunk_args={pyrepr(policy.chunk_args)}"]
-        if policy.recompute_boundaries:
-            parts.append("boundaries='recompute'")
+        if policy.boundaries is not Boundaries.KEEP:
+            parts.append(f"boundaries={pyrepr(policy.boundaries.value)}")
     return _Wrapper(name, doc, f"_rt.run_planned(self, args, kwargs, {', '.join(parts)})")
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from memoplan import ir
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
+from memoplan.enums import Aspect, Boundaries, Validate
 from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 from memoplan.syntax import ast
 from memoplan.runtime import codecs
@@ -26,14 +27,14 @@ from memoplan.resolver.effects import statement_effects
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
 
-RECOMPUTE = "recompute"
+RECOMPUTE = Aspect.RECOMPUTE
 ASPECTS = {
-    ast.Checkpoint: RECOMPUTE,
-    ast.Keep: RECOMPUTE,
-    ast.Compress: "compress",
-    ast.TemporalChunk: "temporal_chunk",
-    ast.State: "state",
-    ast.Buffers: "buffers",
+    ast.Checkpoint: Aspect.RECOMPUTE,
+    ast.Keep: Aspect.RECOMPUTE,
+    ast.Compress: Aspect.COMPRESS,
+    ast.TemporalChunk: Aspect.CHUNK,
+    ast.State: Aspect.STATE,
+    ast.Buffers: Aspect.BUFFERS,
 }
 
 
@@ -65,13 +66,13 @@ def _bare(policy: ast.Policy) -> ast.Policy:
             nested=bool(policy.nested),
         )
     if isinstance(policy, ast.Compress):
-        return replace(policy, validate=policy.validate or ast.Validate.SAMPLE)
+        return replace(policy, validate=policy.validate or Validate.SAMPLE)
     if isinstance(policy, ast.TemporalChunk):
         return replace(
             policy,
             args=policy.args or (0,),
             allow_nonequivalent=bool(policy.allow_nonequivalent),
-            boundaries=policy.boundaries or ast.Boundaries.KEEP,
+            boundaries=policy.boundaries or Boundaries.KEEP,
         )
     return policy
 
@@ -455,7 +456,7 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
             chunk.span,
             "chunk the regions' children instead, or cut the module in one way only",
         )
-    if chunk.boundaries is ast.Boundaries.RECOMPUTE and not _region_state(res, path, module):
+    if chunk.boundaries is Boundaries.RECOMPUTE and not _region_state(res, path, module):
         res.warn(
             "MP321",
             f"`boundaries = recompute` on `{path}` has no effect: no module inside carries state from chunk to chunk",
@@ -741,7 +742,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
                 fields["keep"] = origin
             elif isinstance(policy, ast.Compress):
                 fields["compress"] = ir.CompressAction(
-                    origin, policy.codec, policy.tolerance, policy.validate or ast.Validate.SAMPLE
+                    origin, policy.codec, policy.tolerance, policy.validate or Validate.SAMPLE
                 )
             elif isinstance(policy, ast.TemporalChunk):
                 fields["temporal_chunk"] = ir.TemporalChunkAction(
@@ -750,7 +751,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
                     policy.dim,
                     policy.args or (0,),
                     bool(policy.allow_nonequivalent),
-                    policy.boundaries is ast.Boundaries.RECOMPUTE,
+                    policy.boundaries or Boundaries.KEEP,
                 )
             elif isinstance(policy, ast.State):
                 fields["state"] = ir.StateAction(origin, policy.mode)

@@ -5,7 +5,7 @@ holds what that recompute needs apart from the region's own autograd function: t
 autocast and buffer values the forward saw (:func:`as_in_forward`, :func:`autocast_state`),
 the node the decoded input enters through (:class:`Entry`), the saved-tensor hooks that keep
 views of the decoded input as the compressed payload (:func:`saved_as_payload`), and the
-states time chunks start from when they are recomputed instead of kept (:class:`Boundaries`).
+states time chunks start from when they are recomputed instead of kept (:class:`ChunkStarts`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.utils.checkpoint import set_device_states
 from memoplan.runtime import codecs
 from memoplan.runtime.state import load_state
 
-__all__ = ["Boundaries", "Entry", "as_in_forward", "autocast_state", "saved_as_payload"]
+__all__ = ["ChunkStarts", "Entry", "as_in_forward", "autocast_state", "saved_as_payload"]
 
 
 def autocast_state() -> list[tuple[str, bool, torch.dtype]]:
@@ -103,7 +103,7 @@ def as_in_forward(ctx) -> Any:
         yield
 
 
-class Boundaries:
+class ChunkStarts:
     """The states the time chunks of one call start from, recomputed in backward instead of kept.
 
     With ``boundaries = recompute``, chunk 0 keeps the state it starts from, as every

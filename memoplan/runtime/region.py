@@ -42,9 +42,10 @@ from torch.utils.checkpoint import get_device_states, set_device_states
 from memoplan.runtime import batchnorm, codecs, gradroot, inplace
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.install import PATH_ATTR
-# The recompute's surroundings live in their own module; ``_Boundaries`` and
-# ``_saved_as_payload`` keep their names here, where the tests reach them.
-from memoplan.runtime.recompute import Boundaries as _Boundaries
+from memoplan.enums import Boundaries
+# The recompute's surroundings live in their own module; ``_Boundaries`` (the states chunks
+# start from) and ``_saved_as_payload`` keep their names here, where the tests reach them.
+from memoplan.runtime.recompute import ChunkStarts as _Boundaries
 from memoplan.runtime.recompute import Entry, as_in_forward, autocast_state
 from memoplan.runtime.recompute import saved_as_payload as _saved_as_payload
 from memoplan.runtime.state import get_state, load_state
@@ -82,7 +83,7 @@ def run_planned(
     chunks: int | None = None,
     dim: int = 0,
     chunk_args: Sequence[int | str] = (0,),
-    boundaries: str = "keep",
+    boundaries: str | Boundaries = "keep",
 ) -> Any:
     """A planned module's forward as memoplan regions (what generated code calls).
 
@@ -107,7 +108,7 @@ def run_planned(
             dim=dim,
             chunk_args=chunk_args,
             root_only=root_only,
-            recompute_boundaries=boundaries == "recompute",
+            recompute_boundaries=Boundaries(boundaries) is Boundaries.RECOMPUTE,
         )
     return run_region((module,), fn, args, kwargs, options, modules)
 
