@@ -8,6 +8,7 @@ registration order, so the same plan and model always give the same IR.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from memoplan.diagnostics import Diagnostic
@@ -90,6 +91,18 @@ class ModulePlan:
     @property
     def changes_forward(self) -> bool:
         return any((self.checkpoint, self.compress, self.temporal_chunk))
+
+    def decisions(self) -> Iterator[tuple[str, Origin]]:
+        """(policy as written, its rule) of every decision for this module, in the order the
+        compiled header and ``memoplan report`` list them; a ``dtr`` candidate last."""
+        for action in (self.checkpoint, self.compress, self.temporal_chunk, self.state):
+            if action is not None:
+                yield action.origin.policy, action.origin
+        for origin in (self.keep, self.buffers_commit_once):
+            if origin is not None:
+                yield origin.policy, origin
+        if self.evict is not None:
+            yield "dtr (may be evicted)", self.evict
 
 
 @dataclass(frozen=True)

@@ -219,19 +219,9 @@ def plan_table(plan: ResolvedPlan) -> list[str]:
     with ``printable``, so the columns line up on a terminal too)."""
     rows = [("module", "class", "policy", "rule")]
     for m in plan.modules:
-        for policy, origin in _decisions(m):
+        for policy, origin in m.decisions():
             rows.append((printable(m.path), printable(m.type_name.rsplit(".", 1)[-1]), policy, printable(str(origin))))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def _decisions(m: ModulePlan):
-    for action in (m.checkpoint, m.compress, m.temporal_chunk, m.state):
-        if action is not None:
-            yield action.origin.policy, action.origin
-    if m.keep is not None:
-        yield m.keep.policy, m.keep
-    if m.buffers_commit_once is not None:
-        yield m.buffers_commit_once.policy, m.buffers_commit_once
-    if m.evict is not None:
-        yield "dtr (may be evicted)", m.evict
