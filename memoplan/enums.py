@@ -131,7 +131,7 @@ class Codec(metaclass=_CodecRegistry):
 
     def __new__(cls, value: str | Codec) -> Codec:
         name = value.value if isinstance(value, Codec) else value
-        member = _MEMBERS.get(name)  # type: ignore[arg-type]
+        member = _MEMBERS.get(name)
         if member is None:
             raise ValueError(f"{value!r} is not a valid Codec")
         return member

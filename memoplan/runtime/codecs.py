@@ -119,10 +119,10 @@ from memoplan.runtime import codec_impls as impls
 from memoplan.runtime.codec_impls import INT8_GROUP, Data
 
 __all__ = [
-    "CODECS",
+    "CODECS",  # noqa: F822 (module __getattr__: follows the registry)
     "HEADER_BYTES",
     "INT8_GROUP",
-    "LOSSLESS",
+    "LOSSLESS",  # noqa: F822 (module __getattr__: follows the registry)
     "SAMPLE_LIMIT",
     "VALIDATE_MODES",
     "CodecError",
@@ -238,13 +238,13 @@ class RuntimeCodec:
     spec: CodecSpec
     encode: Callable[[torch.Tensor], Data]
     decode: Callable[[Data, int, torch.dtype, torch.device], torch.Tensor]
-    data_nbytes: Callable[[int, torch.dtype, "int | None", bool], int]
+    data_nbytes: Callable[[int, torch.dtype, int | None, bool], int]
     invalid: Callable[[torch.Tensor], torch.Tensor] | None = None
     holds_dtype: Callable[[torch.dtype], bool] = _never
     what: str = ""
     floating_only: bool = False
-    check: Callable[[torch.Tensor, Data, str, str, "float | None"], None] | None = None
-    fused: Callable[[torch.Tensor, str, str], "Data | None"] | None = None
+    check: Callable[[torch.Tensor, Data, str, str, float | None], None] | None = None
+    fused: Callable[[torch.Tensor, str, str], Data | None] | None = None
     keeps_input: bool = False
 
     @property
