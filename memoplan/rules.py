@@ -51,7 +51,7 @@ _S = Stage
 # What each group of codes is about, and the stages that may raise one of its codes.
 RANGES: tuple[Range, ...] = (
     Range(100, 199, "lexical and grammar: the text is not a plan", frozenset({_S.SYNTAX})),
-    Range(200, 219, "values: an option, key or argument that is wrong in itself", frozenset({_S.SYNTAX})),
+    Range(200, 219, "values: an option, key or argument that is wrong in itself", frozenset({_S.SYNTAX, _S.RESOLVE})),
     Range(
         220,
         239,
@@ -123,6 +123,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP209", _S.SYNTAX, E, "something required is missing: `eviction_threshold`, a lossy codec's `tolerance`, `randint`'s `high`", "add the missing option or key"),
     ("MP210", _S.SYNTAX, W, "`static_memory_policy = 1`, read as `2`", "write `static_memory_policy = 2`"),
     ("MP211", _S.SYNTAX, E, "`**` inside a glob segment (`layer**`): `**` stands alone between dots", "write `layer*` for one segment, or `**` alone for any number"),
+    ("MP214", _S.RESOLVE, E, "a codec the language knows but this installation's runtime does not implement (registered in `memoplan.enums` without an encoder)", "register its implementation with `memoplan.runtime.codecs.register`, or name a codec the runtime lists"),
     # ---- plan-wide statements
     ("MP222", _S.SYNTAX, N, "a `sublinear` block sets the search of `memoplan plan PLAN`", "nothing: run `memoplan plan PLAN` to search with it"),
     ("MP224", _S.SYNTAX, N, "a `budget` is checked by `memoplan verify`, not by `apply`", "run `memoplan verify` to measure the step against it"),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 from memoplan.diagnostics import PlanError
-from memoplan.runtime import codecs
+from memoplan.runtime import codec_impls, codecs
 from _imports import imported_modules  # tests/_imports.py
 from memoplan.runtime.codecs import (
     SAMPLE_LIMIT,
@@ -243,7 +243,7 @@ def test_bit_decode_allocates_exactly_the_tensor(dtype, numel):
 
     x = binary((numel,), dtype)
     p = encode(x, "bit")
-    codecs._BIT_TABLE_CACHE.clear()  # the table is made during the metered decode below
+    codec_impls.BIT_TABLE_CACHE.clear()  # the table is made during the metered decode below
     with LiveStorageMeter() as meter:
         y = decode(p)
         assert meter.current_bytes == numel * x.element_size()
@@ -537,15 +537,19 @@ def test_choose_is_the_smallest_lossless_payload(n, kind, dtype, seed):
 # ---------------------------------------------------------------- the runtime's import rule
 
 
-def test_codecs_import_only_torch_stdlib_and_diagnostics():
+def test_codecs_import_only_torch_stdlib_and_leaves():
     import sys
 
-    for name in imported_modules(Path(codecs.__file__)):
-        top = name.split(".")[0]
-        assert top in sys.stdlib_module_names or top == "torch" or name in (
-            "memoplan.diagnostics",
-            "memoplan.runtime.kernels",  # imported lazily, for CUDA tensors only
-        ), name
+    for module in (codecs, codec_impls):
+        for name in imported_modules(Path(module.__file__)):
+            top = name.split(".")[0]
+            assert top in sys.stdlib_module_names or top == "torch" or name in (
+                "memoplan.diagnostics",
+                "memoplan.enums",  # the codec specs: a leaf without torch
+                "memoplan.runtime",  # from memoplan.runtime import codec_impls
+                "memoplan.runtime.codec_impls",
+                "memoplan.runtime.kernels",  # imported lazily, for CUDA tensors only
+            ), name
 
 
 def test_payload_is_frozen():

@@ -14,6 +14,7 @@ from memoplan.codegen.arena import render_arena
 from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
 from memoplan.diagnostics import printable
+from memoplan.enums import Boundaries
 from memoplan.ir import ModulePlan, ResolvedPlan
 from memoplan.memonger.plan import ArenaPlan
 from memoplan.runtime.abi import ABI
@@ -109,7 +110,7 @@ class _Policy:
     chunks: int | None
     dim: int
     chunk_args: tuple[int | str, ...]
-    recompute_boundaries: bool
+    boundaries: Boundaries
 
     @property
     def own_region(self) -> bool:
@@ -158,7 +159,7 @@ def _policy_of(m: ModulePlan) -> _Policy | None:
         chunks=chunk.chunks if chunk else None,
         dim=chunk.dim if chunk else 0,
         chunk_args=chunk.args if chunk else (0,),
-        recompute_boundaries=chunk.recompute_boundaries if chunk else False,
+        boundaries=chunk.boundaries if chunk else Boundaries.KEEP,
     )
 
 
@@ -181,8 +182,8 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
         hint.append(policy.codec)
     if policy.stateful:
         hint.append("stateful")
-    if policy.recompute_boundaries:
-        hint.append("recompute")
+    if policy.boundaries is not Boundaries.KEEP:
+        hint.append(policy.boundaries.value)
     name = names.allocate("_".join(hint))
     doc = f"{'; '.join(texts)}  ({', '.join(lines)})"
     rng = pyrepr(policy.preserve_rng)
@@ -208,8 +209,8 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
     parts = codec + [f"preserve_rng={rng}", state]
     if policy.chunks is not None:
         parts += [f"chunks={policy.chunks}", f"dim={policy.dim}", f"chunk_args={pyrepr(policy.chunk_args)}"]
-        if policy.recompute_boundaries:
-            parts.append("boundaries='recompute'")
+        if policy.boundaries is not Boundaries.KEEP:
+            parts.append(f"boundaries={pyrepr(policy.boundaries.value)}")
     return _Wrapper(name, doc, f"_rt.run_planned(self, args, kwargs, {', '.join(parts)})")
 
 
@@ -218,19 +219,9 @@ def plan_table(plan: ResolvedPlan) -> list[str]:
     with ``printable``, so the columns line up on a terminal too)."""
     rows = [("module", "class", "policy", "rule")]
     for m in plan.modules:
-        for policy, origin in _decisions(m):
+        for policy, origin in m.decisions():
             rows.append((printable(m.path), printable(m.type_name.rsplit(".", 1)[-1]), policy, printable(str(origin))))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def _decisions(m: ModulePlan):
-    for action in (m.checkpoint, m.compress, m.temporal_chunk, m.state):
-        if action is not None:
-            yield action.origin.policy, action.origin
-    if m.keep is not None:
-        yield m.keep.policy, m.keep
-    if m.buffers_commit_once is not None:
-        yield m.buffers_commit_once.policy, m.buffers_commit_once
-    if m.evict is not None:
-        yield "dtr (may be evicted)", m.evict

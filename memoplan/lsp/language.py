@@ -32,8 +32,6 @@ POLICY_CLASSES: dict[str, type] = {
 _NOT_OPTIONS = {"comments", "span", "codec", "lossy", "chunks", "dim", "mode"}
 
 BLOCK_NAMES = tuple(kind.value for kind in ast.BlockKind)
-CODECS = tuple(codec.value for codec in ast.Codec)
-LOSSY_CODECS = tuple(codec.value for codec in ast.Codec if codec.lossy)
 BUDGET_MODES = tuple(mode.value for mode in ast.BudgetMode)
 TENSOR_FUNCTIONS = tuple(fn.value for fn in ast.TensorFn)
 TENSOR_KEYWORDS = ("low", "high", "dtype")
@@ -44,7 +42,7 @@ POLICIES = POLICY_NAMES
 __all__ = [
     "BLOCK_NAMES",
     "BUDGET_MODES",
-    "CODECS",
+    "CODECS",  # noqa: F822 (module __getattr__: follows the registry)
     "DTYPES",
     "POLICIES",
     "STATEMENTS",
@@ -75,11 +73,24 @@ def _words_of(annotation) -> tuple[str, ...]:
     return ()
 
 
-@cache
+def __getattr__(name: str) -> tuple[str, ...]:
+    # The codecs come from the registry (memoplan.enums) when asked: one registered later counts.
+    if name == "CODECS":
+        return tuple(codec.value for codec in ast.Codec)
+    if name == "LOSSY_CODECS":
+        return tuple(codec.value for codec in ast.Codec if codec.lossy)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def option_values(policy: str, option: str) -> tuple[str, ...]:
     """The words an option takes (empty for numbers and lists)."""
     if policy == "compress" and option == "input":
-        return CODECS
+        return __getattr__("CODECS")
+    return _option_words(policy, option)
+
+
+@cache
+def _option_words(policy: str, option: str) -> tuple[str, ...]:
     if option == "=" and policy in POLICY_ASSIGNMENTS:
         return tuple(member.value for member in POLICY_ASSIGNMENTS[policy])
     cls = POLICY_CLASSES.get(policy)

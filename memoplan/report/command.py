@@ -213,13 +213,20 @@ def write_report(
     return ReportResult(path, tuple(written), tuple(s.id for s in sections), plots, peaks)
 
 
+def plan_rows(resolved: Any) -> list[tuple[str, str, str, str]]:
+    """The report's plan table: module, class, policy, rule, for every decision the compiled
+    header lists (:meth:`memoplan.ir.ModulePlan.decisions`, ``dtr`` candidates included)."""
+    return [
+        (m.path or "(root)", m.type_name.rpartition(".")[2], policy, f"{origin.file}:{origin.line}")
+        for m in resolved.modules
+        for policy, origin in m.decisions()
+    ]
+
+
 def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> list[page.Section]:
     sections = []
 
-    rows = []
-    for m in resolved.modules:
-        for policy, origin in _decisions(m):
-            rows.append((m.path or "(root)", m.type_name.rpartition(".")[2], policy, f"{origin.file}:{origin.line}"))
+    rows = plan_rows(resolved)
     plan_section = page.Section("plan", "Resolved plan and verification")
     if rows:
         plan_section.add(page.table(("module", "class", "policy", "rule"), rows))
@@ -337,16 +344,6 @@ def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> l
         )
         sections.append(section)
     return sections
-
-
-def _decisions(m: Any):
-    """(policy, origin) of every decision the resolver made for one module."""
-    for action in (m.checkpoint, m.compress, m.temporal_chunk, m.state):
-        if action is not None:
-            yield action.origin.policy, action.origin
-    for origin in (m.keep, m.buffers_commit_once):
-        if origin is not None:
-            yield origin.policy, origin
 
 
 def draw_mib(n: int) -> str:

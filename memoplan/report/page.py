@@ -1,6 +1,8 @@
 """Report stage: one self-contained HTML page from finished sections.
 
-Pure text: every string from the model or the plan goes through :func:`esc`; plots
+The page is the Jinja template ``codegen/templates/report/page.html.j2`` (autoescaped); the
+pieces below build a section's body.  Every string from the model or the plan goes through
+:func:`esc`; plots
 arrive as inline SVG from :mod:`memoplan.report.draw`.  No script, no stylesheet or
 font from elsewhere, so the page opens offline and prints as it shows.
 """
@@ -10,7 +12,12 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 
+import jinja2
+import markupsafe
+
+from memoplan._resources import templates_dir
 from memoplan.diagnostics import printable
 
 STYLE = """
@@ -77,20 +84,24 @@ def verdict(text: str, good: bool) -> str:
 
 
 def render(title: str, intro: Sequence[str], sections: Sequence[Section]) -> str:
-    """The page: title, an introduction (HTML), a table of contents and the sections."""
-    toc = "".join(f'<li><a href="#{esc(s.id)}">{esc(s.title)}</a></li>' for s in sections)
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
-        f"<h1>{esc(title)}</h1>",
-        *intro,
-        f'<nav><ul>{toc}</ul></nav>',
-    ]
-    for s in sections:
-        parts.append(f'<section id="{esc(s.id)}"><h2>{esc(s.title)}</h2>')
-        parts.extend(s.body)
-        parts.append("</section>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    """The page (``report/page.html.j2``): title, an introduction (HTML), a table of contents
+    and the sections.  ``intro`` and the sections' bodies are HTML built by the helpers above."""
+    safe = markupsafe.Markup
+    return _environment().get_template("report/page.html.j2").render(
+        title=title,
+        style=safe(STYLE),
+        intro=[safe(part) for part in intro],
+        sections=[Section(s.id, s.title, [safe(part) for part in s.body]) for s in sections],
+    )
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["esc"] = lambda text: markupsafe.Markup(esc(text))
+    return env

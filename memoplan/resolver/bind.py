@@ -15,8 +15,10 @@ from torch import nn
 
 from memoplan import ir
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
+from memoplan.enums import Aspect, Boundaries, Validate
 from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 from memoplan.syntax import ast
+from memoplan.runtime import codecs
 from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import is_stateful
 from memoplan.resolver.dtr import candidates as dtr_candidates
@@ -25,14 +27,14 @@ from memoplan.resolver.effects import statement_effects
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
 
-RECOMPUTE = "recompute"
+RECOMPUTE = Aspect.RECOMPUTE
 ASPECTS = {
-    ast.Checkpoint: RECOMPUTE,
-    ast.Keep: RECOMPUTE,
-    ast.Compress: "compress",
-    ast.TemporalChunk: "temporal_chunk",
-    ast.State: "state",
-    ast.Buffers: "buffers",
+    ast.Checkpoint: Aspect.RECOMPUTE,
+    ast.Keep: Aspect.RECOMPUTE,
+    ast.Compress: Aspect.COMPRESS,
+    ast.TemporalChunk: Aspect.CHUNK,
+    ast.State: Aspect.STATE,
+    ast.Buffers: Aspect.BUFFERS,
 }
 
 
@@ -64,13 +66,13 @@ def _bare(policy: ast.Policy) -> ast.Policy:
             nested=bool(policy.nested),
         )
     if isinstance(policy, ast.Compress):
-        return replace(policy, validate=policy.validate or ast.Validate.SAMPLE)
+        return replace(policy, validate=policy.validate or Validate.SAMPLE)
     if isinstance(policy, ast.TemporalChunk):
         return replace(
             policy,
             args=policy.args or (0,),
             allow_nonequivalent=bool(policy.allow_nonequivalent),
-            boundaries=policy.boundaries or ast.Boundaries.KEEP,
+            boundaries=policy.boundaries or Boundaries.KEEP,
         )
     return policy
 
@@ -428,6 +430,14 @@ def _check_policies(res: Resolution) -> None:
                 compress.span,
                 "compression keeps the saved input of a checkpointed region; add `checkpoint` or `temporal_chunk`",
             )
+        if compress is not None and not codecs.runs(compress.codec):
+            res.error(
+                "MP214",
+                f"codec `{compress.codec.value}` has no implementation in this installation's runtime",
+                compress.span,
+                "register its encoder with `memoplan.runtime.codecs.register` before resolving, or use one of "
+                + ", ".join(f"`{name}`" for name in codecs.registered()),
+            )
 
 
 def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.TemporalChunk, recompute) -> None:
@@ -446,7 +456,7 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
             chunk.span,
             "chunk the regions' children instead, or cut the module in one way only",
         )
-    if chunk.boundaries is ast.Boundaries.RECOMPUTE and not _region_state(res, path, module):
+    if chunk.boundaries is Boundaries.RECOMPUTE and not _region_state(res, path, module):
         res.warn(
             "MP321",
             f"`boundaries = recompute` on `{path}` has no effect: no module inside carries state from chunk to chunk",
@@ -732,7 +742,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
                 fields["keep"] = origin
             elif isinstance(policy, ast.Compress):
                 fields["compress"] = ir.CompressAction(
-                    origin, policy.codec, policy.tolerance, policy.validate or ast.Validate.SAMPLE
+                    origin, policy.codec, policy.tolerance, policy.validate or Validate.SAMPLE
                 )
             elif isinstance(policy, ast.TemporalChunk):
                 fields["temporal_chunk"] = ir.TemporalChunkAction(
@@ -741,7 +751,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
                     policy.dim,
                     policy.args or (0,),
                     bool(policy.allow_nonequivalent),
-                    policy.boundaries is ast.Boundaries.RECOMPUTE,
+                    policy.boundaries or Boundaries.KEEP,
                 )
             elif isinstance(policy, ast.State):
                 fields["state"] = ir.StateAction(origin, policy.mode)

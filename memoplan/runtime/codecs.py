@@ -6,8 +6,8 @@ for the recompute.  This module is the pure-torch reference: a later GPU kernel
 must produce **byte-identical payload tensors** and raise on exactly the same
 inputs, so every layout and every rule below is normative.
 
-Codecs (``codec`` is a plain string; any enum whose ``.value`` is one of these,
-such as ``memoplan.syntax.ast.Codec``, is accepted too)::
+Codecs (``codec`` is a plain string, or a :class:`memoplan.enums.Codec` or any
+value whose ``.value`` is one of these)::
 
     codec   lossless  holds                        payload.data (all 1-D, C order)
     none    yes       anything                     (x,)             -- x itself, no copy
@@ -85,8 +85,16 @@ storage-tracking memory meter sees the payload keep alive.  ``bit`` is
 therefore exactly ``ceil(numel / 8)`` bytes: 32x below float32, 16x below
 float16/bfloat16, 8x below bool whenever ``numel % 8 == 0``.
 
-This module imports only ``torch``, the standard library and
-:mod:`memoplan.diagnostics`, because generated plan code imports it.  CUDA
+**The registry.**  Each codec is one :class:`RuntimeCodec` (its
+:class:`memoplan.enums.CodecSpec`, encoder, decoder, byte count and what it holds),
+registered under the spec's name with :func:`register`; :func:`encode`, :func:`decode`,
+:func:`choose` and :func:`estimate_nbytes` dispatch through it.  The payload layouts
+themselves are pure functions in :mod:`memoplan.runtime.codec_impls`.  ``auto``'s
+per-region choice (first call, agreement across ranks, widening) is :func:`encode_auto`.
+
+This module imports only ``torch``, the standard library,
+:mod:`memoplan.diagnostics` and :mod:`memoplan.enums` (leaves) and
+:mod:`memoplan.runtime.codec_impls`, because generated plan code imports it.  CUDA
 tensors of the dtypes in :data:`memoplan.runtime.kernels.DTYPES` go to the
 generated Triton kernels of :mod:`memoplan.runtime.kernels` (imported on first
 use, only when triton is installed) for ``bit`` and ``uint8``; they write the
@@ -96,54 +104,52 @@ code below.
 
 from __future__ import annotations
 
-import enum
 import math
-import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Union
+from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
 from memoplan.diagnostics import Diagnostic, PlanError
+from memoplan.enums import Codec as _LanguageCodec
+from memoplan.enums import CodecSpec, codec_specs, register_codec, unregister_codec, widening_order
+from memoplan.runtime import codec_impls as impls
+from memoplan.runtime.codec_impls import INT8_GROUP, Data
 
 __all__ = [
-    "CODECS",
+    "CODECS",  # noqa: F822 (module __getattr__: follows the registry)
     "HEADER_BYTES",
     "INT8_GROUP",
-    "LOSSLESS",
+    "LOSSLESS",  # noqa: F822 (module __getattr__: follows the registry)
     "SAMPLE_LIMIT",
     "VALIDATE_MODES",
     "CodecError",
     "Payload",
+    "RuntimeCodec",
+    "agree",
     "choose",
     "decode",
     "encode",
+    "encode_auto",
     "estimate_nbytes",
     "is_binary",
+    "register",
+    "registered",
     "reset_validation",
+    "runs",
     "sample_indices",
+    "unregister",
+    "widen",
 ]
 
-#: Every codec :func:`encode` accepts besides ``"auto"``.
-CODECS: tuple[str, ...] = ("none", "bool", "uint8", "bit", "sparse", "int8")
-#: Codecs whose :func:`decode` is exact (up to the sign of zero for bool/uint8/bit).
-LOSSLESS: tuple[str, ...] = ("none", "bool", "uint8", "bit", "sparse")
 VALIDATE_MODES: tuple[str, ...] = ("off", "sample", "always")
 #: Bytes counted for a payload's metadata in :attr:`Payload.nbytes` (it lives on the host).
 HEADER_BYTES = 0
 #: Most elements checked per call by ``validate="sample"`` after the first call.
 SAMPLE_LIMIT = 65_536
-#: Elements per scale of the ``int8`` codec.
-INT8_GROUP = 64
 
-CodecLike = Union[str, enum.Enum]
-
-# Tie-break order of choose(): cheapest to encode first.
-_CHOICE_ORDER = ("none", "bit", "bool", "uint8", "sparse")
-_BIT_WEIGHTS_CACHE: dict[torch.device, torch.Tensor] = {}
-_BIT_TABLE_CACHE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 _validated: set[tuple[str, str]] = set()
 _validated_lock = threading.Lock()
 
@@ -204,7 +210,88 @@ class Payload:
 
     @property
     def lossless(self) -> bool:
-        return self.codec in LOSSLESS
+        return _REGISTRY[self.codec].spec.lossless
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def _never(dtype: torch.dtype) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class RuntimeCodec:
+    """One codec's implementation, registered under ``spec.name`` by :func:`register`.
+
+    ``encode(flat)`` takes the input flattened in C order and applies the ``validate = off``
+    rule; ``decode(data, numel, dtype, device)`` returns a new flat tensor;
+    ``data_nbytes(numel, dtype, nnz, binary)`` is the payload's bytes (``nnz``: elements
+    ``sparse`` stores, ``binary``: whether they are all 1).  ``invalid(flat)`` is the mask of
+    the values it cannot hold (``None``: it holds anything), skipped for dtypes
+    ``holds_dtype`` says it holds whole; ``what`` names those values in ``MP405``.
+    ``check(flat, data, mode, where, tolerance)`` replaces ``invalid`` by a check of the
+    payload (``int8``); ``fused(flat, mode, where)`` may encode and check in one pass (or
+    return None).  ``keeps_input``: the payload is the input itself (``none``).
+    """
+
+    spec: CodecSpec
+    encode: Callable[[torch.Tensor], Data]
+    decode: Callable[[Data, int, torch.dtype, torch.device], torch.Tensor]
+    data_nbytes: Callable[[int, torch.dtype, int | None, bool], int]
+    invalid: Callable[[torch.Tensor], torch.Tensor] | None = None
+    holds_dtype: Callable[[torch.dtype], bool] = _never
+    what: str = ""
+    floating_only: bool = False
+    check: Callable[[torch.Tensor, Data, str, str, float | None], None] | None = None
+    fused: Callable[[torch.Tensor, str, str], Data | None] | None = None
+    keeps_input: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+_REGISTRY: dict[str, RuntimeCodec] = {}
+
+
+def register(codec: RuntimeCodec) -> RuntimeCodec:
+    """Make ``codec`` encodable; a codec the language does not know yet is added to it too."""
+    if codec.spec.chooses:
+        raise ValueError(f"`{codec.name}` chooses among the codecs; it has no implementation of its own")
+    if codec.name in _REGISTRY:
+        raise ValueError(f"codec {codec.name!r} already has an implementation")
+    if codec.name not in {spec.name for spec in codec_specs()}:
+        register_codec(codec.spec)
+    _REGISTRY[codec.name] = codec
+    return codec
+
+
+def unregister(name: str) -> None:
+    """Remove a codec registered by :func:`register`, from the runtime and the language."""
+    _REGISTRY.pop(name, None)
+    unregister_codec(name)
+
+
+def registered() -> tuple[str, ...]:
+    """The codecs this runtime implements, in the language's order."""
+    return tuple(spec.name for spec in codec_specs() if spec.name in _REGISTRY)
+
+
+def runs(codec: Any) -> bool:
+    """Whether a plan may name ``codec``: the runtime implements it, or it is ``auto``."""
+    name = getattr(codec, "value", codec)
+    spec = next((s for s in codec_specs() if s.name == name), None)
+    return spec is not None and (spec.chooses or name in _REGISTRY)
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # CODECS and LOSSLESS follow the registry, so a codec registered later is in them.
+    if name == "CODECS":
+        return registered()
+    if name == "LOSSLESS":
+        return tuple(n for n in registered() if _REGISTRY[n].spec.lossless)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------- public API
@@ -212,45 +299,39 @@ class Payload:
 
 def encode(
     x: torch.Tensor,
-    codec: CodecLike,
+    codec: Any,
     *,
-    validate: CodecLike = "sample",
+    validate: Any = "sample",
     where: str = "<input>",
     tolerance: float | None = None,
 ) -> Payload:
     """Encode ``x`` with ``codec``; see the module docstring for layouts and rules.
 
     ``codec="auto"`` encodes with :func:`choose` (a per-call, per-rank choice:
-    callers that need agreement across ranks choose first and pass the result).
+    callers that need agreement across ranks use :func:`encode_auto`).
     ``tolerance`` bounds the realised max abs error of ``int8`` (ignored by the
     lossless codecs) and is checked unless ``validate="off"``.
     Raises :class:`CodecError` (``MP405``) for values the codec cannot hold.
     """
-    name = _name(codec, CODECS + ("auto",), "codec")
+    name = _name(codec, _names(auto=True), "codec")
     mode = _name(validate, VALIDATE_MODES, "validate")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"encode() expects a tensor, got {type(x).__name__}")
-    if name == "auto":
-        name = choose(x)
-    if name == "none":
-        return Payload("none", (x,), x.shape, x.dtype, x.device, None)
-    if x.is_complex() or (name == "int8" and not x.dtype.is_floating_point):
-        raise _dtype_error(x, name, where)
+    impl = _REGISTRY[choose(x)] if name not in _REGISTRY else _REGISTRY[name]
+    if impl.keeps_input:
+        return Payload(impl.name, (x,), x.shape, x.dtype, x.device, None)
+    if x.is_complex() or (impl.floating_only and not x.dtype.is_floating_point):
+        raise _dtype_error(x, impl, where)
     src = x.detach()
     flat = src.reshape(-1)
-    if name == "int8":
-        data = _encode_int8(flat)
-        if mode != "off":
-            _check_int8(flat, data, mode, where, tolerance)
-    else:
-        fused = _fused_bit_check(flat, name, mode, where) if mode != "off" else None
-        if fused is not None:
-            data = fused
-        else:
-            if mode != "off":
-                _check_values(flat, name, mode, where)
-            data = _ENCODERS[name](flat)
-    return Payload(name, data, x.shape, x.dtype, x.device, _dense_stride(src))
+    data = impl.fused(flat, mode, where) if impl.fused is not None and mode != "off" else None
+    if data is None:
+        if impl.check is None and mode != "off":
+            _check_values(flat, impl, mode, where)
+        data = impl.encode(flat)
+        if impl.check is not None and mode != "off":
+            impl.check(flat, data, mode, where, tolerance)
+    return Payload(impl.name, data, x.shape, x.dtype, x.device, _dense_stride(src))
 
 
 def decode(payload: Payload) -> torch.Tensor:
@@ -262,9 +343,10 @@ def decode(payload: Payload) -> torch.Tensor:
     place), with the original strides when they were dense (``payload.stride``), else a
     contiguous one.  The result does not require grad.
     """
-    if payload.codec == "none":
+    impl = _REGISTRY[payload.codec]
+    if impl.keeps_input:
         return payload.data[0]
-    flat = _DECODERS[payload.codec](payload)
+    flat = impl.decode(payload.data, payload.numel, payload.dtype, payload.device)
     out = flat.reshape(payload.shape)
     if payload.stride is not None:
         out = torch.empty_strided(
@@ -279,42 +361,42 @@ def is_binary(x: torch.Tensor) -> bool:
         return True
     if x.is_complex():
         return False
-    return not bool(_not_binary(x.detach()).any())
+    return not bool(impls.not_binary(x.detach()).any())
 
 
 def choose(x: torch.Tensor) -> str:
     """The lossless codec with the smallest payload that ``x`` allows.
 
-    Candidates: ``bit``/``bool`` if :func:`is_binary`, ``uint8`` if every value
-    is an integer in 0..255, ``sparse`` and ``none`` always; sizes are
-    :attr:`Payload.nbytes` of the payload each would produce; ties go to the
-    first of ``none, bit, bool, uint8, sparse``.  In practice: ``bit`` for dense
+    Candidates: the codecs ``auto`` may pick (:func:`memoplan.enums.widening_order`:
+    ``bit``/``bool`` if :func:`is_binary`, ``uint8`` if every value is an integer in
+    0..255, ``sparse`` and ``none`` always); sizes are :attr:`Payload.nbytes` of the
+    payload each would produce; ties go to the cheapest to encode (``none, bit, bool,
+    uint8, sparse``: :attr:`CodecSpec.cost`).  In practice: ``bit`` for dense
     binary data, ``sparse`` for binary data below 1/32 density or other data
     below the break-even density, ``uint8`` for small integers, else ``none``.
     The result is a function of the values alone (deterministic), but different
     ranks see different values: agree on it across DDP ranks before encoding.
     """
+    candidates = [_REGISTRY[name] for name in widening_order() if name in _REGISTRY]
     if x.is_complex():
-        return "none"
+        return candidates[-1].name
     flat = x.detach().reshape(-1)
-    numel = flat.numel()
-    binary = is_binary(flat)
-    sizes = {"none": estimate_nbytes("none", numel, x.dtype)}
-    if binary:
-        sizes["bit"] = estimate_nbytes("bit", numel, x.dtype)
-        sizes["bool"] = estimate_nbytes("bool", numel, x.dtype)
-    if binary or not bool(_not_uint8(flat).any()):
-        sizes["uint8"] = estimate_nbytes("uint8", numel, x.dtype)
-    stored = flat[_stored_mask(flat)]
-    sizes["sparse"] = estimate_nbytes(
-        "sparse", numel, x.dtype, nnz=stored.numel(), binary=bool((stored == 1).all())
-    )
-    best = min(sizes.values())
-    return next(c for c in _CHOICE_ORDER if sizes.get(c) == best)
+    stored = flat[impls.stored_mask(flat)]
+    nnz, ones = stored.numel(), bool((stored == 1).all())
+    fits: dict[Callable[[torch.Tensor], torch.Tensor], bool] = {}
+    sizes: dict[str, tuple[int, int]] = {}
+    for impl in candidates:
+        if impl.invalid is not None and not impl.holds_dtype(flat.dtype):
+            if impl.invalid not in fits:
+                fits[impl.invalid] = not bool(impl.invalid(flat).any())
+            if not fits[impl.invalid]:
+                continue
+        sizes[impl.name] = (impl.data_nbytes(flat.numel(), x.dtype, nnz, ones), impl.spec.cost)
+    return min(sizes, key=sizes.__getitem__)
 
 
 def estimate_nbytes(
-    codec: CodecLike,
+    codec: Any,
     numel: int,
     dtype: torch.dtype,
     *,
@@ -326,22 +408,8 @@ def estimate_nbytes(
     ``sparse`` needs ``nnz`` (stored elements) and ``binary`` (whether the values
     are omitted).  For the planner: no tensor is needed.
     """
-    name = _name(codec, CODECS, "codec")
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if name == "none":
-        data = numel * itemsize
-    elif name in ("bool", "uint8"):
-        data = numel
-    elif name == "bit":
-        data = (numel + 7) // 8
-    elif name == "int8":
-        data = numel + 4 * ((numel + INT8_GROUP - 1) // INT8_GROUP)
-    else:
-        if nnz is None:
-            raise ValueError("estimate_nbytes('sparse', ...) needs nnz=")
-        per = _index_dtype(numel).itemsize + (0 if binary or dtype == torch.bool else itemsize)
-        data = nnz * per
-    return data + HEADER_BYTES
+    name = _name(codec, _names(auto=False), "codec")
+    return _REGISTRY[name].data_nbytes(numel, dtype, nnz, binary) + HEADER_BYTES
 
 
 def sample_indices(numel: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -363,25 +431,64 @@ def reset_validation(where: str | None = None) -> None:
                 _validated.discard(key)
 
 
+# ---------------------------------------------------------------- auto
+
+
+def encode_auto(x: torch.Tensor, chosen: dict[str, str], where: str) -> Payload | None:
+    """``compress input = auto`` for the region at ``where``: its payload, or None to keep ``x``.
+
+    ``chosen`` maps ``where`` to the codec of the region's first call (:func:`choose`, then
+    :func:`agree` across ranks).  Every call is checked in full: an input that codec cannot
+    hold widens the choice (:func:`widen`) instead of being stored wrongly.  (A rank that
+    widens alone changes its memory use, never the results.)
+    """
+    codec = chosen.get(where)
+    if codec is None:
+        codec = chosen[where] = agree(choose(x))
+    try:
+        payload = encode(x, codec, validate="always", where=where)
+    except CodecError:
+        codec = chosen[where] = widen(codec, choose(x))
+        payload = encode(x, codec, validate="always", where=where)
+    return None if _REGISTRY[codec].keeps_input else payload
+
+
+def widen(a: str, b: str) -> str:
+    """The more general of two codecs ``auto`` may pick (it holds everything the other holds)."""
+    order = widening_order()
+    return max(a, b, key=order.index)
+
+
+def agree(codec: str) -> str:
+    """Under torch.distributed, every rank takes the most general codec any rank needs."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return codec
+    order = list(widening_order())
+    rank = torch.tensor([order.index(codec)], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        rank = rank.cuda()
+    dist.all_reduce(rank, op=dist.ReduceOp.MAX)
+    return order[int(rank.item())]
+
+
 # ---------------------------------------------------------------- validation
 
 
-def _check_values(flat: torch.Tensor, codec: str, mode: str, where: str) -> None:
-    """Raise CodecError for the first value ``codec`` cannot hold among the checked ones."""
-    if codec == "sparse" or flat.dtype == torch.bool or flat.numel() == 0:
+def _check_values(flat: torch.Tensor, impl: RuntimeCodec, mode: str, where: str) -> None:
+    """Raise CodecError for the first value ``impl`` cannot hold among the checked ones."""
+    if impl.invalid is None or impl.holds_dtype(flat.dtype) or flat.numel() == 0:
         return
-    if codec == "uint8" and flat.dtype == torch.uint8:
-        return
-    invalid = _not_uint8 if codec == "uint8" else _not_binary
-    full = _full_check(flat, codec, mode, where)
+    full = _full_check(flat, impl.name, mode, where)
     step = 1 if full else _sample_step(flat.numel())
     checked = flat if step == 1 else flat[::step]
-    bad = invalid(checked)
+    bad = impl.invalid(checked)
     if bool(bad.any()):
         j = int(bad.nonzero()[0, 0])
-        raise _not_held(flat, codec, where, j * step)
+        raise _not_held(flat, impl, where, j * step)
     if full and mode == "sample":
-        _mark_validated(where, codec)
+        _mark_validated(where, impl.name)
 
 
 def _full_check(flat: torch.Tensor, codec: str, mode: str, where: str) -> bool:
@@ -394,61 +501,39 @@ def _mark_validated(where: str, codec: str) -> None:
         _validated.add((where, codec))
 
 
-def _not_held(flat: torch.Tensor, codec: str, where: str, index: int) -> CodecError:
-    """The MP405 error for ``flat[index]``, a value ``codec`` (bit, bool or uint8) cannot hold."""
-    what = "exactly 0 or 1" if codec in ("bit", "bool") else "integers in 0..255"
+def _not_held(flat: torch.Tensor, impl: RuntimeCodec, where: str, index: int) -> CodecError:
+    """The MP405 error for ``flat[index]``, a value ``impl`` cannot hold."""
     return _value_error(
         where,
-        codec,
+        impl.name,
         index,
         _py(flat[index]),
-        f"`{where}`: codec `{codec}` holds only {what}, "
+        f"`{where}`: codec `{impl.name}` holds only {impl.what}, "
         f"but the input has {_show(flat[index])} at flat index {index}",
     )
 
 
-def _kernels_take(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``dtype`` tensors on ``device`` go to the generated Triton kernels.
-
-    Only CUDA tensors, and only when triton is installed; CPU tensors never import
-    :mod:`memoplan.runtime.kernels`.
-    """
-    if device.type != "cuda":
-        return False
-    from memoplan.runtime.kernels import supports
-
-    return supports(device, dtype)
-
-
-def _fused_bit_check(
-    flat: torch.Tensor, codec: str, mode: str, where: str
-) -> tuple[torch.Tensor, ...] | None:
+def _fused_bit_check(flat: torch.Tensor, mode: str, where: str) -> Data | None:
     """``bit`` on the kernels with a full check due: pack and check in one pass; else None.
 
     A sampled check (``sample`` after the first call) stays on the torch path, which
     reads only the sample, so the kernels raise on exactly the inputs torch raises on.
     """
-    if codec != "bit" or flat.dtype == torch.bool or flat.numel() == 0:
+    if flat.dtype == torch.bool or flat.numel() == 0:
         return None
-    if not _kernels_take(flat.device, flat.dtype) or not _full_check(flat, codec, mode, where):
+    if not impls.kernels_take(flat.device, flat.dtype) or not _full_check(flat, "bit", mode, where):
         return None
     from memoplan.runtime.kernels import bit
 
     packed, index = bit.bit_pack_checked(flat)
     if index is not None:
-        raise _not_held(flat, codec, where, index)
+        raise _not_held(flat, _REGISTRY["bit"], where, index)
     if mode == "sample":
-        _mark_validated(where, codec)
+        _mark_validated(where, "bit")
     return (packed,)
 
 
-def _check_int8(
-    flat: torch.Tensor,
-    data: tuple[torch.Tensor, ...],
-    mode: str,
-    where: str,
-    tolerance: float | None,
-) -> None:
+def _check_int8(flat: torch.Tensor, data: Data, mode: str, where: str, tolerance: float | None) -> None:
     if flat.numel() == 0:
         return
     key = (where, "int8")
@@ -458,54 +543,35 @@ def _check_int8(
     orig = flat if idx is None else flat[idx]
     nonfinite = ~torch.isfinite(orig)
     if bool(nonfinite.any()):
-        j = int(nonfinite.nonzero()[0, 0])
-        index = j * step
-        value = _py(flat[index])
+        index = int(nonfinite.nonzero()[0, 0]) * step
         raise _value_error(
             where,
             "int8",
             index,
-            value,
+            _py(flat[index]),
             f"`{where}`: codec `int8` holds only finite values, "
             f"but the input has {_show(flat[index])} at flat index {index}",
         )
     if tolerance is not None:
         q, scales = data
         if idx is None:
-            got = _decode_int8_flat(q, scales, flat.dtype)
+            got = impls.decode_int8_flat(q, scales, flat.dtype)
         else:
             got = (q[idx].to(torch.float32) * scales[idx // INT8_GROUP]).to(flat.dtype)
         err = (got.to(torch.float64) - orig.to(torch.float64)).abs()
         worst = int(err.argmax())
         if float(err[worst]) > tolerance:
             index = worst * step
-            value = _py(flat[index])
             raise _value_error(
                 where,
                 "int8",
                 index,
-                value,
+                _py(flat[index]),
                 f"`{where}`: codec `int8` error {float(err[worst]):.6g} exceeds "
                 f"tolerance {tolerance:g} at flat index {index} (value {_show(flat[index])})",
             )
     if full and mode == "sample":
-        with _validated_lock:
-            _validated.add(key)
-
-
-def _not_binary(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype == torch.bool:
-        return torch.zeros_like(t)
-    return ~((t == 0) | (t == 1))
-
-
-def _not_uint8(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype in (torch.bool, torch.uint8):
-        return torch.zeros(t.shape, dtype=torch.bool, device=t.device)
-    in_range = (t >= 0) & (t <= 255)
-    if t.dtype.is_floating_point:
-        in_range &= t == torch.round(t)  # NaN fails every comparison
-    return ~in_range
+        _mark_validated(where, "int8")
 
 
 def _sample_step(numel: int) -> int:
@@ -522,167 +588,35 @@ def _value_error(where: str, codec: str, index: int, value, message: str) -> Cod
     )
 
 
-def _dtype_error(x: torch.Tensor, codec: str, where: str) -> CodecError:
-    need = "a floating-point" if codec == "int8" else "a real"
+def _dtype_error(x: torch.Tensor, impl: RuntimeCodec, where: str) -> CodecError:
+    need = "a floating-point" if impl.floating_only else "a real"
     return CodecError(
         (
             Diagnostic(
                 code="MP405",
-                message=f"`{where}`: codec `{codec}` needs {need} input, got {x.dtype}",
+                message=f"`{where}`: codec `{impl.name}` needs {need} input, got {x.dtype}",
                 help=_HELP,
             ),
         ),
         where=where,
-        codec=codec,
+        codec=impl.name,
     )
-
-
-# ---------------------------------------------------------------- codecs
-
-
-def _encode_bool(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return (flat != 0,)
-
-
-def _decode_bool(p: Payload) -> torch.Tensor:
-    # copy=True: a recompute that writes into its input in place must not corrupt the payload.
-    return p.data[0].to(p.dtype, copy=True)
-
-
-def _encode_uint8(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    if _kernels_take(flat.device, flat.dtype):
-        from memoplan.runtime.kernels import uint8
-
-        return (uint8.uint8_encode(flat),)
-    if flat.dtype == torch.bool:
-        return (flat.to(torch.uint8),)
-    if flat.dtype.is_floating_point:
-        # nan_to_num maps +-inf to the dtype's extremes, which the clamp then takes to 255/0.
-        flat = torch.round(torch.nan_to_num(flat, nan=0.0))
-    return (flat.clamp(0, 255).to(torch.uint8),)
-
-
-def _decode_uint8(p: Payload) -> torch.Tensor:
-    if _kernels_take(p.data[0].device, p.dtype):
-        from memoplan.runtime.kernels import uint8
-
-        return uint8.uint8_decode(p.data[0], p.dtype)  # a new tensor, as below
-    return p.data[0].to(p.dtype, copy=True)
-
-
-def _encode_bit(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    if _kernels_take(flat.device, flat.dtype):
-        from memoplan.runtime.kernels import bit
-
-        return (bit.bit_pack(flat),)
-    n = flat.numel()
-    bits = torch.zeros(n + (-n % 8), dtype=torch.bool, device=flat.device)
-    torch.ne(flat, 0, out=bits[:n])
-    if sys.byteorder != "little":
-        return ((bits.view(torch.uint8).view(-1, 8) * _bit_weights(bits.device)).sum(dim=1, dtype=torch.uint8),)
-    # Eight elements are one little-endian int64, element j at bit 8j; three
-    # shift-and-or steps gather bit 8j into bit j of the low byte (j < 4, then j < 8).
-    word = bits.view(torch.uint8).view(torch.int64)
-    word = word | (word >> 7)
-    word = word | (word >> 14)
-    word = word | (word >> 28)
-    return ((word & 0xFF).to(torch.uint8),)
-
-
-def _decode_bit(p: Payload) -> torch.Tensor:
-    if _kernels_take(p.data[0].device, p.dtype):
-        from memoplan.runtime.kernels import bit
-
-        return bit.bit_unpack(p.data[0], p.numel, p.dtype)
-    packed = p.data[0]
-    table = _bit_table(packed.device, p.dtype)  # row b: the 8 elements byte b holds
-    out = torch.empty(p.numel, dtype=p.dtype, device=packed.device)
-    whole = p.numel // 8
-    torch.index_select(table, 0, packed[:whole].int(), out=out[: whole * 8].view(whole, 8))
-    if whole * 8 < p.numel:  # the last, partly used byte
-        out[whole * 8 :] = table.index_select(0, packed[whole:].int())[0, : p.numel - whole * 8]
-    return out
-
-
-def _encode_sparse(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    mask = _stored_mask(flat)
-    indices = mask.nonzero().view(-1)
-    values = flat[indices]
-    indices = indices.to(_index_dtype(flat.numel()))
-    if flat.dtype == torch.bool or bool((values == 1).all()):
-        return (indices,)
-    return (indices, values)
-
-
-def _decode_sparse(p: Payload) -> torch.Tensor:
-    out = torch.zeros(p.numel, dtype=p.dtype, device=p.device)
-    indices = p.data[0].to(torch.int64)
-    if len(p.data) == 2:
-        out[indices] = p.data[1]
-    else:
-        out[indices] = 1
-    return out
-
-
-def _encode_int8(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    n = flat.numel()
-    groups = -(-n // INT8_GROUP)
-    xf = flat.to(torch.float32)
-    padded = torch.cat([xf, xf.new_zeros(groups * INT8_GROUP - n)]).view(groups, INT8_GROUP)
-    finite = torch.where(torch.isfinite(padded), padded, padded.new_zeros(()))
-    scales = finite.abs().amax(dim=1) / 127 if groups else xf.new_zeros(0)
-    s = scales.unsqueeze(1)
-    ratio = torch.where(s > 0, padded / torch.where(s > 0, s, 1), padded.new_zeros(()))
-    q = torch.round(torch.nan_to_num(ratio, nan=0.0)).clamp(-127, 127).to(torch.int8)
-    return (q.view(-1)[:n].clone(), scales)
-
-
-def _decode_int8_flat(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    per = scales.repeat_interleave(INT8_GROUP)[: q.numel()]
-    return (q.to(torch.float32) * per).to(dtype)
-
-
-def _decode_int8(p: Payload) -> torch.Tensor:
-    return _decode_int8_flat(p.data[0], p.data[1], p.dtype)
-
-
-_ENCODERS = {
-    "bool": _encode_bool,
-    "uint8": _encode_uint8,
-    "bit": _encode_bit,
-    "sparse": _encode_sparse,
-}
-_DECODERS = {
-    "bool": _decode_bool,
-    "uint8": _decode_uint8,
-    "bit": _decode_bit,
-    "sparse": _decode_sparse,
-    "int8": _decode_int8,
-}
 
 
 # ---------------------------------------------------------------- helpers
 
 
-def _name(value: CodecLike, allowed: tuple[str, ...], what: str) -> str:
-    name = value.value if isinstance(value, enum.Enum) else value
+def _names(*, auto: bool) -> tuple[str, ...]:
+    """The codec names a call accepts: the implemented ones, then ``auto`` where it applies."""
+    chooses = tuple(spec.name for spec in codec_specs() if spec.chooses) if auto else ()
+    return registered() + chooses
+
+
+def _name(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    name = value if isinstance(value, str) else getattr(value, "value", value)
     if name not in allowed:
         raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(allowed)}")
     return name
-
-
-def _stored_mask(flat: torch.Tensor) -> torch.Tensor:
-    """Elements whose bit pattern is not +0 (``-0.0`` and NaN included)."""
-    if flat.dtype == torch.bool:
-        return flat
-    mask = flat != 0
-    if flat.dtype.is_floating_point:
-        mask |= torch.signbit(flat)
-    return mask
-
-
-def _index_dtype(numel: int) -> torch.dtype:
-    return torch.int32 if numel < 2**31 else torch.int64
 
 
 def _dense_stride(x: torch.Tensor) -> tuple[int, ...] | None:
@@ -699,28 +633,6 @@ def _dense_stride(x: torch.Tensor) -> tuple[int, ...] | None:
     return tuple(x.stride())
 
 
-def _bit_weights(device: torch.device) -> torch.Tensor:
-    w = _BIT_WEIGHTS_CACHE.get(device)
-    if w is None:
-        with _disable_current_modes():  # a constant of the process, not of the step that first needs it
-            w = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
-        _BIT_WEIGHTS_CACHE[device] = w
-    return w
-
-
-def _bit_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``(256, 8)`` in ``dtype``: row ``b`` is bits 0..7 of ``b`` (what :func:`_decode_bit` looks up)."""
-    table = _BIT_TABLE_CACHE.get((device, dtype))
-    if table is None:
-        # Made outside any dispatch mode: a constant of the process (8 KiB for float32),
-        # not memory of the step that first decodes, nor a fake tensor under tracing.
-        with _disable_current_modes():
-            shifts = torch.arange(8, dtype=torch.int32, device=device)
-            table = ((torch.arange(256, dtype=torch.int32, device=device).unsqueeze(1) >> shifts) & 1).to(dtype)
-        _BIT_TABLE_CACHE[(device, dtype)] = table
-    return table
-
-
 def _py(t: torch.Tensor) -> float | int | bool:
     return t.item()
 
@@ -735,3 +647,62 @@ def _show(t: torch.Tensor) -> str:
         if torch.tensor(float(text), dtype=t.dtype).item() == value:
             return text
     return repr(value)
+
+
+# ---------------------------------------------------------------- the built-in codecs
+
+
+def _itemsize_bytes(numel: int, dtype: torch.dtype, nnz: int | None, binary: bool) -> int:
+    return numel * torch.empty((), dtype=dtype).element_size()
+
+
+def _byte_each(numel: int, dtype: torch.dtype, nnz: int | None, binary: bool) -> int:
+    return numel
+
+
+def _bit_bytes(numel: int, dtype: torch.dtype, nnz: int | None, binary: bool) -> int:
+    return (numel + 7) // 8
+
+
+def _sparse_bytes(numel: int, dtype: torch.dtype, nnz: int | None, binary: bool) -> int:
+    if nnz is None:
+        raise ValueError("estimate_nbytes('sparse', ...) needs nnz=")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return nnz * (impls.index_dtype(numel).itemsize + (0 if binary or dtype == torch.bool else itemsize))
+
+
+def _int8_bytes(numel: int, dtype: torch.dtype, nnz: int | None, binary: bool) -> int:
+    return numel + 4 * ((numel + INT8_GROUP - 1) // INT8_GROUP)
+
+
+def _is_bool(dtype: torch.dtype) -> bool:
+    return dtype == torch.bool
+
+
+def _is_byte(dtype: torch.dtype) -> bool:
+    return dtype in (torch.bool, torch.uint8)
+
+
+def _keep(flat: torch.Tensor) -> Data:
+    return (flat,)
+
+
+def _kept(data: Data, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return data[0]
+
+
+_ZERO_ONE = "exactly 0 or 1"
+for _impl in (
+    RuntimeCodec(_LanguageCodec.NONE.spec, _keep, _kept, _itemsize_bytes, keeps_input=True),
+    RuntimeCodec(_LanguageCodec.BOOL.spec, impls.encode_bool, impls.decode_bool, _byte_each,
+                 impls.not_binary, _is_bool, _ZERO_ONE),
+    RuntimeCodec(_LanguageCodec.UINT8.spec, impls.encode_uint8, impls.decode_uint8, _byte_each,
+                 impls.not_uint8, _is_byte, "integers in 0..255"),
+    RuntimeCodec(_LanguageCodec.BIT.spec, impls.encode_bit, impls.decode_bit, _bit_bytes,
+                 impls.not_binary, _is_bool, _ZERO_ONE, fused=_fused_bit_check),
+    RuntimeCodec(_LanguageCodec.SPARSE.spec, impls.encode_sparse, impls.decode_sparse, _sparse_bytes),
+    RuntimeCodec(_LanguageCodec.INT8.spec, impls.encode_int8, impls.decode_int8, _int8_bytes,
+                 floating_only=True, check=_check_int8),
+):  # fmt: skip
+    register(_impl)
+del _impl

@@ -5,7 +5,7 @@ holds what that recompute needs apart from the region's own autograd function: t
 autocast and buffer values the forward saw (:func:`as_in_forward`, :func:`autocast_state`),
 the node the decoded input enters through (:class:`Entry`), the saved-tensor hooks that keep
 views of the decoded input as the compressed payload (:func:`saved_as_payload`), and the
-states time chunks start from when they are recomputed instead of kept (:class:`Boundaries`).
+states time chunks start from when they are recomputed instead of kept (:class:`ChunkStarts`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from memoplan.runtime.state import load_state
 
 __all__ = [
     "RECOMPUTE_NOTE",
-    "Boundaries",
+    "ChunkStarts",
     "Entry",
     "as_in_forward",
     "autocast_state",
@@ -138,7 +138,7 @@ def recomputing(where: str, what: str) -> Any:
         raise
 
 
-class Boundaries:
+class ChunkStarts:
     """The states the time chunks of one call start from, recomputed in backward instead of kept.
 
     With ``boundaries = recompute``, chunk 0 keeps the state it starts from, as every

@@ -43,9 +43,10 @@ from memoplan.runtime import batchnorm, codecs, gradroot, inplace
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.compiled import outside_graph, outside_needed, region_kind
 from memoplan.runtime.install import PATH_ATTR
-# The recompute's surroundings live in their own module; ``_Boundaries`` and
-# ``_saved_as_payload`` keep their names here, where the tests reach them.
-from memoplan.runtime.recompute import Boundaries as _Boundaries
+from memoplan.enums import Boundaries
+# The recompute's surroundings live in their own module; ``_Boundaries`` (the states chunks
+# start from) and ``_saved_as_payload`` keep their names here, where the tests reach them.
+from memoplan.runtime.recompute import ChunkStarts as _Boundaries
 from memoplan.runtime.recompute import Entry, as_in_forward, autocast_state, recomputing
 from memoplan.runtime.recompute import saved_as_payload as _saved_as_payload
 from memoplan.runtime.state import get_state, load_state
@@ -61,9 +62,6 @@ class RegionOptions:
     preserve_rng: bool = True
     where: str = ""  # the module path, for messages
 
-
-# Codecs `auto` may choose, each able to hold everything the ones before it hold.
-AUTO_ORDER = ("bit", "bool", "uint8", "sparse", "none")
 
 # (where, chunks, length) already warned about, so a clamp is reported once, not every step.
 _CLAMPED: set[tuple[str, int, int]] = set()
@@ -86,7 +84,7 @@ def run_planned(
     chunks: int | None = None,
     dim: int = 0,
     chunk_args: Sequence[int | str] = (0,),
-    boundaries: str = "keep",
+    boundaries: str | Boundaries = "keep",
 ) -> Any:
     """A planned module's forward as memoplan regions (what generated code calls).
 
@@ -117,7 +115,7 @@ def run_planned(
             dim=dim,
             chunk_args=chunk_args,
             root_only=root_only,
-            recompute_boundaries=boundaries == "recompute",
+            recompute_boundaries=Boundaries(boundaries) is Boundaries.RECOMPUTE,
         )
     return run_region((module,), fn, args, kwargs, options, modules)
 
@@ -585,20 +583,9 @@ class _Run:
             return codecs.encode(
                 x, options.codec, validate=options.validate, where=options.where, tolerance=options.tolerance
             )
-        # `auto` keeps the codec chosen on the region's first call, but checks every
-        # call in full: an input the codec cannot hold widens the choice instead of
-        # being stored wrongly.  (A rank that widens alone changes its memory use,
-        # never the results.)
-        chosen = _AUTO.setdefault(self.roots[0], {})
-        codec = chosen.get(options.where)
-        if codec is None:
-            codec = chosen[options.where] = _agree(codecs.choose(x))
-        try:
-            payload = codecs.encode(x, codec, validate="always", where=options.where)
-        except codecs.CodecError:
-            codec = chosen[options.where] = max(codec, codecs.choose(x), key=AUTO_ORDER.index)
-            payload = codecs.encode(x, codec, validate="always", where=options.where)
-        return None if codec == "none" else payload
+        # `auto`: chosen on the region's first call, agreed across ranks, widened when an
+        # input the codec cannot hold comes (codecs.encode_auto).
+        return codecs.encode_auto(x, _AUTO.setdefault(self.roots[0], {}), options.where)
 
 
 def _tensor_keys(states: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
@@ -611,20 +598,6 @@ def _without_tensors(leaves: Sequence[Any]) -> list[Any]:
 
 def _state_without_tensors(state: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
-
-
-def _agree(codec: str) -> str:
-    """Under torch.distributed, every rank takes the most general codec any rank needs."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return codec
-    order = list(AUTO_ORDER)
-    rank = torch.tensor([order.index(codec)], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        rank = rank.cuda()
-    dist.all_reduce(rank, op=dist.ReduceOp.MAX)
-    return order[int(rank.item())]
 
 
 class _RegionFunction(torch.autograd.Function):

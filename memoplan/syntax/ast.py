@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from memoplan.diagnostics import Span
+# Values that cross stages live in the shared leaf; the AST names them as before.
+from memoplan.enums import Boundaries as Boundaries
+from memoplan.enums import Codec as Codec
+from memoplan.enums import Validate as Validate
 
 NO_SPAN = Span("<memory>", 0, 0, 0, 0)
 
@@ -187,35 +191,8 @@ class CheckpointImpl(enum.Enum):
     TORCH = "torch"  # torch.utils.checkpoint, non-reentrant
 
 
-class Codec(enum.Enum):
-    NONE = "none"
-    BOOL = "bool"
-    UINT8 = "uint8"
-    BIT = "bit"
-    SPARSE = "sparse"
-    AUTO = "auto"
-    INT8 = "int8"  # lossy: per-group int8
-
-    @property
-    def lossy(self) -> bool:
-        return self is Codec.INT8
-
-
-class Validate(enum.Enum):
-    OFF = "off"
-    SAMPLE = "sample"
-    ALWAYS = "always"
-
-
 class StateMode(enum.Enum):
     FUNCTIONAL = "functional"
-
-
-class Boundaries(enum.Enum):
-    """What `temporal_chunk` does with the state each chunk starts from, between forward and backward."""
-
-    KEEP = "keep"
-    RECOMPUTE = "recompute"
 
 
 class BuffersMode(enum.Enum):
