@@ -101,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "--repeats", type=_positive_int, default=3, metavar="N", help="timed steps; times are their medians (default 3)"
     )
+    _method_option(profile)
     _device_option(profile)
     profile.set_defaults(run=_profile)
 
@@ -215,6 +216,16 @@ def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> Non
         parser.add_argument(
             "--example", metavar="SPEC", help="pkg.module:inputs, path/file.py:inputs, or e.g. 'randn(4, 3, 32, 32)'"
         )
+
+
+def _method_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--method",
+        choices=("auto", "measured", "estimated"),
+        default="auto",
+        help="measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
+        "with times from a smaller real run; auto (default): measure, estimate if the step runs out of memory",
+    )
 
 
 def _device_option(parser: argparse.ArgumentParser) -> None:
@@ -509,12 +520,14 @@ def _model_and_example(args):
 
 
 def _profile(args) -> int:
-    from memoplan.planner.profile import profile
+    from memoplan.planner.estimate import take_profile
     from memoplan.planner.report import profile_table
 
     _output(args.output)
     model, example = _model_and_example(args)
-    result = _first_step(lambda: profile(model, example, repeats=args.repeats))
+    result = _first_step(
+        lambda: take_profile(model, example, method=args.method, note=_progress, repeats=args.repeats), "profile"
+    )
     if cli_output.to_stdout(args.output):  # `-o -`: the JSON on stdout, the table on stderr
         with contextlib.redirect_stdout(sys.stderr):
             _show(profile_table(result))
@@ -522,7 +535,7 @@ def _profile(args) -> int:
     with _writing(args.output):
         result.save(args.output)
     _show(profile_table(result))
-    print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B")
+    print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B ({result.method})")
     return 0
 
 
@@ -537,28 +550,57 @@ def _save_to_stdout(result) -> int:
     return 0
 
 
-def _first_step(run):
-    """``run()``, the first training step of the user's model; MP504 (as `verify` says it) when it
-    raises anything but KeyboardInterrupt (``SystemExit`` too)."""
+def _first_step(run, step: str = "unplanned"):
+    """``run()``, the first training step of the user's model; MP411 when a step runs out of
+    memory (the step named by the error, else ``step``), MP504 (as `verify` says it) when it
+    raises anything else but KeyboardInterrupt (``SystemExit`` too)."""
+    from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory, wanted_bytes
     from memoplan.specs import describe_exception
 
     try:
         return run()
     except PlanError:
         raise
+    except StepOutOfMemory as exc:
+        oom = (exc.step, exc.wanted, exc.message)
     except BaseException as exc:  # the user's model or example failed: a diagnostic, not a traceback
         if isinstance(exc, KeyboardInterrupt):
             raise
-        message = describe_exception(exc).split("\n", 1)[0]
-        raise PlanError(
-            (
-                Diagnostic(
-                    "MP504",
-                    f"running one training step raised {message}",
-                    help="check that the example input fits the model (`--example`)",
-                ),
-            )
-        ) from None
+        if not is_out_of_memory(exc):
+            message = describe_exception(exc).split("\n", 1)[0]
+            raise PlanError(
+                (
+                    Diagnostic(
+                        "MP504",
+                        f"running one training step raised {message}",
+                        help="check that the example input fits the model (`--example`)",
+                    ),
+                )
+            ) from None
+        text = str(exc).strip()
+        oom = (step, wanted_bytes(exc), text.splitlines()[0] if text else type(exc).__name__)
+    raise PlanError((_out_of_memory(*oom),))
+
+
+# What to do when a step runs out of memory, by the step that did.
+_OOM_HELP = {
+    "unplanned": "the unplanned step does not fit: `memoplan profile` and `memoplan plan` estimate it "
+    "(leave out `--method measured`), and `memoplan plan --budget B` writes a plan that fits",
+    "profile": "profile with `--method estimated` (fake tensors: nothing of the step is allocated), "
+    "or give a smaller `--example`",
+    "planned": "the planned step does not fit either: lower the budget (`memoplan plan --budget B`, "
+    "`--nested`), or give a smaller `--example`",
+}
+
+
+def _out_of_memory(step: str, wanted: int | None, message: str) -> Diagnostic:
+    """MP411: a step ran out of memory; what it asked for, which step, what to do."""
+    asked = f"the allocator could not give {wanted:,} B ({wanted / 2**20:.2f} MiB)" if wanted else message
+    return Diagnostic(
+        "MP411",
+        f"the {step} training step ran out of memory: {asked}",
+        help=_OOM_HELP.get(step, _OOM_HELP["planned"]),
+    )
 
 
 # The sublinear search's settings on the command line: the `sublinear` block's keys.

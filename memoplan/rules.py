@@ -169,6 +169,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP408", _S.RUNTIME, E, "`temporal_chunk ... dim d` past the chunked input's dimensions: the rule's `file:line`, the module, the shape", "chunk a dimension the input has"),
     ("MP409", _S.RUNTIME, E, "a planned model cannot be pickled (a forward that is not a module-level function)", "pickle the unplanned model and apply the plan after loading"),
     ("MP410", _S.RUNTIME, E, "no folder can hold `apply`'s generated code: neither the cache folder nor a temporary one can be written", "set `MEMOPLAN_CACHE_DIR` or `XDG_CACHE_HOME` to a writable folder"),
+    ("MP411", _S.RUNTIME, E, "a training step ran out of memory (CPU or CUDA allocator): the bytes it asked for and which step (unplanned, planned, profile); nothing is written", "`memoplan profile` and `plan` estimate a step that does not fit (`--method estimated`); for a planned step, lower the budget or the example"),
     ("MP421", _S.RUNTIME, E, "`atomic_clean_policy = 0` under DDP with `gradient_as_bucket_view=True`", "leave `atomic_clean_policy` at its default under DDP"),
     ("MP422", _S.RUNTIME, E, "`atomic_clean_policy = 0` after FSDP2 replaced the parameters", "leave `atomic_clean_policy` at its default under FSDP2"),
     ("MP423", _S.RUNTIME, E, "expandable segments asked for after CUDA memory was already reserved", "apply the plan before anything allocates on CUDA"),

@@ -19,7 +19,15 @@ import torch.utils._pytree as pytree
 
 from memoplan.specs import Example
 
-__all__ = ["describe_example", "is_out_of_memory", "shrink", "shrinking", "wanted_bytes"]
+__all__ = [
+    "StepOutOfMemory",
+    "describe_example",
+    "is_out_of_memory",
+    "out_of_memory_as",
+    "shrink",
+    "shrinking",
+    "wanted_bytes",
+]
 
 T = TypeVar("T")
 
@@ -111,3 +119,38 @@ def shrinking(example: Example, run: Callable[[Example], T]) -> tuple[Example, T
                 raise
             exc = None  # noqa: F841 - drop the traceback's frames (and the tensors they hold)
             gc.collect()
+
+
+class StepOutOfMemory(Exception):
+    """A training step ran out of memory: which step (``unplanned``, ``planned``, ``profile``),
+    the bytes the allocator wanted (None when its error does not say) and its message.
+
+    Raised in place of the allocator's error by :func:`out_of_memory_as`, without its traceback
+    (which would keep the failed step's tensors alive).
+    """
+
+    def __init__(self, step: str, wanted: int | None, message: str) -> None:
+        super().__init__(f"the {step} step ran out of memory: {message}")
+        self.step = step
+        self.wanted = wanted
+        self.message = message
+
+
+class out_of_memory_as:  # noqa: N801 - used as a context manager, like contextlib's
+    """``with out_of_memory_as("planned"): ...`` turns an allocator's out-of-memory error raised
+    inside into a :class:`StepOutOfMemory` of that step (other errors pass as they are)."""
+
+    def __init__(self, step: str) -> None:
+        self.step = step
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or isinstance(exc, StepOutOfMemory) or not is_out_of_memory(exc):
+            return False
+        text = str(exc).strip()
+        self.caught = StepOutOfMemory(self.step, wanted_bytes(exc), text.splitlines()[0] if text else type(exc).__name__)
+        exc.__traceback__ = None
+        gc.collect()
+        raise self.caught from None
