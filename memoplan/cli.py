@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 from pathlib import Path
 
@@ -120,8 +121,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--budget",
         metavar="B",
-        help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`), optionally `hard` or `hint` "
-        "(`4 GiB hint`), or a coverage budget (speed, balanced, memory); default: the preset's",
+        help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`; of the estimated peak when the "
+        "step does not fit), `device` or `device - 2GiB` (CUDA: what the allocator can use, less what the "
+        "model holds before the step), optionally `hard` or `hint` (`4 GiB hint`), or a coverage budget "
+        "(speed, balanced, memory); default: the preset's",
     )
     plan.add_argument(
         "--preset",
@@ -157,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     for key, metavar in SUBLINEAR_OPTIONS.items():
         knobs.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar=metavar)
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
+    _method_option(plan)
     _device_option(plan)
     plan.set_defaults(run=_plan)
 
@@ -550,10 +554,11 @@ def _save_to_stdout(result) -> int:
     return 0
 
 
-def _first_step(run, step: str = "unplanned"):
+def _first_step(run, step: str = "unplanned", *, only_oom: bool = False):
     """``run()``, the first training step of the user's model; MP411 when a step runs out of
     memory (the step named by the error, else ``step``), MP504 (as `verify` says it) when it
-    raises anything else but KeyboardInterrupt (``SystemExit`` too)."""
+    raises anything else but KeyboardInterrupt (``SystemExit`` too); ``only_oom``: other errors
+    pass as they are."""
     from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory, wanted_bytes
     from memoplan.specs import describe_exception
 
@@ -564,7 +569,7 @@ def _first_step(run, step: str = "unplanned"):
     except StepOutOfMemory as exc:
         oom = (exc.step, exc.wanted, exc.message)
     except BaseException as exc:  # the user's model or example failed: a diagnostic, not a traceback
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, KeyboardInterrupt) or (only_oom and not is_out_of_memory(exc)):
             raise
         if not is_out_of_memory(exc):
             message = describe_exception(exc).split("\n", 1)[0]
@@ -680,7 +685,8 @@ def _plan(args) -> int:
     from memoplan.planner import search
     from memoplan.planner.plan import Planner, rebased, with_sources
     from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
-    from memoplan.planner.profile import Profile, merge, profile
+    from memoplan.planner.estimate import take_profile
+    from memoplan.planner.profile import Profile, merge
     from memoplan.syntax import ast, format_plan, parse_example_spec
 
     start = _load(args.start) if args.start is not None else None
@@ -690,7 +696,12 @@ def _plan(args) -> int:
     if args.budget is None and args.preset is None and (start is None or start.budget is None):
         print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
         return 2
-    budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
+    device_budget = _device_budget_text(args.budget)
+    if device_budget is not None:  # bytes once the model is on the device: a placeholder until then
+        _device_budget_refused(args)
+        budget, hard = parse_budget("1 B" + device_budget[1])
+    else:
+        budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
     if args.budget is None and start is not None and start.budget is not None:
         budget, hard = search.budget_from_ast(start.budget), start.budget.mode is not ast.BudgetMode.HINT
     if args.hint:
@@ -738,12 +749,18 @@ def _plan(args) -> int:
     ):
         print("memoplan plan: error: --nested needs the optimal planner and a byte budget (e.g. 50%)", file=sys.stderr)
         return 2
+    if device_budget is not None:
+        preset = preset.with_overrides(planner=None, budget=_device_budget(args, model, device_budget), hard=hard)
     if prof is None:
-        prof = _first_step(lambda: profile(model, example))
+        prof = _first_step(lambda: take_profile(model, example, method=args.method, note=_progress), "profile")
     if args.dtr:
         return _plan_dtr(args, model, example, prof, preset)
-    result = preset.run(
-        model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
+    result = _first_step(
+        lambda: preset.run(
+            model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
+        ),
+        "planned",
+        only_oom=True,
     )
     plan = result.plan
     if start is not None and args.model is None and args.example is None and start.model is not None:
@@ -760,15 +777,75 @@ def _plan(args) -> int:
         )
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     verdict = "met" if result.met else "NOT met (hint)"
+    before = f"{'estimated' if prof.method == 'estimated' else 'measured'} unplanned peak {result.measured_before} B"
     refined = ""
     if result.refinement is not None:
         refined = f" ({len(result.refinement.kept)} of {len(result.refinement.trials)} refinement trials kept)"
     print(
-        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, measured peak "
-        f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}{refined}",
+        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, {before}, "
+        f"measured planned peak {result.measured_after} B, budget {verdict}{refined}",
         file=sys.stderr if shown else sys.stdout,
     )
     return 0
+
+
+_DEVICE_BUDGET = re.compile(r"^\s*device\s*(?:-\s*([0-9][^a-z]*\s*[a-z]*?))?\s*((?:\s+(?:hard|hint))?)\s*$", re.IGNORECASE)
+
+
+def _device_budget_text(text: str | None):
+    """``--budget device [- SIZE] [hard|hint]`` as (SIZE or None, " hard"/" hint"/""); None for other budgets."""
+    if text is None or not text.strip().lower().startswith("device"):
+        return None
+    match = _DEVICE_BUDGET.match(text)
+    if match is None:
+        raise PlanError(
+            (Diagnostic("MP509", f"`--budget {text}` is not a device budget", help="write `device`, or `device - 2GiB`"),)
+        )
+    return match.group(1), match.group(2)
+
+
+def _device_budget_refused(args) -> None:
+    """MP509 for `--budget device` where the step does not run on CUDA."""
+    device = _device(args.device)
+    if device is None or device.type != "cuda":
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP509",
+                    f"`--budget {args.budget}` needs a CUDA device: on the CPU no allocator says how much it can use",
+                    help="plan on CUDA (`--device cuda`), or give the budget in bytes (`--budget 8GiB`)",
+                ),
+            )
+        )
+
+
+def _device_budget(args, model, parsed):
+    """The bytes `--budget device [- SIZE]` stands for, the model on its CUDA device.
+
+    What the caching allocator may hold (the device's total memory times the process's memory
+    fraction, ``torch.cuda.set_per_process_memory_fraction``), less what is allocated before the
+    step (parameters, buffers: a step's peak is counted above them), less SIZE.
+    """
+    import torch
+
+    from memoplan.planner.budgets import Bytes
+    from memoplan.planner.presets import parse_budget
+
+    device = _device(args.device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda i: 1.0)(index)
+    margin = 0
+    if parsed[0]:
+        size, _ = parse_budget(parsed[0])
+        if not isinstance(size, Bytes):
+            raise PlanError((Diagnostic("MP509", f"`--budget {args.budget}`: the margin is a size, such as `2GiB`"),))
+        margin = size.amount
+    limit = int(total * fraction) - torch.cuda.memory_allocated(index) - margin
+    if limit <= 0:
+        raise PlanError((Diagnostic("MP509", f"`--budget {args.budget}` leaves nothing for the step ({limit} B)"),))
+    _progress(f"budget device: {limit} B ({total} B on {device}, x{fraction:g}, less what is allocated and the margin)")
+    return Bytes(limit)
 
 
 def _plan_dtr(args, model, example, prof, preset) -> int:

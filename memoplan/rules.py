@@ -187,6 +187,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP506", _S.CLI, E, "`--device` that is not a device, or not on this machine", "leave out `--device` to run on the CPU, or name a CUDA device this machine has"),
     ("MP507", _S.SPECS, E, "an inline example too large to build: its sizes overflow 64 bits, or it needs more bytes than the machine's memory", "use smaller sizes"),
     ("MP508", _S.CLI, E, "`-o PATH` cannot be written: a directory, no permission, ...", "give `-o` the path of a file you can write"),
+    ("MP509", _S.CLI, E, "`memoplan plan --budget device` where the step does not run on CUDA, or a device budget that is malformed or leaves nothing", "plan on CUDA (`--device cuda`), or give the budget in bytes (`--budget 8GiB`)"),
     ("MP510", _S.REPORT, E, "`memoplan report` needs matplotlib (the `report` extra), checked before any work", "pip install 'memoplan[report]'"),
     ("MP512", _S.REPORT, E, "`memoplan report --budgets F`: a budget of the sweep that is not a share of the unplanned peak in (0, 1]", "give shares such as `0.5,0.75`"),
     ("MP520", _S.EDITOR, W, "`memoplan lsp` with `loadModel`: the model process timed out or exited (the plan's `model` line)", "run `memoplan check --model` on the plan to see the model's own error"),

@@ -25,10 +25,12 @@ matrix product measured on the device.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +103,7 @@ def estimate(
     full-size step for real; ``method == "estimated"`` (see the module's documentation).
 
     ``calibration`` is the smaller example whose real run gives the times and binary inputs
-    (default: the example with its batch halved until it fits).
+    (default: the example with its batch cut to a quarter, then halved until it fits).
     """
     example = _as_example(example)
     here = step_device(model, example.args, example.kwargs)
@@ -120,7 +122,8 @@ def estimate(
         if calibration is not None:
             small_example, small = calibration.to(target), profile(model, calibration.to(target), **options)
         else:
-            small_example, small = shrinking(example, lambda ex: profile(model, ex, **options))
+            # A quarter of the batch first: a try that runs out of memory costs time and fragments the heap.
+            small_example, small = shrinking(example, lambda ex: profile(model, ex, **options), first=2)
     except BaseException as exc:
         if not is_out_of_memory(exc):
             raise
@@ -191,7 +194,24 @@ class _AllocatorMeter(LiveStorageMeter):
 
 
 def fake_step(model: nn.Module, example: Example, target: torch.device, loss_fn: LossFn | None = None) -> FakeStep:
-    """One training step of ``model`` on fake tensors: its peak, probe and FLOPs; model left as it was."""
+    """One training step of ``model`` on fake tensors: its peak, probe and FLOPs; model left as it was.
+
+    Code that branches on whether it is being traced (transformers skips a causal mask for real
+    data and builds one for fake tensors) is shown real tensors' branch first; when that branch
+    needs the data (``DataDependentOutputException``), the step is run again on the traced branch.
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        with _as_real_data(hide_fakes=True):
+            return _fake_step(model, example, target, loss_fn)
+    except DataDependentOutputException:
+        pass
+    with _as_real_data(hide_fakes=False):
+        return _fake_step(model, example, target, loss_fn)
+
+
+def _fake_step(model: nn.Module, example: Example, target: torch.device, loss_fn: LossFn | None) -> FakeStep:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -208,6 +228,31 @@ def fake_step(model: nn.Module, example: Example, target: torch.device, loss_fn:
             probe.kept_by(output)
             del output, loss
         return FakeStep(meter.peak_bytes, probe.records, probe.unattributed, flops.per_module, flops.total)
+
+
+@contextlib.contextmanager
+def _as_real_data(*, hide_fakes: bool) -> Iterator[None]:
+    """While the fake step runs: ``torch.equal`` of a fake tensor is False (a training step's
+    buffers changed: memoplan's buffer tracking asks), and with ``hide_fakes`` transformers'
+    ``is_fake_tensor`` says no, so it takes the branch it takes for real data."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    equal = torch.equal
+
+    def fake_equal(a: Any, b: Any) -> bool:
+        return False if isinstance(a, FakeTensor) or isinstance(b, FakeTensor) else equal(a, b)
+
+    hf = sys.modules.get("transformers.utils.import_utils") if hide_fakes else None
+    is_fake = getattr(hf, "is_fake_tensor", None)
+    torch.equal = fake_equal
+    if is_fake is not None:
+        hf.is_fake_tensor = lambda x: False  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        torch.equal = equal
+        if is_fake is not None:
+            hf.is_fake_tensor = is_fake  # type: ignore[union-attr]
 
 
 def _fake_state(model: nn.Module, mode: Any) -> None:
@@ -314,6 +359,16 @@ def _throughput(device: torch.device) -> float:
 
 
 def _stderr() -> Any:
-    import sys
-
     return sys.stderr
+
+
+def estimate_plan(model: nn.Module, example: Example | torch.Tensor | Sequence[Any], plan: Any) -> int:
+    """The peak of one training step of a copy of ``model`` with ``plan``, on fake tensors: what
+    :func:`memoplan.planner.refine.measure_plan` measures, with nothing of the step allocated."""
+    import memoplan as api
+    from memoplan.planner.refine import _copy
+
+    example = _as_example(example)
+    target = step_device(model, example.args, example.kwargs)
+    clone = api.apply(_copy(model), plan)
+    return fake_step(clone, example, target).peak_bytes

@@ -9,6 +9,7 @@ allocator's out-of-memory error (CPU or CUDA) from any other failure of a step, 
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import re
 from collections.abc import Callable
@@ -31,9 +32,14 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: Set while planning from an estimated profile: :func:`memoplan.planner.refine.measure_plan`
+#: then estimates each trial on fake tensors instead of running it.
+ESTIMATING: contextvars.ContextVar[bool] = contextvars.ContextVar("memoplan_estimating", default=False)
+
 # CPU: "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8388608 bytes";
 # CUDA: "CUDA out of memory. Tried to allocate 20.00 MiB"; Python's own MemoryError too.
-_CPU_OOM = re.compile(r"can't allocate memory|not enough memory|out of memory", re.IGNORECASE)
+# oneDNN says "could not create a primitive" when it cannot allocate its own scratch memory.
+_CPU_OOM = re.compile(r"can't allocate memory|not enough memory|out of memory|could not create a primitive", re.IGNORECASE)
 _CPU_BYTES = re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE)
 _CUDA_BYTES = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -98,13 +104,16 @@ def describe_example(example: Example) -> str:
     return ", ".join(parts) or "no tensors"
 
 
-def shrinking(example: Example, run: Callable[[Example], T]) -> tuple[Example, T]:
+def shrinking(example: Example, run: Callable[[Example], T], *, first: int = 1) -> tuple[Example, T]:
     """``run`` on the example halved until it does not run out of memory: (the example used, its result).
 
-    The full-size example is not tried (the caller knows it does not fit).  An error that is not
+    The full-size example is not tried (the caller knows it does not fit); the first try is the
+    example halved ``first`` times (as far as batch 1).  An error that is not
     out of memory is raised as it is; running out at batch 1 raises the last out-of-memory error.
     """
     current = example
+    for _ in range(first - 1):
+        current = shrink(current) or current
     while True:
         smaller = shrink(current)
         if smaller is None:
