@@ -775,6 +775,7 @@ def _plan(args) -> int:
             parse_example_spec(args.example, "--example") if args.example else own.example,
             args.output.parent,
         )
+    plan = _with_budget(plan, preset.budget, preset.hard)
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     verdict = "met" if result.met else "NOT met (hint)"
     before = f"{'estimated' if prof.method == 'estimated' else 'measured'} unplanned peak {result.measured_before} B"
@@ -787,6 +788,38 @@ def _plan(args) -> int:
         file=sys.stderr if shown else sys.stdout,
     )
     return 0
+
+
+def _with_budget(plan, budget, hard: bool):
+    """``plan`` with a ``budget`` statement for a byte budget (bytes, or a share of the unplanned
+    peak), hard or hint as asked, after its model and example, so `memoplan verify` checks it
+    again; a plan that has one already (a completed plan's own) and coverage budgets are left."""
+    from dataclasses import replace
+
+    from memoplan.planner.budgets import Bytes, FractionOfPeak
+    from memoplan.syntax import ast
+
+    if plan.budget is not None or not isinstance(budget, (Bytes, FractionOfPeak)):
+        return plan
+    if isinstance(budget, Bytes):
+        amount = _size(budget.amount)
+    else:
+        percent = budget.fraction * 100
+        amount = ast.Percent(int(percent) if percent.denominator == 1 else float(percent))
+    stmt = ast.Budget(amount, ast.BudgetMode.HARD if hard else ast.BudgetMode.HINT)
+    head = [s for s in plan.statements if isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
+    rest = [s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
+    return replace(plan, statements=(*head, stmt, *rest))
+
+
+def _size(nbytes: int):
+    """``nbytes`` as the plan writes it: in the largest binary unit that holds it whole."""
+    from memoplan.syntax import ast
+
+    for unit in (ast.Unit.TiB, ast.Unit.GiB, ast.Unit.MiB, ast.Unit.KiB):
+        if nbytes and nbytes % unit.factor == 0:
+            return ast.Size(nbytes // unit.factor, unit)
+    return ast.Size(nbytes, ast.Unit.B)
 
 
 _DEVICE_BUDGET = re.compile(r"^\s*device\s*(?:-\s*([0-9][^a-z]*\s*[a-z]*?))?\s*((?:\s+(?:hard|hint))?)\s*$", re.IGNORECASE)
