@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         help="tolerance per tensor, relative to the largest unplanned magnitude of its category "
         "(default 0: bit for bit; 5e-5 for plans with temporal chunks)",
     )
+    verify.add_argument(
+        "--compare-example",
+        metavar="SPEC",
+        help="prove equivalence on this (smaller) example and measure the planned step on the full one; "
+        "by default only when the unplanned step does not fit, on the example's batch halved until both fit",
+    )
     _device_option(verify)
     verify.set_defaults(run=_verify)
 
@@ -454,7 +460,12 @@ def _verify_plan(args) -> int:
     for row in plan_table(resolved):
         _show(f"  {row}")
     _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
-    report = _first_step(lambda: verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device))
+    smaller = _example(None, None, args.compare_example, required=True) if args.compare_example else None
+    report = _first_step(
+        lambda: verify(
+            model, resolved, example, seed=args.seed, rtol=args.rtol, device=device, compare_example=smaller
+        )
+    )
     _show(render_report(report))
     OUTPUT.current.details.update(cli_output.verify_details(report))
     missed = None
