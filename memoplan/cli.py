@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 from pathlib import Path
 
@@ -94,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
         help="tolerance per tensor, relative to the largest unplanned magnitude of its category "
         "(default 0: bit for bit; 5e-5 for plans with temporal chunks)",
     )
+    verify.add_argument(
+        "--compare-example",
+        metavar="SPEC",
+        help="prove equivalence on this (smaller) example and measure the planned step on the full one; "
+        "by default only when the unplanned step does not fit, on the example's batch halved until both fit",
+    )
     _device_option(verify)
     verify.set_defaults(run=_verify)
 
@@ -112,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "--repeats", type=_positive_int, default=3, metavar="N", help="timed steps; times are their medians (default 3)"
     )
+    _method_option(profile)
     _device_option(profile)
     profile.set_defaults(run=_profile)
 
@@ -130,8 +138,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--budget",
         metavar="B",
-        help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`), optionally `hard` or `hint` "
-        "(`4 GiB hint`), or a coverage budget (speed, balanced, memory); default: the preset's",
+        help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`; of the estimated peak when the "
+        "step does not fit), `device` or `device - 2GiB` (CUDA: what the allocator can use, less what the "
+        "model holds before the step), optionally `hard` or `hint` (`4 GiB hint`), or a coverage budget "
+        "(speed, balanced, memory); default: the preset's",
     )
     plan.add_argument(
         "--preset",
@@ -167,6 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     for key, metavar in SUBLINEAR_OPTIONS.items():
         knobs.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar=metavar)
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
+    _method_option(plan)
     _device_option(plan)
     plan.set_defaults(run=_plan)
 
@@ -228,6 +239,16 @@ def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> Non
         parser.add_argument(
             "--example", metavar="SPEC", help="pkg.module:inputs, path/file.py:inputs, or e.g. 'randn(4, 3, 32, 32)'"
         )
+
+
+def _method_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--method",
+        choices=("auto", "measured", "estimated"),
+        default="auto",
+        help="measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
+        "with times from a smaller real run; auto (default): measure, estimate if the step runs out of memory",
+    )
 
 
 def _device_option(parser: argparse.ArgumentParser) -> None:
@@ -481,7 +502,12 @@ def _verify_plan(args) -> int:
         _show(f"  {row}")
     _cache_warnings(resolved, model, example, plan)
     _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
-    report = _first_step(lambda: verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device))
+    smaller = _example(None, None, args.compare_example, required=True) if args.compare_example else None
+    report = _first_step(
+        lambda: verify(
+            model, resolved, example, seed=args.seed, rtol=args.rtol, device=device, compare_example=smaller
+        )
+    )
     _show(render_report(report))
     OUTPUT.current.details.update(cli_output.verify_details(report))
     missed = None
@@ -551,12 +577,14 @@ def _model_and_example(args):
 
 
 def _profile(args) -> int:
-    from memoplan.planner.profile import profile
+    from memoplan.planner.estimate import take_profile
     from memoplan.planner.report import profile_table
 
     _output(args.output, _model_file(args.model))
     model, example = _model_and_example(args)
-    result = _first_step(lambda: profile(model, example, repeats=args.repeats))
+    result = _first_step(
+        lambda: take_profile(model, example, method=args.method, note=_progress, repeats=args.repeats), "profile"
+    )
     if cli_output.to_stdout(args.output):  # `-o -`: the JSON on stdout, the table on stderr
         with contextlib.redirect_stdout(sys.stderr):
             _show(profile_table(result))
@@ -564,7 +592,7 @@ def _profile(args) -> int:
     with _writing(args.output):
         result.save(args.output)
     _show(profile_table(result))
-    print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B")
+    print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B ({result.method})")
     return 0
 
 
@@ -579,28 +607,58 @@ def _save_to_stdout(result) -> int:
     return 0
 
 
-def _first_step(run):
-    """``run()``, the first training step of the user's model; MP504 (as `verify` says it) when it
-    raises anything but KeyboardInterrupt (``SystemExit`` too)."""
+def _first_step(run, step: str = "unplanned", *, only_oom: bool = False):
+    """``run()``, the first training step of the user's model; MP411 when a step runs out of
+    memory (the step named by the error, else ``step``), MP504 (as `verify` says it) when it
+    raises anything else but KeyboardInterrupt (``SystemExit`` too); ``only_oom``: other errors
+    pass as they are."""
+    from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory, wanted_bytes
     from memoplan.specs import describe_exception
 
     try:
         return run()
     except PlanError:
         raise
+    except StepOutOfMemory as exc:
+        oom = (exc.step, exc.wanted, exc.message)
     except BaseException as exc:  # the user's model or example failed: a diagnostic, not a traceback
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, KeyboardInterrupt) or (only_oom and not is_out_of_memory(exc)):
             raise
-        message = describe_exception(exc).split("\n", 1)[0]
-        raise PlanError(
-            (
-                Diagnostic(
-                    "MP504",
-                    f"running one training step raised {message}",
-                    help="check that the example input fits the model (`--example`)",
-                ),
-            )
-        ) from None
+        if not is_out_of_memory(exc):
+            message = describe_exception(exc).split("\n", 1)[0]
+            raise PlanError(
+                (
+                    Diagnostic(
+                        "MP504",
+                        f"running one training step raised {message}",
+                        help="check that the example input fits the model (`--example`)",
+                    ),
+                )
+            ) from None
+        text = str(exc).strip()
+        oom = (step, wanted_bytes(exc), text.splitlines()[0] if text else type(exc).__name__)
+    raise PlanError((_out_of_memory(*oom),))
+
+
+# What to do when a step runs out of memory, by the step that did.
+_OOM_HELP = {
+    "unplanned": "the unplanned step does not fit: `memoplan profile` and `memoplan plan` estimate it "
+    "(leave out `--method measured`), and `memoplan plan --budget B` writes a plan that fits",
+    "profile": "profile with `--method estimated` (fake tensors: nothing of the step is allocated), "
+    "or give a smaller `--example`",
+    "planned": "the planned step does not fit either: lower the budget (`memoplan plan --budget B`, "
+    "`--nested`), or give a smaller `--example`",
+}
+
+
+def _out_of_memory(step: str, wanted: int | None, message: str) -> Diagnostic:
+    """MP411: a step ran out of memory; what it asked for, which step, what to do."""
+    asked = f"the allocator could not give {wanted:,} B ({wanted / 2**20:.2f} MiB)" if wanted else message
+    return Diagnostic(
+        "MP411",
+        f"the {step} training step ran out of memory: {asked}",
+        help=_OOM_HELP.get(step, _OOM_HELP["planned"]),
+    )
 
 
 # The sublinear search's settings on the command line: the `sublinear` block's keys.
@@ -680,7 +738,8 @@ def _plan(args) -> int:
     from memoplan.planner import search
     from memoplan.planner.plan import Planner, rebased, with_sources
     from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
-    from memoplan.planner.profile import Profile, merge, profile
+    from memoplan.planner.estimate import take_profile
+    from memoplan.planner.profile import Profile, merge
     from memoplan.resolver import resolve
     from memoplan.syntax import ast, format_plan, parse_example_spec
 
@@ -691,7 +750,12 @@ def _plan(args) -> int:
     if args.budget is None and args.preset is None and (start is None or start.budget is None):
         print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
         return 2
-    budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
+    device_budget = _device_budget_text(args.budget)
+    if device_budget is not None:  # bytes once the model is on the device: a placeholder until then
+        _device_budget_refused(args)
+        budget, hard = parse_budget("1 B" + device_budget[1])
+    else:
+        budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
     if args.budget is None and start is not None and start.budget is not None:
         budget, hard = search.budget_from_ast(start.budget), start.budget.mode is not ast.BudgetMode.HINT
     if args.hint:
@@ -739,12 +803,18 @@ def _plan(args) -> int:
     ):
         print("memoplan plan: error: --nested needs the optimal planner and a byte budget (e.g. 50%)", file=sys.stderr)
         return 2
+    if device_budget is not None:
+        preset = preset.with_overrides(planner=None, budget=_device_budget(args, model, device_budget), hard=hard)
     if prof is None:
-        prof = _first_step(lambda: profile(model, example))
+        prof = _first_step(lambda: take_profile(model, example, method=args.method, note=_progress), "profile")
     if args.dtr:
         return _plan_dtr(args, model, example, prof, preset)
-    result = preset.run(
-        model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
+    result = _first_step(
+        lambda: preset.run(
+            model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
+        ),
+        "planned",
+        only_oom=True,
     )
     plan = result.plan
     if start is not None and args.model is None and args.example is None and start.model is not None:
@@ -759,18 +829,111 @@ def _plan(args) -> int:
             parse_example_spec(args.example, "--example") if args.example else own.example,
             args.output.parent,
         )
+    plan = _with_budget(plan, preset.budget, preset.hard)
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     _cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
     verdict = "met" if result.met else "NOT met (hint)"
+    before = f"{'estimated' if prof.method == 'estimated' else 'measured'} unplanned peak {result.measured_before} B"
     refined = ""
     if result.refinement is not None:
         refined = f" ({len(result.refinement.kept)} of {len(result.refinement.trials)} refinement trials kept)"
     print(
-        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, measured peak "
-        f"{result.measured_before} B -> {result.measured_after} B, budget {verdict}{refined}",
+        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, {before}, "
+        f"measured planned peak {result.measured_after} B, budget {verdict}{refined}",
         file=sys.stderr if shown else sys.stdout,
     )
     return 0
+
+
+def _with_budget(plan, budget, hard: bool):
+    """``plan`` with a ``budget`` statement for a byte budget (bytes, or a share of the unplanned
+    peak), hard or hint as asked, after its model and example, so `memoplan verify` checks it
+    again; a plan that has one already (a completed plan's own) and coverage budgets are left."""
+    from dataclasses import replace
+
+    from memoplan.planner.budgets import Bytes, FractionOfPeak
+    from memoplan.syntax import ast
+
+    if plan.budget is not None or not isinstance(budget, (Bytes, FractionOfPeak)):
+        return plan
+    if isinstance(budget, Bytes):
+        amount = _size(budget.amount)
+    else:
+        percent = budget.fraction * 100
+        amount = ast.Percent(int(percent) if percent.denominator == 1 else float(percent))
+    stmt = ast.Budget(amount, ast.BudgetMode.HARD if hard else ast.BudgetMode.HINT)
+    head = [s for s in plan.statements if isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
+    rest = [s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
+    return replace(plan, statements=(*head, stmt, *rest))
+
+
+def _size(nbytes: int):
+    """``nbytes`` as the plan writes it: in the largest binary unit that holds it whole."""
+    from memoplan.syntax import ast
+
+    for unit in (ast.Unit.TiB, ast.Unit.GiB, ast.Unit.MiB, ast.Unit.KiB):
+        if nbytes and nbytes % unit.factor == 0:
+            return ast.Size(nbytes // unit.factor, unit)
+    return ast.Size(nbytes, ast.Unit.B)
+
+
+_DEVICE_BUDGET = re.compile(r"^\s*device\s*(?:-\s*([0-9][^a-z]*\s*[a-z]*?))?\s*((?:\s+(?:hard|hint))?)\s*$", re.IGNORECASE)
+
+
+def _device_budget_text(text: str | None):
+    """``--budget device [- SIZE] [hard|hint]`` as (SIZE or None, " hard"/" hint"/""); None for other budgets."""
+    if text is None or not text.strip().lower().startswith("device"):
+        return None
+    match = _DEVICE_BUDGET.match(text)
+    if match is None:
+        raise PlanError(
+            (Diagnostic("MP509", f"`--budget {text}` is not a device budget", help="write `device`, or `device - 2GiB`"),)
+        )
+    return match.group(1), match.group(2)
+
+
+def _device_budget_refused(args) -> None:
+    """MP509 for `--budget device` where the step does not run on CUDA."""
+    device = _device(args.device)
+    if device is None or device.type != "cuda":
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP509",
+                    f"`--budget {args.budget}` needs a CUDA device: on the CPU no allocator says how much it can use",
+                    help="plan on CUDA (`--device cuda`), or give the budget in bytes (`--budget 8GiB`)",
+                ),
+            )
+        )
+
+
+def _device_budget(args, model, parsed):
+    """The bytes `--budget device [- SIZE]` stands for, the model on its CUDA device.
+
+    What the caching allocator may hold (the device's total memory times the process's memory
+    fraction, ``torch.cuda.set_per_process_memory_fraction``), less what is allocated before the
+    step (parameters, buffers: a step's peak is counted above them), less SIZE.
+    """
+    import torch
+
+    from memoplan.planner.budgets import Bytes
+    from memoplan.planner.presets import parse_budget
+
+    device = _device(args.device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda i: 1.0)(index)
+    margin = 0
+    if parsed[0]:
+        size, _ = parse_budget(parsed[0])
+        if not isinstance(size, Bytes):
+            raise PlanError((Diagnostic("MP509", f"`--budget {args.budget}`: the margin is a size, such as `2GiB`"),))
+        margin = size.amount
+    limit = int(total * fraction) - torch.cuda.memory_allocated(index) - margin
+    if limit <= 0:
+        raise PlanError((Diagnostic("MP509", f"`--budget {args.budget}` leaves nothing for the step ({limit} B)"),))
+    _progress(f"budget device: {limit} B ({total} B on {device}, x{fraction:g}, less what is allocated and the margin)")
+    return Bytes(limit)
 
 
 def _plan_dtr(args, model, example, prof, preset) -> int:

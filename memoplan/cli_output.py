@@ -365,6 +365,9 @@ def verify_details(report: Any) -> dict[str, Any]:
         "meter": {"method": report.unplanned.method, "device": str(report.unplanned.device)},
         "step_seconds": {"unplanned": report.unplanned_seconds, "planned": report.planned_seconds},
         "rtol": report.rtol,
+        # When the unplanned step did not fit: the peaks are of the full example (the unplanned one
+        # estimated on fake tensors), the checks of the smaller one.
+        "examples": {"peaks": report.full_example, "checks": report.compared_on},
         "checks": [
             {"name": c.name, "equal": c.equal, "compared": c.compared, "differences": [str(d) for d in c.differences[:10]]}
             for c in report.checks

@@ -109,7 +109,7 @@ class LiveStorageMeter(TorchDispatchMode):
 
     def _see(self, storage: torch.UntypedStorage, *, known: bool) -> None:
         key = id(storage)
-        nbytes = storage.nbytes()
+        nbytes = self._nbytes(storage)
         entry = self._live.get(key)
         if entry is not None:
             # Seen before; an `out=` or `resize_` op may have grown it in place.
@@ -123,6 +123,10 @@ class LiveStorageMeter(TorchDispatchMode):
         self._live[key] = (nbytes, weakref.finalize(storage, self._freed, key))
         self.current_bytes += nbytes
         self._changed()
+
+    def _nbytes(self, storage: torch.UntypedStorage) -> int:
+        """The bytes a storage counts for (a subclass may round them as an allocator does)."""
+        return storage.nbytes()
 
     def _freed(self, key: int) -> None:
         nbytes, _ = self._live.pop(key)

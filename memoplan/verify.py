@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import os
 import time
 import warnings
@@ -38,6 +39,7 @@ from memoplan.measure import StepMemory, measured_step, step_device, training_st
 from memoplan.memonger.measure import Allocations, count_allocations
 from memoplan.memonger.probe import allocated_inside
 from memoplan.planner.budgets import budget_from_ast
+from memoplan.planner.shrink import StepOutOfMemory, out_of_memory_as
 from memoplan.resolver import resolve
 from memoplan.runtime.arena import arena_state
 from memoplan.runtime.dtr import DtrStats, dtr_stats
@@ -84,6 +86,11 @@ class VerifyReport:
     dtr: DtrStats | None = None
     #: The ``memonger`` block's arena inference against eager (None without one).
     arena: ArenaCheck | None = None
+    #: When the unplanned step did not fit: the smaller example the equivalence was proven on
+    #: (described, ``args[0] 8x64 int64``); the unplanned peak is then estimated on fake tensors
+    #: (``unplanned.method == "fake-tensor"``) and the planned one measured at full size.
+    compared_on: str | None = None
+    full_example: str | None = None
 
     @property
     def equivalent(self) -> bool:
@@ -118,8 +125,14 @@ def verify(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     rtol: float | None = None,
     device: torch.device | str | None = None,
+    compare_example: Example | None = None,
 ) -> VerifyReport:
     """Run one step on a copy of ``model`` without and one with ``plan``; compare everything.
+
+    When the unplanned step runs out of memory at full size (or ``compare_example`` is given),
+    the planned step is measured at full size alone, the unplanned peak is estimated on fake
+    tensors, and the equivalence is proven on a smaller example: ``compare_example``, else the
+    example with its batch halved until both steps fit (:func:`_verify_smaller`).
 
     ``rtol`` (relative to each unplanned tensor's largest magnitude) defaults to 0,
     bit for bit, or to :data:`CHUNK_RTOL` when the plan has temporal chunks.
@@ -135,24 +148,29 @@ def verify(
         example = example.to(device)
     planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
     where = step_device(reference, example.args, example.kwargs)
-    with _reproducible(where) as nondeterministic:
-        _warm_up(reference, planned, example, loss_fn, where)
-        before = _run(reference, example, seed, loss_fn)
-        if resolved.dtr is not None:
-            dtr_stats(planned, reset=True)  # count the measured step only
-        after = _run(planned, example, seed, loss_fn)
+    if compare_example is not None:
+        del reference, planned
+        return _verify_smaller(model, device, resolved, example, compare_example, seed, loss_fn, rtol, where)
+    too_large = False
+    try:
+        with _reproducible(where) as nondeterministic:
+            with out_of_memory_as("unplanned"):
+                _warm_up(reference, planned, example, loss_fn, where)
+                before = _run(reference, example, seed, loss_fn)
+            if resolved.dtr is not None:
+                dtr_stats(planned, reset=True)  # count the measured step only
+            with out_of_memory_as("planned"):
+                after = _run(planned, example, seed, loss_fn)
+    except StepOutOfMemory as oom:
+        if oom.step != "unplanned":
+            raise
+        too_large = True
+    if too_large:  # out of the except block: nothing keeps the failed step's frames alive
+        del reference, planned
+        gc.collect()
+        return _verify_smaller(model, device, resolved, example, None, seed, loss_fn, rtol, where)
     evictions = dtr_stats(planned) if resolved.dtr is not None else None
-    checks = (
-        compare("outputs", {"outputs": before.output}, {"outputs": after.output}, rtol),
-        compare("gradients", before.grads, after.grads, rtol),
-        compare("buffers", before.buffers, after.buffers, rtol),
-        compare("rng state", before.rng, after.rng, 0.0),
-        Check(
-            "state_dict keys",
-            len(before.keys),
-            () if before.keys == after.keys else ("keys differ",),
-        ),
-    )
+    checks = _checks(before, after, rtol)
     memory = before.memory, after.memory
     del before, after
     arena = None if resolved.memonger is None else arena_check(reference, planned, example, where)
@@ -203,6 +221,66 @@ def render_arena(check: ArenaCheck) -> str:
         f"peak {_mib(total)} ({total} B: the call's {check.arena_peak} B and the arena's {check.arena_bytes} B), "
         f"eager {_mib(check.eager_peak)} ({check.eager_peak} B); allocations {a.count} ({a.bytes} B), "
         f"eager {e.count} ({e.bytes} B)"
+    )
+
+
+def _checks(before: _Run, after: _Run, rtol: float) -> tuple[Check, ...]:
+    return (
+        compare("outputs", {"outputs": before.output}, {"outputs": after.output}, rtol),
+        compare("gradients", before.grads, after.grads, rtol),
+        compare("buffers", before.buffers, after.buffers, rtol),
+        compare("rng state", before.rng, after.rng, 0.0),
+        Check("state_dict keys", len(before.keys), () if before.keys == after.keys else ("keys differ",)),
+    )
+
+
+def _verify_smaller(
+    model: nn.Module,
+    device: torch.device | str | None,
+    resolved: ResolvedPlan,
+    example: Example,
+    smaller: Example | None,
+    seed: int,
+    loss_fn,
+    rtol: float,
+    where: torch.device,
+) -> VerifyReport:
+    """Verify without the full-size unplanned step: the planned step measured at full size, the
+    unplanned peak estimated on fake tensors, equivalence on ``smaller`` (default: the example's
+    batch halved until both steps fit), each on fresh copies from the same state."""
+    from memoplan.planner.estimate import fake_step
+    from memoplan.planner.shrink import describe_example, shrinking
+
+    pristine = copy.deepcopy(model)
+    if device is not None:
+        pristine.to(device)
+    planned = api.apply(copy.deepcopy(pristine), resolved, warn=False)
+    with _reproducible(where) as nondeterministic, out_of_memory_as("planned"):
+        if resolved.dtr is not None:
+            dtr_stats(planned, reset=True)
+        full = _run(planned, example, seed, loss_fn)
+    evictions = dtr_stats(planned) if resolved.dtr is not None else None
+    memory = full.memory
+    del full, planned
+    estimate = fake_step(pristine, example, where, loss_fn)
+    unplanned = StepMemory(peak_bytes=estimate.peak_bytes, device=str(where), method="fake-tensor")
+
+    def both(small: Example) -> tuple[_Run, _Run]:
+        ref = copy.deepcopy(pristine)
+        plan = api.apply(copy.deepcopy(pristine), resolved, warn=False)
+        with _reproducible(where):
+            return _run(ref, small, seed, loss_fn), _run(plan, small, seed, loss_fn)
+
+    if smaller is None:
+        smaller, (before, after) = shrinking(example, both)
+    else:
+        smaller = smaller.to(where)
+        with out_of_memory_as("unplanned"):
+            before, after = both(smaller)
+    checks = _checks(before, after, rtol)
+    return VerifyReport(
+        resolved, unplanned, memory, checks, rtol, tuple(nondeterministic), dtr=evictions,
+        compared_on=describe_example(smaller), full_example=describe_example(example),
     )
 
 
@@ -325,12 +403,20 @@ def render_report(report: VerifyReport) -> str:
 
     u, p = report.unplanned, report.planned
     ratio = p.peak_bytes / u.peak_bytes if u.peak_bytes else 1.0
-    lines = [
-        f"peak memory ({u.method}, {u.device}): unplanned {_mib(u.peak_bytes)} ({u.peak_bytes} B), "
-        f"planned {_mib(p.peak_bytes)} ({p.peak_bytes} B), {ratio:.3f}x, saved {_mib(report.saved_bytes)}",
-        f"step time (one unmetered step each): unplanned {report.unplanned_seconds * 1e3:.1f} ms, "
-        f"planned {report.planned_seconds * 1e3:.1f} ms",
-    ]
+    if report.compared_on is None:
+        lines = [
+            f"peak memory ({u.method}, {u.device}): unplanned {_mib(u.peak_bytes)} ({u.peak_bytes} B), "
+            f"planned {_mib(p.peak_bytes)} ({p.peak_bytes} B), {ratio:.3f}x, saved {_mib(report.saved_bytes)}",
+            f"step time (one unmetered step each): unplanned {report.unplanned_seconds * 1e3:.1f} ms, "
+            f"planned {report.planned_seconds * 1e3:.1f} ms",
+        ]
+    else:
+        lines = [
+            f"peak memory, full example ({report.full_example}): unplanned {_mib(u.peak_bytes)} ({u.peak_bytes} B, "
+            f"estimated on fake tensors: the unplanned step does not run at this size), planned "
+            f"{_mib(p.peak_bytes)} ({p.peak_bytes} B, measured: {p.method}, {p.device}), {ratio:.3f}x",
+            f"equivalence, smaller example ({report.compared_on}): one step without and one with the plan",
+        ]
     if report.dtr is not None:
         lines.append(report.dtr.summary())
     if report.arena is not None:

@@ -23,6 +23,7 @@ from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
+from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
 from memoplan.planner.write import provenance
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.runtime.state import is_stateful
@@ -119,6 +120,9 @@ def make_plan(
             raise ValueError("measured refinement does not run on a completed plan")
         how = _fixed_by(start, model, how)
     args = (model, example, budget, how, hard, prof, progress, refine, preset)
+    # An estimated profile (the unplanned step does not fit): the search's trials are estimated
+    # too (memoplan.planner.estimate.estimate_plan), and one real planned step checks the result.
+    token = _ESTIMATING.set(prof.method == "estimated")
     try:
         return _make_plan(*args, nested=nested)
     except BudgetMissed as missed:
@@ -136,6 +140,8 @@ def make_plan(
             return _make_plan(*args, nested=True, widened=widened)
         except BudgetMissed as also:
             raise also if also.peak <= missed.peak else missed from None
+    finally:
+        _ESTIMATING.reset(token)
 
 
 def _with_split(refine: RefineOptions | None) -> RefineOptions:
@@ -196,6 +202,10 @@ def _make_plan(
         draft = refined.plan
         # Verify by measurement: the budget is checked against the plan as written.
         after = _measure(model, example, draft)
+    estimated = {}
+    if _ESTIMATING.get():  # the search estimated every trial: one real planned step checks the plan
+        estimated = {"planned peak on fake tensors": f"{after} B (the search's trials were estimated too)"}
+        after = _checked(model, example, draft)
     header = {
         **provenance("memoplan plan", prof),
         **({"preset": preset} if preset else {}),
@@ -204,7 +214,8 @@ def _make_plan(
         **({"widened": widened} if widened else {}),
         **(_refined_recompute(draft, choice, prof) if refined is not None else {}),
         **({"refinement": refined.summary()} if refined is not None else {}),
-        "measured peak before": f"{prof.peak_bytes} B",
+        ("unplanned peak on fake tensors" if _ESTIMATING.get() else "measured peak before"): f"{prof.peak_bytes} B",
+        **estimated,
         "measured peak after": f"{after} B",
     }
     if limit is not None:
@@ -367,8 +378,22 @@ def _draft(choice: search.Choice | None, items, model: nn.Module, header: dict[s
 
 
 def _measure(model: nn.Module, example: Example, plan: ast.Plan) -> int:
-    """Measured peak of one step with ``plan``, on a copy; the model and the RNG are left as they were."""
+    """Measured peak of one step with ``plan``, on a copy; the model and the RNG are left as they were.
+
+    Estimated on fake tensors instead while planning from an estimated profile (``_ESTIMATING``)."""
     return measure_plan(model, example, plan)
+
+
+def _checked(model: nn.Module, example: Example, plan: ast.Plan) -> int:
+    """One real planned step of ``plan``: its measured peak (StepOutOfMemory when it does not fit)."""
+    from memoplan.planner.shrink import out_of_memory_as
+
+    token = _ESTIMATING.set(False)
+    try:
+        with out_of_memory_as("planned"):
+            return measure_plan(model, example, plan)
+    finally:
+        _ESTIMATING.reset(token)
 
 
 @dataclass(frozen=True)

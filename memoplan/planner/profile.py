@@ -279,9 +279,9 @@ class _Probe(_Hooks):
         self._seen: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._saver: dict[int, int] = {}  # storage id -> the module that saved it
         self._state_ptrs = {
-            s.data_ptr()
+            self._storage_key(s)
             for t in (*model.parameters(), *model.buffers())
-            if t.layout is torch.strided and (s := t.untyped_storage()).data_ptr()
+            if t.layout is torch.strided and self._storage_key(s := t.untyped_storage())
         }
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
 
@@ -296,6 +296,13 @@ class _Probe(_Hooks):
         finally:
             super().__exit__(*exc_info)
             self._seen.clear()
+
+    # Overridden by the estimate's probe (memoplan.planner.estimate), whose tensors hold no data.
+    def _storage_key(self, storage: torch.UntypedStorage) -> int:
+        return storage.data_ptr()
+
+    def _is_binary(self, tensor: torch.Tensor) -> bool:
+        return codecs.is_binary(tensor)
 
     def kept_by(self, output: Any) -> None:
         """Count, per module, the saved storages ``output`` still holds (a cache, a saved output)."""
@@ -318,7 +325,7 @@ class _Probe(_Hooks):
             record.packed_bytes += codecs.estimate_nbytes("bit", t.numel(), t.dtype)
         # Every call's tensor inputs must be binary; a call with none makes it not compressible.
         binary = bool(tensors) and all(
-            t.layout is torch.strided and codecs.is_binary(t) for t in tensors
+            t.layout is torch.strided and self._is_binary(t) for t in tensors
         )
         record.binary = record.binary and binary
         self._stack.append(id(module))
@@ -333,7 +340,7 @@ class _Probe(_Hooks):
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.layout is torch.strided:
             storage = tensor.untyped_storage()
-            ptr = storage.data_ptr()
+            ptr = self._storage_key(storage)
             if ptr and ptr in self._state_ptrs:
                 return tensor  # a parameter or buffer (or a view of one)
             ref = self._seen.get(id(storage))

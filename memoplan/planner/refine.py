@@ -125,8 +125,16 @@ def _copy(model: nn.Module) -> nn.Module:
 def measure_plan(model: nn.Module, example: Example, plan: ast.Plan) -> int:
     """Peak bytes of one training step of a copy of ``model`` with ``plan``; ``model`` is unchanged.
 
-    Raises :class:`PlanError` when the plan does not resolve against the model.
+    Raises :class:`PlanError` when the plan does not resolve against the model.  While planning
+    from an estimated profile (:data:`memoplan.planner.shrink.ESTIMATING`) the peak is estimated
+    on fake tensors (:func:`memoplan.planner.estimate.estimate_plan`) instead.
     """
+    from memoplan.planner.shrink import ESTIMATING
+
+    if ESTIMATING.get():
+        from memoplan.planner.estimate import estimate_plan
+
+        return estimate_plan(model, example, plan)
     example = _as_example(example)
     with Snapshot(model, example):
         clone = memoplan.apply(_copy(model), plan, warn=False)

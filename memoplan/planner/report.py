@@ -11,7 +11,8 @@ def profile_table(prof: Profile) -> str:
     """One row per module that saves activations, largest saved bytes first (ties: execution order).
 
     Bytes are exact (``1,048,576``), the forward time is the module's median per step; the
-    root module is ``(root)``.  Columns are aligned; no cell holds a space.
+    root module is ``(root)``.  Columns are aligned; no cell holds a space.  The first line says
+    how the profile was taken (``method: measured`` or ``method: estimated``) and its peak.
     """
     saving = sorted(
         (m for m in prof.modules if m.saved_bytes > 0),
@@ -31,7 +32,8 @@ def profile_table(prof: Profile) -> str:
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     right = {2, 3, 4, 5, 6}  # numbers right-aligned
-    return "\n".join(
+    head = f"method: {prof.method} ({prof.peak_method}), unplanned peak {prof.peak_bytes:,} B"
+    return head + "\n" + "\n".join(
         "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
         for row in rows
     )

@@ -98,6 +98,8 @@ class Profile:
     ``peak_bytes`` is the unplanned step's peak (``peak_method``: ``live-storage``
     on CPU, ``cuda-allocator`` on CUDA), ``step_seconds`` the median step time,
     ``ranks`` how many profiles were merged into this one (1 when measured).
+    ``method`` says how the bytes were found: ``measured`` (real training steps at the full
+    size) or ``estimated`` (a step on fake tensors, :mod:`memoplan.planner.estimate`).
     """
 
     modules: tuple[ModuleProfile, ...]
@@ -112,6 +114,7 @@ class Profile:
     memoplan_version: str
     repeats: int
     ranks: int = 1
+    method: str = "measured"
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +189,7 @@ class Profile:
                 f"unsupported profile version {version!r}; this memoplan reads version {FORMAT_VERSION}"
             )
         body = {k: v for k, v in data.items() if k != "version"}
+        body.setdefault("method", "measured")  # profiles written before estimates existed
         _check_keys("profile", body, [f.name for f in fields(cls) if f.init])
         body["modules"] = tuple(_module_from_dict(m) for m in body["modules"])
         body["inputs"] = tuple(_tensor_meta_from_dict(t) for t in body["inputs"])
@@ -263,6 +267,7 @@ def merge(profiles: Iterable[Profile]) -> Profile:
         memoplan_version=_joined(p.memoplan_version for p in items),
         repeats=min(p.repeats for p in items),
         ranks=sum(p.ranks for p in items),
+        method="estimated" if any(p.method == "estimated" for p in items) else "measured",
     )
 
 

@@ -1,0 +1,374 @@
+"""Estimated profile: the full-size step's bytes on fake tensors, its times from a smaller real run.
+
+A model whose unplanned step does not fit cannot be measured at full size, yet a planner needs
+its bytes: what every module saves, its inputs and outputs, the step's peak.  Those are shape
+arithmetic, so :func:`estimate` runs the training step once under torch's ``FakeTensorMode``
+(tensors with shapes, dtypes, devices and storages of the right size, and no data): the same
+probe as :func:`memoplan.planner.profile.profile` (saved-tensor hooks, module hooks) and the same
+live-storage meter as :func:`memoplan.measure.measure_step` watch it, so every byte figure is what
+the real step would allocate, with nothing allocated (on CUDA each storage is rounded up to the
+caching allocator's 512-byte blocks).  Parameters and buffers are swapped for fake copies for
+that step and put back after it; the model is left exactly as it was.
+
+What has no shape: times, and whether a module's inputs are binary (spikes).  Both come from a
+real :func:`~memoplan.planner.profile.profile` of a smaller example (the batch halved until it
+fits, :func:`memoplan.planner.shrink.shrinking`, or the one given as ``calibration``): each
+module's forward time is scaled by the ratio of its forward FLOPs at full size to its FLOPs at
+the small size (``torch.utils.flop_counter``'s formulas, counted on fake tensors; a module
+without matrix FLOPs scales with its input elements), and the step time by the ratio of the
+whole step's FLOPs.  When even batch 1 does not fit, times are the FLOPs at the throughput of a
+matrix product measured on the device.
+
+:func:`take_profile` is what the commands call: ``measured`` (real steps), ``estimated``, or
+``auto``: measure, and estimate when the real step runs out of memory (with a note).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+import memoplan
+from memoplan.measure import LiveStorageMeter, LossFn, _gc_paused, _warm_up, step_device, training_step
+from memoplan.planner.profile import _as_example, _input_metas, _Probe, _qualname, _Record, _Restored, _tensor_bytes, _unique, profile
+from memoplan.planner.schema import ModuleProfile, Profile
+from memoplan.planner.shrink import describe_example, is_out_of_memory, shrinking
+from memoplan.specs import Example
+
+__all__ = ["METHODS", "estimate", "take_profile"]
+
+METHODS = ("auto", "measured", "estimated")
+
+#: The CUDA caching allocator hands out blocks in multiples of this many bytes.
+CUDA_BLOCK = 512
+
+
+def take_profile(
+    model: nn.Module,
+    example: Example | torch.Tensor | Sequence[Any],
+    *,
+    method: str = "auto",
+    note: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Profile:
+    """A profile by ``method``: ``measured``, ``estimated``, or ``auto`` (measure; estimate on OOM).
+
+    ``options`` go to :func:`~memoplan.planner.profile.profile` or :func:`estimate`
+    (``device``, ``repeats``, ``progress``, ``loss_fn``).  ``note`` receives the line that says
+    an out-of-memory error switched ``auto`` to the estimate.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    if method == "estimated":
+        return estimate(model, example, **options)
+    if method == "measured":
+        return profile(model, example, **options)
+    try:
+        return profile(model, example, **options)
+    except BaseException as exc:
+        if not is_out_of_memory(exc):
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    gc.collect()  # the traceback (gone with the except block) held the failed step's tensors
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    if note is not None:
+        note(f"note: the unplanned step ran out of memory ({message}); estimating its profile instead")
+    return estimate(model, example, **options)
+
+
+def estimate(
+    model: nn.Module,
+    example: Example | torch.Tensor | Sequence[Any],
+    *,
+    device: torch.device | str | None = None,
+    repeats: int = 3,
+    progress: bool = True,
+    loss_fn: LossFn | None = None,
+    calibration: Example | None = None,
+) -> Profile:
+    """The profile :func:`~memoplan.planner.profile.profile` would measure, without running the
+    full-size step for real; ``method == "estimated"`` (see the module's documentation).
+
+    ``calibration`` is the smaller example whose real run gives the times and binary inputs
+    (default: the example with its batch cut to a quarter, then halved until it fits).
+    """
+    example = _as_example(example)
+    here = step_device(model, example.args, example.kwargs)
+    target = torch.device(device) if device is not None else here
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    if target != here:
+        model = copy.deepcopy(model).to(target)
+        example = example.to(target)
+    if progress:
+        print(f"estimating on fake tensors ({describe_example(example)})", file=_stderr(), flush=True)
+    full = fake_step(model, example, target, loss_fn)
+    options = {"repeats": repeats, "progress": progress, "loss_fn": loss_fn}
+    small: Profile | None = None
+    try:
+        if calibration is not None:
+            small_example, small = calibration.to(target), profile(model, calibration.to(target), **options)
+        else:
+            # A quarter of the batch first: a try that runs out of memory costs time and fragments the heap.
+            small_example, small = shrinking(example, lambda ex: profile(model, ex, **options), first=2)
+    except BaseException as exc:
+        if not is_out_of_memory(exc):
+            raise
+        small = None  # not even batch 1 fits: times from FLOPs
+    if small is not None:
+        reduced = fake_step(model, small_example, target, loss_fn)
+        if progress:
+            print(f"times calibrated by a real run of {describe_example(small_example)}", file=_stderr(), flush=True)
+        return _assemble(model, example, target, full, small, reduced, repeats)
+    return _assemble(model, example, target, full, None, None, repeats)
+
+
+# ---------------------------------------------------------------- the fake step
+
+
+@dataclass
+class FakeStep:
+    """What one training step on fake tensors showed: peak, probe records, FLOPs per module."""
+
+    peak_bytes: int
+    records: dict[int, _Record]
+    unattributed: int
+    flops: dict[int, int] = field(default_factory=dict)  # id(module) -> forward FLOPs, its subtree's
+    total_flops: int = 0  # the whole step's, backward included
+
+
+class _FakeProbe(_Probe):
+    """The profile's probe on fake tensors: storages are told apart by their C++ identity (a fake
+    storage has no address) and values are not read (binary inputs come from the calibration)."""
+
+    def _storage_key(self, storage: torch.UntypedStorage) -> int:
+        return int(storage._cdata)
+
+    def _is_binary(self, tensor: torch.Tensor) -> bool:
+        return True
+
+
+class _Flops(TorchDispatchMode):
+    """FLOPs of every op (``torch.utils.flop_counter``'s formulas, no decomposition), added to each
+    module running (the probe's stack) and to the total."""
+
+    def __init__(self, probe: _Probe) -> None:
+        super().__init__()
+        self.probe = probe
+        self.per_module: dict[int, int] = {}
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            count = int(formula(*args, **kwargs, out_val=out))
+            self.total += count
+            for key in set(self.probe._stack):
+                self.per_module[key] = self.per_module.get(key, 0) + count
+        return out
+
+
+class _AllocatorMeter(LiveStorageMeter):
+    """The live-storage meter with CUDA storages rounded up as the caching allocator rounds them."""
+
+    def _nbytes(self, storage: torch.UntypedStorage) -> int:
+        nbytes = storage.nbytes()
+        if storage.device.type == "cuda":
+            return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+        return nbytes
+
+
+def fake_step(model: nn.Module, example: Example, target: torch.device, loss_fn: LossFn | None = None) -> FakeStep:
+    """One training step of ``model`` on fake tensors: its peak, probe and FLOPs; model left as it was.
+
+    Code that branches on whether it is being traced (transformers skips a causal mask for real
+    data and builds one for fake tensors) is shown real tensors' branch first; when that branch
+    needs the data (``DataDependentOutputException``), the step is run again on the traced branch.
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        with _as_real_data(hide_fakes=True):
+            return _fake_step(model, example, target, loss_fn)
+    except DataDependentOutputException:
+        pass
+    with _as_real_data(hide_fakes=False):
+        return _fake_step(model, example, target, loss_fn)
+
+
+def _fake_step(model: nn.Module, example: Example, target: torch.device, loss_fn: LossFn | None) -> FakeStep:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with _Restored(model, example, target):
+        _fake_state(model, mode)
+        convert = lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        args = pytree.tree_map(convert, tuple(example.args))
+        kwargs = pytree.tree_map(convert, dict(example.kwargs))
+        probe = _FakeProbe(model, target)
+        flops = _Flops(probe)
+        _warm_up()
+        with mode, _gc_paused(), _AllocatorMeter() as meter, probe, flops:
+            output, loss = training_step(model, args, kwargs, loss_fn)
+            probe.kept_by(output)
+            del output, loss
+        return FakeStep(meter.peak_bytes, probe.records, probe.unattributed, flops.per_module, flops.total)
+
+
+@contextlib.contextmanager
+def _as_real_data(*, hide_fakes: bool) -> Iterator[None]:
+    """While the fake step runs: ``torch.equal`` of a fake tensor is False (a training step's
+    buffers changed: memoplan's buffer tracking asks), and with ``hide_fakes`` transformers'
+    ``is_fake_tensor`` says no, so it takes the branch it takes for real data."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    equal = torch.equal
+
+    def fake_equal(a: Any, b: Any) -> bool:
+        return False if isinstance(a, FakeTensor) or isinstance(b, FakeTensor) else equal(a, b)
+
+    hf = sys.modules.get("transformers.utils.import_utils") if hide_fakes else None
+    is_fake = getattr(hf, "is_fake_tensor", None)
+    torch.equal = fake_equal
+    if is_fake is not None:
+        hf.is_fake_tensor = lambda x: False  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        torch.equal = equal
+        if is_fake is not None:
+            hf.is_fake_tensor = is_fake  # type: ignore[union-attr]
+
+
+def _fake_state(model: nn.Module, mode: Any) -> None:
+    """Swap every parameter and buffer for a fake copy (shared ones stay shared); the caller's
+    snapshot puts the real ones back."""
+    fakes: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in fakes:
+                    fakes[id(p)] = nn.Parameter(mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
+                module._parameters[name] = fakes[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if id(b) not in fakes:
+                    fakes[id(b)] = mode.from_tensor(b)
+                module._buffers[name] = fakes[id(b)]
+
+
+# ---------------------------------------------------------------- the profile
+
+
+def _ratio(full: int, small: int) -> float | None:
+    return full / small if full > 0 and small > 0 else None
+
+
+def _assemble(
+    model: nn.Module,
+    example: Example,
+    target: torch.device,
+    full: FakeStep,
+    small: Profile | None,
+    reduced: FakeStep | None,
+    repeats: int,
+) -> Profile:
+    throughput = None if small is not None else _throughput(target)
+    modules = []
+    for name, module in model.named_modules():
+        key = id(module)
+        record = full.records.get(key, _Record())
+        flops = full.flops.get(key, 0)
+        if small is not None and reduced is not None and name in small:
+            measured = small[name]
+            little = reduced.records.get(key, _Record())
+            scale = _ratio(flops, reduced.flops.get(key, 0)) or _ratio(record.input_numel, little.input_numel) or 1.0
+            seconds = measured.forward_seconds * scale
+            binary = measured.input_binary and record.calls > 0
+        else:
+            seconds = flops / throughput if throughput else 0.0
+            binary = False
+        modules.append(
+            ModuleProfile(
+                name=name,
+                type=_qualname(type(module)),
+                children=len(module._modules),
+                is_sequential=isinstance(module, nn.Sequential),
+                is_module_list=isinstance(module, nn.ModuleList),
+                calls=record.calls,
+                order=record.order,
+                forward_seconds=seconds,
+                recompute_seconds=seconds,
+                saved_bytes=record.saved_bytes,
+                input_bytes=record.input_bytes,
+                input_numel=record.input_numel,
+                packed_input_bytes=record.packed_bytes if binary else record.input_bytes,
+                output_bytes=record.output_bytes,
+                input_binary=binary,
+                kept_bytes=record.kept_bytes,
+            )
+        )
+    if small is not None and reduced is not None:
+        step = small.step_seconds * (_ratio(full.total_flops, reduced.total_flops) or full.peak_bytes / max(1, reduced.peak_bytes))
+    else:
+        step = 3 * full.total_flops / throughput if throughput else 0.0
+    return Profile(
+        modules=tuple(modules),
+        peak_bytes=int(full.peak_bytes),
+        peak_method="fake-tensor",
+        step_seconds=float(step),
+        parameter_bytes=sum(_tensor_bytes(p) for p in _unique(model.parameters())),
+        unattributed_saved_bytes=full.unattributed,
+        inputs=_input_metas(example),
+        device=str(target),
+        torch_version=torch.__version__,
+        memoplan_version=memoplan.__version__,
+        repeats=small.repeats if small is not None else 0,
+        method="estimated",
+    )
+
+
+def _throughput(device: torch.device) -> float:
+    """FLOP/s of a 256x256 float32 matrix product on ``device`` (the best of a few)."""
+    a = torch.randn(256, 256, device=device)
+    best = float("inf")
+    for _ in range(5):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        a @ a
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * 256**3 / max(best, 1e-9)
+
+
+def _stderr() -> Any:
+    return sys.stderr
+
+
+def estimate_plan(model: nn.Module, example: Example | torch.Tensor | Sequence[Any], plan: Any) -> int:
+    """The peak of one training step of a copy of ``model`` with ``plan``, on fake tensors: what
+    :func:`memoplan.planner.refine.measure_plan` measures, with nothing of the step allocated."""
+    import memoplan as api
+    from memoplan.planner.refine import _copy
+
+    example = _as_example(example)
+    target = step_device(model, example.args, example.kwargs)
+    clone = api.apply(_copy(model), plan)
+    return fake_step(clone, example, target).peak_bytes
