@@ -37,6 +37,7 @@ class CheckpointAction:
     groups: tuple[tuple[str, ...], ...] | None = None
     preserve_rng: bool = True
     nested: bool = False
+    save: tuple[str, ...] = ()  # op families whose outputs the region keeps (`save = [...]`)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class ResolvedPlan:
 
 # Fields added after plan ids were first committed, with their defaults: left out of the
 # digest while at the default, so a plan that does not use them keeps its id.
-_LATER_FIELDS = {"recompute_boundaries": False}
+_LATER_FIELDS = {"recompute_boundaries": False, "save": ()}
 
 
 def _strip(action) -> tuple | None:

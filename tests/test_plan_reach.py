@@ -20,6 +20,7 @@ from memoplan.planner import search
 from memoplan.planner.plan import make_plan
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
+from memoplan.planner.segments import least_peak_split, segment_starts, split_cost, sqrt_split
 from memoplan.specs import Example
 from memoplan.syntax import format_plan, parse
 from memoplan.verify import verify
@@ -87,5 +88,66 @@ def test_binary_inputs_of_checkpoints_are_bit_packed():
     assert result.met and result.measured_after <= hand_peak
     text = format_plan(result.plan)
     assert "compress input = bit" in text and "state = functional" in text
+    report = verify(model, result.plan, example)
+    assert report.equivalent and report.exact, report.checks
+
+
+# ---------------------------------------------------------------- chains without blocks
+
+
+def _brute_least(saved, inputs) -> int:
+    from itertools import combinations
+
+    n, best = len(saved), None
+    for k in range(n):
+        for cut in combinations(range(1, n), k):
+            cost = split_cost(saved, inputs, (0, *cut)).cost
+            best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_least_peak_split_is_least_by_brute_force(seed):
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 9)
+    saved = [rng.randint(0, 50) for _ in range(n)]
+    inputs = [rng.randint(0, 20) for _ in range(n)]
+    found = least_peak_split(saved, inputs)
+    assert found.starts[0] == 0 and found == split_cost(saved, inputs, found.starts)
+    assert found.cost == _brute_least(saved, inputs)
+
+
+def test_sqrt_split_cuts_where_segments_cuts():
+    assert sqrt_split(96) == segment_starts(96, 10) and len(sqrt_split(96)) == 10
+    assert segment_starts(10, 3) == (0, 4, 7)  # the first n % k runs one longer
+    assert sqrt_split(1) == (0,)
+    with pytest.raises(ValueError):
+        split_cost([1, 2], [1, 1], (1,))
+
+
+class _Flat(nn.Module):
+    """48 x (Linear(256, 256), GELU) in one nn.Sequential: no block to checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(48) for m in (nn.Linear(256, 256), nn.GELU())])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+@pytest.mark.slow
+def test_flat_chain_is_met_at_a_hard_35_percent():
+    torch.manual_seed(0)
+    model = _Flat()
+    example = Example((torch.randn(2048, 256, generator=torch.Generator().manual_seed(1)),))
+    prof = profile(model, example, repeats=1, progress=False)
+    result = make_plan(model, example, search.FractionOfPeak(Fraction(35, 100)), prof=prof, progress=False)
+    assert result.met and result.measured_after <= 0.35 * result.measured_before
+    text = format_plan(result.plan)
+    assert "module layers { checkpoint segments = 10 }" in text or "checkpoint split = [" in text
+    assert measure_plan(model, example, parse(text, "generated.memplan")) == result.measured_after
     report = verify(model, result.plan, example)
     assert report.equivalent and report.exact, report.checks

@@ -110,6 +110,7 @@ class _Policy:
     dim: int
     chunk_args: tuple[int | str, ...]
     recompute_boundaries: bool
+    save: tuple[str, ...] = ()  # op families the region keeps (`checkpoint save = [...]`)
 
     @property
     def own_region(self) -> bool:
@@ -159,6 +160,7 @@ def _policy_of(m: ModulePlan) -> _Policy | None:
         dim=chunk.dim if chunk else 0,
         chunk_args=chunk.args if chunk else (0,),
         recompute_boundaries=chunk.recompute_boundaries if chunk else False,
+        save=check.save if check else (),
     )
 
 
@@ -183,14 +185,17 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
         hint.append("stateful")
     if policy.recompute_boundaries:
         hint.append("recompute")
+    if policy.save:
+        hint.append("saving_" + "_".join(policy.save))
     name = names.allocate("_".join(hint))
     doc = f"{'; '.join(texts)}  ({', '.join(lines)})"
     rng = pyrepr(policy.preserve_rng)
     if not policy.own_region:
+        save = f", save={pyrepr(policy.save)}" if policy.save else ""
         if policy.groups is None:
-            call = f"_rt.run_checkpointed(self, type(self).forward, args, kwargs, preserve_rng={rng})"
+            call = f"_rt.run_checkpointed(self, type(self).forward, args, kwargs, preserve_rng={rng}{save})"
         else:
-            call = f"_rt.run_segmented(self, {pyrepr(policy.groups)}, args, kwargs, preserve_rng={rng})"
+            call = f"_rt.run_segmented(self, {pyrepr(policy.groups)}, args, kwargs, preserve_rng={rng}{save})"
         return _Wrapper(name, doc, call)
     codec = [f"codec={pyrepr(policy.codec or 'none')}"]
     if policy.codec is not None:

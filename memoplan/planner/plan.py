@@ -118,6 +118,8 @@ def make_plan(
         if refine is not None and refine.levels:
             raise ValueError("measured refinement does not run on a completed plan")
         how = _fixed_by(start, model, how)
+    if isinstance(budget, search.LeastPeak):
+        return _least_peak(model, example, how, prof, progress, refine, preset)
     args = (model, example, budget, how, hard, prof, progress, refine, preset)
     try:
         return _make_plan(*args, nested=nested)
@@ -143,6 +145,48 @@ def make_plan(
             except BudgetMissed as also:
                 least = also if also.peak < least.peak else least
         raise least from None
+
+
+def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refine, preset) -> PlanResult:
+    """The plan with the least measured peak of every search :func:`make_plan` widens to.
+
+    Each search runs for a limit no plan meets (0 B), so each ends in its least-peak plan,
+    refined and measured; the lowest measured peak is kept (the first among equals: the search
+    with the fewest kinds of rules).  Its header says which search it came from and what the
+    others measured.
+    """
+    zero = search.Bytes(0)
+    how = replace(how, planner=Planner.OPTIMAL)
+    attempts = [("whole candidates", lambda: _make_plan(model, example, zero, how, True, prof, progress, refine, preset, nested=False, widened="least"))]
+    if _chain_container(model, prof, how) is not None:
+        missed = BudgetMissed((), limit=0, peak=prof.peak_bytes)
+        attempts.append(("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, missed, progress)))
+    for wider, deeper, offered in _widenings(model, prof, refine, how.start is not None):
+        attempts.append((offered, lambda w=wider, d=deeper, o=offered: _make_plan(
+            model, example, zero, how, True, prof, progress, w, preset, nested=d, widened=o)))
+    found: list[tuple[str, PlanResult]] = []
+    for what, attempt in attempts:
+        if progress:
+            print(f"memoplan: least peak: searching {what}", file=sys.stderr, flush=True)
+        try:
+            attempt()
+        except BudgetMissed as missed:
+            if missed.result is not None:
+                found.append((what, missed.result))
+    if not found:  # nothing to checkpoint: the unplanned step is the least
+        return PlanResult(_draft(None, [], model, provenance("memoplan plan", prof), how), _empty_choice(search.LeastPeak(), prof.peak_bytes, prof.peak_bytes), prof.peak_bytes, prof.peak_bytes, None, True)
+    what, best = min(found, key=lambda f: f[1].measured_after)
+    others = "; ".join(f"{w}: {r.measured_after} B" for w, r in found)
+    skip = ("# budget", "# widened:", "# status:", "# note:", "# estimated peak after:")
+    lines = [line for line in best.plan.header_comments.leading if not line.startswith(skip)]
+    at = next((i for i, line in enumerate(lines) if line.startswith("# planner:")), len(lines))
+    lines[at + 1 : at + 1] = [
+        _comment(f"budget: {search.LeastPeak().describe(prof.peak_bytes)}"),
+        _comment(f"least of: {others}; kept {what}"),
+    ]
+    plan = replace(best.plan, header_comments=replace(best.plan.header_comments, leading=tuple(lines)))
+    choice = replace(best.choice, budget=search.LeastPeak(), limit=None, status=search.Status.OK)
+    return replace(best, plan=plan, choice=choice, limit=None)
 
 
 def _chain_container(model: nn.Module, prof: Profile, how: Search) -> str | None:
@@ -196,8 +240,6 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         if best is None or peak < best[0]:
             best = (peak, split, rule, what)
     peak, split, rule, what = best
-    if limit is not None and peak > limit:
-        raise _missed(limit, peak, rest + least.cost, least_measured=True)
     status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
     choice = search.Choice(
         f"segments ({what} of {parent}, the least of {len(options)} measured)", budget, (0,), (parent,),
@@ -218,7 +260,10 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         **({"budget limit": f"{limit} B"} if limit is not None else {}),
     }
     plan = _draft(None, [], model, header, how, rules=(rule,))
-    return PlanResult(plan, choice, prof.peak_bytes, peak, limit, True)
+    result = PlanResult(plan, choice, prof.peak_bytes, peak, limit, True)
+    if not result.met:
+        raise replace(_missed(limit, peak, rest + least.cost, least_measured=True), result=result)
+    return result
 
 
 def _widenings(model: nn.Module, prof: Profile, refine: RefineOptions | None, completing: bool):
@@ -341,7 +386,7 @@ def _make_plan(
     )
     result = PlanResult(plan, choice, prof.peak_bytes, after, limit, hard, refined)
     if hard and not result.met:
-        raise _missed(limit, after, choice.minimum_peak, least_measured=least_set)
+        raise replace(_missed(limit, after, choice.minimum_peak, least_measured=least_set), result=result)
     return result
 
 
@@ -589,6 +634,7 @@ class BudgetMissed(PlanError):
 
     limit: int = 0
     peak: int = 0
+    result: PlanResult | None = None  # the measured plan that missed, when one was written
 
 
 def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> BudgetMissed:
