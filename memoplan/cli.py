@@ -795,6 +795,8 @@ def _plan(args) -> int:
             how = f"coverage budget {preset.budget.name.lower()}"  # takes its share; no planner search
         elif isinstance(preset.budget, search.Coverage):
             how = "a coverage budget"
+        elif isinstance(preset.budget, search.LeastPeak):
+            how = "the least peak (every search measured)"
         else:
             how = f"planner {preset.planner.value}"
         _progress(f"preset {preset.name}: {how}, refinement levels: {levels}")

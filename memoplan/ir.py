@@ -39,6 +39,7 @@ class CheckpointAction:
     groups: tuple[tuple[str, ...], ...] | None = None
     preserve_rng: bool = True
     nested: bool = False
+    save: tuple[str, ...] = ()  # op families whose outputs the region keeps (`save = [...]`)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class ResolvedPlan:
 
 # Fields added after plan ids were first committed, with their defaults: left out of the
 # digest while at the default, so a plan that does not use them keeps its id.
-_LATER_FIELDS = {"boundaries": Boundaries.KEEP}
+_LATER_FIELDS = {"boundaries": Boundaries.KEEP, "save": ()}
 # Fields hashed in the form they had when plan ids were first committed: name -> that form.
 _HASHED_AS = {"boundaries": lambda v: ("recompute_boundaries", v is Boundaries.RECOMPUTE)}
 

@@ -123,6 +123,8 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP209", _S.SYNTAX, E, "something required is missing: `eviction_threshold`, a lossy codec's `tolerance`, `randint`'s `high`", "add the missing option or key"),
     ("MP210", _S.SYNTAX, W, "`static_memory_policy = 1`, read as `2`", "write `static_memory_policy = 2`"),
     ("MP211", _S.SYNTAX, E, "`**` inside a glob segment (`layer**`): `**` stands alone between dots", "write `layer*` for one segment, or `**` alone for any number"),
+    ("MP212", _S.SYNTAX, E, "`checkpoint save = [...]` names an op that is not one of `attention`, `conv`, `matmul`", "name ops from the list, e.g. `save = [matmul, attention]`"),
+    ("MP213", _S.SYNTAX, E, "`checkpoint save = [...]` names an op twice, or is empty", "name each op once; drop `save` for a plain checkpoint"),
     ("MP214", _S.RESOLVE, E, "a codec the language knows but this installation's runtime does not implement (registered in `memoplan.enums` without an encoder)", "register its implementation with `memoplan.runtime.codecs.register`, or name a codec the runtime lists"),
     # ---- plan-wide statements
     ("MP222", _S.SYNTAX, N, "a `sublinear` block sets the search of `memoplan plan PLAN`", "nothing: run `memoplan plan PLAN` to search with it"),
@@ -162,6 +164,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP322", _S.RESOLVE, W, "the plan checkpoints a model whose own (Hugging Face) gradient checkpointing is on", "turn the model's gradient checkpointing off, or drop the plan's checkpoint rules"),
     ("MP323", _S.RESOLVE, E, "a region starts with a module that overwrites its input in place (`inplace=True`)", "checkpoint the enclosing module the help names"),
     ("MP324", _S.CHECK, E, "with an example: `temporal_chunk ... dim d` past the dimensions of the input the chunked module sees", "chunk a dimension the input has"),
+    ("MP325", _S.RESOLVE, E, "`checkpoint save = [...]` on a region that also compresses, chunks time or threads state", "drop `save` or the other policy: memoplan's own region does not save ops"),
     # ---- installing and running
     ("MP327", _S.CHECK, W, "with an example: in training, the model returns a transformers cache (`use_cache=True`) that the plan's regions write; the bytes it holds (`check`, `verify`, `plan`)", "train with `use_cache=False` (`model.config.use_cache = False`): that frees them"),
     ("MP401", _S.RUNTIME, E, "a plan that cannot be installed on this model: no such module", "apply the plan to the model it was resolved for"),

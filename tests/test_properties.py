@@ -120,6 +120,9 @@ def planned_models(draw):
             options.append(f"segments = {draw(st.integers(1, len(module)))}")
         if not _has_dropout(module) and draw(st.booleans()):
             options.append("rng = off")
+        if draw(st.booleans()):  # op-level saving: the kept outputs are the forward's own tensors
+            ops = draw(st.lists(st.sampled_from(["matmul", "conv", "attention"]), unique=True, min_size=1))
+            options.append(f"save = [{', '.join(ops)}]")
         taken.append(path)
         lines.append(f"module {_selector(path, model, draw)} {{ checkpoint {' '.join(options)} }}")
     return model, shape, seed, "\n".join(lines) + "\n"

@@ -111,6 +111,7 @@ class _Policy:
     dim: int
     chunk_args: tuple[int | str, ...]
     boundaries: Boundaries
+    save: tuple[str, ...] = ()  # op families the region keeps (`checkpoint save = [...]`)
 
     @property
     def own_region(self) -> bool:
@@ -160,6 +161,7 @@ def _policy_of(m: ModulePlan) -> _Policy | None:
         dim=chunk.dim if chunk else 0,
         chunk_args=chunk.args if chunk else (0,),
         boundaries=chunk.boundaries if chunk else Boundaries.KEEP,
+        save=check.save if check else (),
     )
 
 
@@ -184,14 +186,17 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
         hint.append("stateful")
     if policy.boundaries is not Boundaries.KEEP:
         hint.append(policy.boundaries.value)
+    if policy.save:
+        hint.append("saving_" + "_".join(policy.save))
     name = names.allocate("_".join(hint))
     doc = f"{'; '.join(texts)}  ({', '.join(lines)})"
     rng = pyrepr(policy.preserve_rng)
     if not policy.own_region:
+        save = f", save={pyrepr(policy.save)}" if policy.save else ""
         if policy.groups is None:
-            call = f"_rt.run_checkpointed(self, type(self).forward, args, kwargs, preserve_rng={rng})"
+            call = f"_rt.run_checkpointed(self, type(self).forward, args, kwargs, preserve_rng={rng}{save})"
         else:
-            call = f"_rt.run_segmented(self, {pyrepr(policy.groups)}, args, kwargs, preserve_rng={rng})"
+            call = f"_rt.run_segmented(self, {pyrepr(policy.groups)}, args, kwargs, preserve_rng={rng}{save})"
         return _Wrapper(name, doc, call)
     codec = [f"codec={pyrepr(policy.codec or 'none')}"]
     if policy.codec is not None:

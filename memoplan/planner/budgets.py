@@ -19,6 +19,7 @@ __all__ = [
     "Bytes",
     "Coverage",
     "FractionOfPeak",
+    "LeastPeak",
     "Preset",
     "budget_from_ast",
     "byte_limit",
@@ -145,6 +146,20 @@ class Preset(enum.Enum):
     @property
     def coverage(self) -> Coverage:
         return Coverage(self.value)
+
+
+@dataclass(frozen=True)
+class LeastPeak:
+    """No limit: the least peak the planner reaches (``--preset memory``'s default).
+
+    Every search the planner has for a budget it cannot meet is run and measured (the least-peak
+    set of whole candidates, refined; runs of a chain's children; time chunks of stateful regions;
+    parts of blocks with split regions), and the plan with the least measured peak is kept, so no
+    byte budget's plan measures lower on the same model and profile.
+    """
+
+    def describe(self, unplanned_peak: int) -> str:
+        return "the least peak the planner reaches (every search measured, the lowest kept)"
 
 
 ByteBudget = Union[Bytes, FractionOfPeak]

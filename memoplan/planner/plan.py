@@ -18,13 +18,13 @@ from torch import nn
 
 import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.planner import search
+from memoplan.planner import search, segments
 from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
-from memoplan.planner.schema import Profile, chain, nested_candidates
+from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
-from memoplan.planner.write import provenance
+from memoplan.planner.write import _comment, provenance
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
@@ -119,37 +119,201 @@ def make_plan(
         if refine is not None and refine.levels:
             raise ValueError("measured refinement does not run on a completed plan")
         how = _fixed_by(start, model, how)
-    args = (model, example, budget, how, hard, prof, progress, refine, preset)
     # An estimated profile (the unplanned step does not fit): the search's trials are estimated
     # too (memoplan.planner.estimate.estimate_plan), and one real planned step checks the result.
     token = _ESTIMATING.set(prof.method == "estimated")
+    try:
+        if isinstance(budget, search.LeastPeak):
+            return _least_peak(model, example, how, prof, progress, refine, preset)
+        return _widening(model, example, budget, how, hard, prof, progress, refine, preset, nested, start)
+    finally:
+        _ESTIMATING.reset(token)
+
+
+def _widening(model, example, budget, how: Search, hard: bool, prof: Profile, progress: bool, refine, preset, nested: bool, start):
+    """The search for ``budget``, widened (runs of a chain, time chunks, parts of blocks) when whole candidates miss it."""
+    args = (model, example, budget, how, hard, prof, progress, refine, preset)
     try:
         return _make_plan(*args, nested=nested)
     except BudgetMissed as missed:
         if nested:
             raise
-        widened = (
-            f"parts of blocks and split regions offered: whole candidates measure {missed.peak} B "
-            f"at the least, over the limit {missed.limit} B"
-        )
+        least = missed
+        if _chain_container(model, prof, how) is not None:  # a chain without blocks: runs of its children
+            try:
+                return _segmented(model, example, budget, how, prof, preset, missed, progress)
+            except BudgetMissed as also:
+                least = also if also.peak < least.peak else least
+        for wider, deeper, offered in _widenings(model, prof, refine, start is not None):
+            widened = (
+                f"{offered} offered: whole candidates measure {missed.peak} B "
+                f"at the least, over the limit {missed.limit} B"
+            )
+            if progress:
+                print(f"memoplan: {widened}; searching again", file=sys.stderr, flush=True)
+            args = (model, example, budget, replace(how, planner=Planner.OPTIMAL), hard, prof, progress, wider, preset)
+            try:
+                return _make_plan(*args, nested=deeper, widened=widened)
+            except BudgetMissed as also:
+                least = also if also.peak < least.peak else least
+        raise least from None
+
+
+def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refine, preset) -> PlanResult:
+    """The plan with the least measured peak of every search :func:`make_plan` widens to.
+
+    Each search runs for a limit no plan meets (0 B), so each ends in its least-peak plan,
+    refined and measured; the lowest measured peak is kept (the first among equals: the search
+    with the fewest kinds of rules).  Its header says which search it came from and what the
+    others measured.
+    """
+    zero = search.Bytes(0)
+    how = replace(how, planner=Planner.OPTIMAL)
+    attempts = [("whole candidates", lambda: _make_plan(model, example, zero, how, True, prof, progress, refine, preset, nested=False, widened="least"))]
+    if _chain_container(model, prof, how) is not None:
+        missed = BudgetMissed((), limit=0, peak=prof.peak_bytes)
+        attempts.append(("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, missed, progress)))
+    for wider, deeper, offered in _widenings(model, prof, refine, how.start is not None):
+        attempts.append((offered, lambda w=wider, d=deeper, o=offered: _make_plan(
+            model, example, zero, how, True, prof, progress, w, preset, nested=d, widened=o)))
+    found: list[tuple[str, PlanResult]] = []
+    for what, attempt in attempts:
         if progress:
-            print(f"memoplan: {widened}; searching again", file=sys.stderr, flush=True)
-        wider = None if start is not None else _with_split(refine)  # split could edit the fixed rules
-        args = (model, example, budget, replace(how, planner=Planner.OPTIMAL), hard, prof, progress, wider, preset)
+            print(f"memoplan: least peak: searching {what}", file=sys.stderr, flush=True)
         try:
-            return _make_plan(*args, nested=True, widened=widened)
-        except BudgetMissed as also:
-            raise also if also.peak <= missed.peak else missed from None
-    finally:
-        _ESTIMATING.reset(token)
+            attempt()
+        except BudgetMissed as missed:
+            if missed.result is not None:
+                found.append((what, missed.result))
+    if not found:  # nothing to checkpoint: the unplanned step is the least
+        return PlanResult(_draft(None, [], model, provenance("memoplan plan", prof), how), _empty_choice(search.LeastPeak(), prof.peak_bytes, prof.peak_bytes), prof.peak_bytes, prof.peak_bytes, None, True)
+    what, best = min(found, key=lambda f: f[1].measured_after)
+    others = "; ".join(f"{w}: {r.measured_after} B" for w, r in found)
+    skip = ("# budget", "# widened:", "# status:", "# note:", "# estimated peak after:")
+    lines = [line for line in best.plan.header_comments.leading if not line.startswith(skip)]
+    at = next((i for i, line in enumerate(lines) if line.startswith("# planner:")), len(lines))
+    lines[at + 1 : at + 1] = [
+        _comment(f"budget: {search.LeastPeak().describe(prof.peak_bytes)}"),
+        _comment(f"least of: {others}; kept {what}"),
+    ]
+    plan = replace(best.plan, header_comments=replace(best.plan.header_comments, leading=tuple(lines)))
+    choice = replace(best.choice, budget=search.LeastPeak(), limit=None, status=search.Status.OK)
+    return replace(best, plan=plan, choice=choice, limit=None)
 
 
-def _with_split(refine: RefineOptions | None) -> RefineOptions:
-    """``refine`` with the ``split`` level first (2, 3 or 4 segments) when it does not run it already."""
+def _chain_container(model: nn.Module, prof: Profile, how: Search) -> str | None:
+    """The ``nn.Sequential`` whose children are the candidates, when runs of them may be regions.
+
+    That is the default candidates' parent, when it is not the root (which no rule selects), is
+    an ``nn.Sequential`` that ``segments``/``split`` may cut (MP306), has at least 3 children
+    and is not fixed by a completed plan.
+    """
+    names = default_candidates(prof)
+    if not names:
+        return None
+    parent = names[0].rpartition(".")[0]
+    if not parent or how.blocks(parent):
+        return None
+    module = model.get_submodule(parent)
+    if type(module).forward is not nn.Sequential.forward or len(module._modules) < 3:
+        return None
+    return parent
+
+
+def _segmented(model, example, budget, how: Search, prof: Profile, preset, missed: BudgetMissed, progress: bool):
+    """A plan of runs of the chain container's children (:mod:`memoplan.planner.segments`), measured.
+
+    Two splits are measured: the least-peak split of the cost model (``split = [...]``) and Chen
+    et al.'s sqrt(n) near-equal runs (``segments = k``).  Every split recomputes the container
+    once, so the lower measured peak wins; MP601 (``BudgetMissed``) when it is over the limit.
+    """
+    parent = _chain_container(model, prof, how)
+    children = list(model.get_submodule(parent)._modules)
+    links = {l.name: l for l in chain(prof, [f"{parent}.{c}" for c in children])}
+    saved = [links[f"{parent}.{c}"].saved_bytes if f"{parent}.{c}" in links else 0 for c in children]
+    inputs = [links[f"{parent}.{c}"].input_bytes if f"{parent}.{c}" in links else 0 for c in children]
+    rest = prof.peak_bytes - sum(saved)
+    least = segments.least_peak_split(saved, inputs)
+    chen = segments.split_cost(saved, inputs, segments.sqrt_split(len(children)))
+    options = [(least, ast.Checkpoint(split=tuple(children[i] for i in least.starts[1:])), "least-peak split")]
+    if chen.starts != least.starts:
+        options.append((chen, ast.Checkpoint(segments=chen.runs), "Chen et al.'s sqrt(n) segments"))
+    limit = _limit(budget, prof.peak_bytes)
+    seconds = prof[parent].forward_seconds
+    best = None
+    for split, policy, what in options:
+        term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in parent.split("."))))
+        why = _comment(f"{what}: {split.runs} regions over {len(children)} children, estimated {rest + split.cost} B")
+        rule = ast.ModuleRule(ast.Selector(term), (policy,), comments=ast.Comments(leading=(why,)))
+        plan = _draft(None, [], model, {}, how, rules=(rule,))
+        peak = _measure(model, example, plan)
+        if progress:
+            print(f"memoplan: {what} of {parent}: {split.runs} regions, measured peak {peak} B", file=sys.stderr, flush=True)
+        if best is None or peak < best[0]:
+            best = (peak, split, rule, what)
+    peak, split, rule, what = best
+    status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
+    choice = search.Choice(
+        f"segments ({what} of {parent}, the least of {len(options)} measured)", budget, (0,), (parent,),
+        rest + split.cost, prof.peak_bytes, seconds, limit, status, rest + least.cost, proven_optimal=False,
+    )
+    widened = (
+        f"runs of the children of {parent} offered: whole candidates measure {missed.peak} B at the least, "
+        f"over the limit {missed.limit} B"
+    )
+    header = {
+        **provenance("memoplan plan", prof),
+        **({"preset": preset} if preset else {}),
+        "budget mode": "hard (verified by measurement)",
+        **search.describe(choice),
+        "widened": widened,
+        "measured peak before": f"{prof.peak_bytes} B",
+        "measured peak after": f"{peak} B",
+        **({"budget limit": f"{limit} B"} if limit is not None else {}),
+    }
+    plan = _draft(None, [], model, header, how, rules=(rule,))
+    result = PlanResult(plan, choice, prof.peak_bytes, peak, limit, True)
+    if not result.met:
+        raise replace(_missed(limit, peak, rest + least.cost, least_measured=True), result=result)
+    return result
+
+
+def _widenings(model: nn.Module, prof: Profile, refine: RefineOptions | None, completing: bool):
+    """The wider searches to try, in order, before refusing a hard budget: (refinement, nested, what is offered).
+
+    Candidates holding stateful modules (spiking neurons, recurrent cells) are first offered whole
+    with their time axis chunked (``temporal_chunk`` 2, 4 or 8, what the hand-written spiking plans
+    do); then every search offers the parts of the blocks, with split regions and chunks.  A
+    completed plan's search refines nothing (a level could edit the fixed rules).
+    """
+    stateful = _holds_state(model, default_candidates(prof))
+    if stateful and not completing:
+        yield _with_level(refine, Level.TEMPORAL), False, "time chunks of stateful regions"
+    wider = None if completing else _with_level(_with_level(refine, Level.TEMPORAL) if stateful else refine, Level.SPLIT)
+    yield wider, True, "parts of blocks and split regions"
+
+
+def _holds_state(model: nn.Module, names) -> bool:
+    """Whether any of the modules at ``names`` holds a stateful module (``temporal_chunk`` applies)."""
+    for name in names:
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            continue
+        if any(is_stateful(sub) for sub in module.modules()):
+            return True
+    return False
+
+
+def _with_level(refine: RefineOptions | None, level: Level) -> RefineOptions:
+    """``refine`` with ``level`` first when it does not run it already: ``split`` with 2, 3 or 4
+    segments, ``temporal`` with 2, 4 or 8 chunks."""
     refine = refine or RefineOptions(levels=())
-    if Level.SPLIT in refine.levels:
+    if level in refine.levels:
         return refine
-    return replace(refine, levels=(Level.SPLIT, *refine.levels), segments=(2, 3, 4))
+    if level is Level.SPLIT:
+        return replace(refine, levels=(Level.SPLIT, *refine.levels), segments=(2, 3, 4))
+    return replace(refine, levels=(level, *refine.levels), chunks=(2, 4, 8))
 
 
 def _make_plan(
@@ -168,11 +332,18 @@ def _make_plan(
 ) -> PlanResult:
     """:func:`make_plan` over one set of candidates (``nested``: with their parts); ``widened``: why."""
     links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
-    # A checkpoint keeps its input, and what the model's output keeps of the region's saved bytes.
+    links = [l for l in links if not planner.blocks(l.name)]
+    # A checkpoint keeps its input (bit-packed where the profile saw only 0 and 1 in it: the plan
+    # then says `compress input = bit`), and what the model's output keeps of the region's bytes.
+    planner = replace(planner, packed=_packed(links))
     items = [
-        search.Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds)
+        search.Item(
+            l.name,
+            l.saved_bytes,
+            (l.packed_input_bytes if l.name in planner.packed else l.input_bytes) + l.kept_bytes,
+            l.forward_seconds,
+        )
         for l in links
-        if not planner.blocks(l.name)
     ]
     peak = prof.peak_bytes
     if planner.fixed:  # what the hand-written rules leave is what the search works from
@@ -232,7 +403,7 @@ def _make_plan(
     )
     result = PlanResult(plan, choice, prof.peak_bytes, after, limit, hard, refined)
     if hard and not result.met:
-        raise _missed(limit, after, choice.minimum_peak, least_measured=least_set)
+        raise replace(_missed(limit, after, choice.minimum_peak, least_measured=least_set), result=result)
     return result
 
 
@@ -361,13 +532,16 @@ def _least_peak_within(limit: int, minimum: int, items, base: int, measure) -> t
     return least, peak
 
 
-def _draft(choice: search.Choice | None, items, model: nn.Module, header: dict[str, str], how: Search) -> ast.Plan:
-    """The plan of ``choice`` (None: no rule of the planner's), after the fixed rules of ``how``."""
+def _draft(
+    choice: search.Choice | None, items, model: nn.Module, header: dict[str, str], how: Search, rules=()
+) -> ast.Plan:
+    """The plan of ``choice`` (None: ``rules``, or no rule of the planner's), after the fixed rules of ``how``."""
     if choice is None:
-        plan = ast.Plan(1, ())
+        lines = tuple(_comment(f"{key}: {value}") for key, value in header.items())
+        plan = ast.Plan(1, tuple(rules), header_comments=ast.Comments(leading=lines))
     else:
         plan = search.to_plan(choice, items, header=header, allow_over_budget=True)
-    plan = _with_state_rules(plan, model, skip=how.stateful)
+    plan = _with_state_rules(_compressed(plan, how.packed), model, skip=how.stateful)
     if how.start is None:
         return plan
     start = how.start
@@ -407,6 +581,7 @@ class Search:
     regions: frozenset[str] = frozenset()  # checkpointed, compressed, chunked or evicted (`dtr`) by ``start``
     kept: frozenset[str] = frozenset()  # marked `keep` by ``start``: never recomputed, nor any part
     stateful: frozenset[str] = frozenset()  # modules whose state ``start`` already threads
+    packed: frozenset[str] = frozenset()  # candidates with binary inputs: checkpointed with `compress input = bit`
 
     @property
     def fixed(self) -> bool:
@@ -490,6 +665,7 @@ class BudgetMissed(PlanError):
 
     limit: int = 0
     peak: int = 0
+    result: PlanResult | None = None  # the measured plan that missed, when one was written
 
 
 def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> BudgetMissed:
@@ -556,6 +732,32 @@ def _relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str
     except ValueError:  # another drive on Windows: only the absolute path reaches it
         location = path.as_posix()
     return f"{location}:{attr}"
+
+
+def _packed(links) -> frozenset[str]:
+    """The candidates whose inputs the profile proves binary, where bit-packing them saves bytes."""
+    return frozenset(l.name for l in links if l.input_binary and l.packed_input_bytes < l.input_bytes)
+
+
+def _compressed(plan: ast.Plan, packed: frozenset[str]) -> ast.Plan:
+    """``plan`` with ``compress input = bit`` on each ``checkpoint`` rule of a module in ``packed``.
+
+    Lossless: the profile saw only 0 and 1 in the module's inputs, and the codec checks its first
+    input in full (``validate = sample``), so an input that is not binary fails loudly, never silently.
+    """
+    if not packed:
+        return plan
+    statements = []
+    for stmt in plan.statements:
+        if (
+            isinstance(stmt, ast.ModuleRule)
+            and format_selector(stmt.selector) in packed
+            and any(isinstance(p, ast.Checkpoint) for p in stmt.policies)
+            and not any(isinstance(p, ast.Compress) for p in stmt.policies)
+        ):
+            stmt = replace(stmt, policies=(*stmt.policies, ast.Compress(ast.Codec.BIT)))
+        statements.append(stmt)
+    return replace(plan, statements=tuple(statements))
 
 
 def _with_state_rules(plan: ast.Plan, model: nn.Module, skip: frozenset[str] = frozenset()) -> ast.Plan:

@@ -16,21 +16,30 @@ The presets and the coverage budgets
 
 ``budgets.Preset`` (``--budget speed|balanced|memory``) is a *budget*: the share of the
 candidate modules checkpointed, 50/75/100%, largest activations first.  A planner preset is a
-*strategy*; its default budget is one of those coverage budgets, named alike where they agree:
+*strategy*; its default budget is a coverage budget or, for ``memory`` and ``exhaustive``,
+:class:`~memoplan.planner.budgets.LeastPeak`: no limit, the least measured peak the planner
+reaches (every search :func:`~memoplan.planner.plan.make_plan` widens to when a hard budget is
+missed is run and measured, and the lowest plan is kept).
 
 =============== ===================== ========= ================================== ==============
 preset          default budget        planner   refinement levels                  trials / level
 =============== ===================== ========= ================================== ==============
 ``safe``        ``speed`` (50%)       optimal   none: plain checkpoints            --
 ``balanced``    ``balanced`` (75%)    optimal   narrow, unwrap                     8
-``memory``      ``memory`` (100%)     optimal   split, temporal, narrow, unwrap    8
-``exhaustive``  ``memory`` (100%)     optimal   split, temporal, narrow, unwrap    no limit
+``memory``      least peak            optimal   split, temporal, narrow, unwrap    8
+``exhaustive``  least peak            optimal   split, temporal, narrow, unwrap    no limit
 =============== ===================== ========= ================================== ==============
 
-The planner searches byte budgets only (``--budget 4 GiB``, ``--budget 50%``); a coverage
-budget takes its share directly.  ``safe`` and ``balanced`` write plans that are bit-exact
-(checkpoints only); ``memory`` and ``exhaustive`` may write ``temporal_chunk``, which is
-equivalent up to float reassociation (``memoplan verify`` checks it to 5e-5).
+What each trades: ``safe`` recomputes the least (half the candidates, no measured trials);
+``balanced`` recomputes more for a lower peak and spends up to 16 measured steps removing
+checkpoints that do not pay; ``memory`` spends the most planning time (several searches, each
+refined) and recomputes whatever the least peak needs -- whole chains, every block, time chunks;
+``exhaustive`` spends more planning time still for a peak at most ``memory``'s.  The planner
+searches byte budgets (``--budget 4 GiB``, ``--budget 50%``); a coverage budget takes its
+share directly.  ``safe`` and ``balanced`` write plans that are bit-exact (checkpoints only,
+``compress input = bit`` where inputs are binary); ``memory`` and ``exhaustive`` may write
+``temporal_chunk``, which is equivalent up to float reassociation (``memoplan verify`` checks
+it to 5e-5).
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from memoplan.planner.budgets import Budget, Bytes, Coverage, FractionOfPeak, Preset, budget_from_ast
+from memoplan.planner.budgets import Budget, Bytes, Coverage, FractionOfPeak, LeastPeak, Preset, budget_from_ast
 from memoplan.planner.config import ALL_LEVELS, Level, Planner, RefineOptions
 from memoplan.syntax.blocks import SublinearConfig
 
@@ -57,7 +66,7 @@ __all__ = [
 ]
 
 
-BudgetLike = Budget | Preset
+BudgetLike = Budget | Preset | LeastPeak
 
 
 @dataclass(frozen=True)
@@ -74,9 +83,9 @@ class PlannerPreset:
     def __post_init__(self) -> None:
         if not isinstance(self.planner, Planner):
             raise TypeError(f"planner must be a Planner, got {self.planner!r}")
-        if not isinstance(self.budget, (Bytes, FractionOfPeak, Coverage, Preset)):
+        if not isinstance(self.budget, (Bytes, FractionOfPeak, Coverage, Preset, LeastPeak)):
             raise TypeError(
-                f"budget must be search.Bytes, FractionOfPeak, Coverage or Preset, got {self.budget!r}"
+                f"budget must be search.Bytes, FractionOfPeak, Coverage, Preset or LeastPeak, got {self.budget!r}"
             )
         if not isinstance(self.hard, bool):
             raise TypeError(f"hard must be a bool, got {self.hard!r}")
@@ -154,14 +163,15 @@ BALANCED = PlannerPreset(
 )
 MEMORY = PlannerPreset(
     "memory",
-    "the smallest measured peak: split regions, chunk time, narrow or drop useless checkpoints",
-    budget=Preset.MEMORY,
+    "the least peak the planner reaches: every search measured (checkpoints, runs of a chain, time chunks, "
+    "parts of blocks), split regions, chunk time, narrow or drop useless checkpoints",
+    budget=LeastPeak(),
     refine=RefineOptions(levels=ALL_LEVELS, max_trials=8, segments=(2,), chunks=(2, 4)),
 )
 EXHAUSTIVE = PlannerPreset(
     "exhaustive",
     "as memory, with more segment and chunk counts and no limit on trials (slow)",
-    budget=Preset.MEMORY,
+    budget=LeastPeak(),
     refine=RefineOptions(levels=ALL_LEVELS, max_trials=None, segments=(2, 3, 4), chunks=(2, 4, 8)),
 )
 

@@ -92,7 +92,16 @@ with a DP over bytes).  Pure Python: no numpy, no torch.
 """
 
 
-from memoplan.planner.budgets import Budget, ByteBudget, Bytes, Coverage, FractionOfPeak, Preset, budget_from_ast
+from memoplan.planner.budgets import (
+    Budget,
+    ByteBudget,
+    Bytes,
+    Coverage,
+    FractionOfPeak,
+    LeastPeak,
+    Preset,
+    budget_from_ast,
+)
 from memoplan.planner.chain import Estimate, Item, estimate, minimum_peak, unplanned_base
 from memoplan.planner.choice import BudgetError, Choice, Status
 from memoplan.planner.greedy import COVERAGE_PLANNER, greedy_bytes, greedy_coverage
@@ -112,6 +121,7 @@ __all__ = [
     "Estimate",
     "FractionOfPeak",
     "GeneticReport",
+    "LeastPeak",
     "Item",
     "Preset",
     "Status",

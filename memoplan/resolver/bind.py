@@ -64,6 +64,7 @@ def _bare(policy: ast.Policy) -> ast.Policy:
             rng=policy.rng or ast.RngMode.PRESERVE,
             impl=policy.impl or ast.CheckpointImpl.TORCH,
             nested=bool(policy.nested),
+            save=policy.save or (),
         )
     if isinstance(policy, ast.Compress):
         return replace(policy, validate=policy.validate or Validate.SAMPLE)
@@ -568,6 +569,24 @@ def _check_region_state(res: Resolution, path: str, module: nn.Module, recompute
             f"add `module {unmarked[0]} {{ state = functional }}` (or `module class "
             f"{type(res.index.modules[unmarked[0]]).__name__} {{ state = functional }}`)",
         )
+    if isinstance(recompute, ast.Checkpoint) and recompute.save:
+        runs = [
+            word
+            for word, present in (
+                ("compress", compress is not None),
+                ("temporal_chunk", chunk is not None),
+                ("stateful modules", bool(_region_state(res, path, module))),
+            )
+            if present
+        ]
+        if runs:
+            res.error(
+                "MP325",
+                f"`save = [...]` on `{path}`, a region that also has {' and '.join(runs)}: memoplan's own "
+                "region runs those, and it does not save ops",
+                recompute.span,
+                "drop `save` (a plain checkpoint), or the other policy",
+            )
     if isinstance(recompute, ast.Checkpoint) and recompute.impl is ast.CheckpointImpl.TORCH:
         needs = [
             word
@@ -737,6 +756,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
                     groups=_split(module, policy),
                     preserve_rng=policy.rng is not ast.RngMode.OFF,
                     nested=bool(policy.nested),
+                    save=policy.save or (),
                 )
             elif isinstance(policy, ast.Keep):
                 fields["keep"] = origin

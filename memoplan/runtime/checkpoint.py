@@ -31,6 +31,7 @@ from memoplan.runtime.compiled import eager_fallback, outside_graph, outside_nee
 from memoplan.runtime.install import PATH_ATTR
 from memoplan.runtime.recompute import recomputing
 from memoplan.runtime.region import RegionOptions, run_region
+from memoplan.runtime.saving import saving_contexts
 
 __all__ = ["run_checkpointed", "run_segmented"]
 
@@ -42,13 +43,16 @@ def run_checkpointed(
     kwargs: Mapping[str, Any],
     *,
     preserve_rng: bool = True,
+    save: Sequence[str] = (),
 ) -> Any:
-    """``forward_fn(module, *args, **kwargs)`` as one checkpointed region."""
+    """``forward_fn(module, *args, **kwargs)`` as one checkpointed region.
+
+    ``save``: op families whose outputs the region keeps (:mod:`memoplan.runtime.saving`)."""
     if not torch.is_grad_enabled():
         # Nothing will be saved for backward, so there is nothing to recompute.
         return forward_fn(module, *args, **kwargs)
     where = module.__dict__.get(PATH_ATTR, "")
-    return _region(partial(forward_fn, module), (module,), args, kwargs, preserve_rng, where)
+    return _region(partial(forward_fn, module), (module,), args, kwargs, preserve_rng, where, tuple(save))
 
 
 def run_segmented(
@@ -60,6 +64,7 @@ def run_segmented(
     preserve_rng: bool = True,
     region: RegionOptions | None = None,
     stateful: Sequence[str] = (),
+    save: Sequence[str] = (),
 ) -> Any:
     """An ``nn.Sequential``'s forward with each group of children as its own checkpointed region.
 
@@ -94,7 +99,7 @@ def run_segmented(
         children = tuple(module.get_submodule(name) for name in group)
         if region is None:
             part = f"{where}[{group[0]}..{group[-1]}]"
-            x = _region(partial(_chain, children), children, (x,), {}, preserve_rng, part)
+            x = _region(partial(_chain, children), children, (x,), {}, preserve_rng, part, tuple(save))
             continue
         options = replace(region, preserve_rng=preserve_rng, where=f"{where}[{group[0]}..{group[-1]}]")
         if index > 0 and region.codec != "none":
@@ -122,7 +127,9 @@ def _sequential_input(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     raise TypeError("nn.Sequential.forward takes exactly one argument, `input`")
 
 
-def _contexts(buffers: BufferGuard, arguments: ArgumentGuard):
+def _contexts(buffers: BufferGuard, arguments: ArgumentGuard, save: tuple[str, ...] = ()):
+    if save:  # the saving contexts innermost: they see the ops the others' contexts let run
+        return combined(buffers.contexts(), arguments.contexts(), saving_contexts(save))
     return combined(buffers.contexts(), arguments.contexts())
 
 
@@ -133,10 +140,12 @@ def _region(
     kwargs: Mapping[str, Any],
     preserve_rng: bool,
     where: str = "",
+    save: tuple[str, ...] = (),
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` under non-reentrant checkpoint, guarding ``roots``' buffers.
 
-    ``where`` (the module path) names the region in messages."""
+    ``where`` (the module path) names the region in messages; ``save`` the op families whose
+    outputs it keeps (selective checkpointing, :mod:`memoplan.runtime.saving`)."""
     # Hand checkpoint every tensor as a top-level positional argument: it then saves
     # them with version checks (an in-place change before backward is an error, not a
     # silent wrong recompute) and sees their devices for RNG stashing.  The user's
@@ -156,7 +165,10 @@ def _region(
     if torch.compiler.is_compiling():
         # A compiled graph is functionalized: buffers mutate once, when the graph's
         # outputs are written back, and checkpoint only accepts dispatch-mode contexts.
-        return checkpoint(_traced(call, roots, where), *leaves, use_reentrant=False, preserve_rng_state=preserve_rng)
+        extra = {"context_fn": partial(saving_contexts, save)} if save else {}
+        return checkpoint(
+            _traced(call, roots, where), *leaves, use_reentrant=False, preserve_rng_state=preserve_rng, **extra
+        )
     before = inplace.versions(leaves)
     out = checkpoint(
         call,
@@ -164,7 +176,7 @@ def _region(
         use_reentrant=False,
         preserve_rng_state=preserve_rng,
         # Buffers and argument objects (a transformers cache) as the forward saw them.
-        context_fn=partial(_contexts, BufferGuard(roots), ArgumentGuard(leaves)),
+        context_fn=partial(_contexts, BufferGuard(roots), ArgumentGuard(leaves), save),
     )
     # An input overwritten in place would be recomputed from in backward (MP407).
     inplace.unchanged(leaves, before, roots, where)

@@ -206,8 +206,14 @@ class Checkpoint:
     rng: RngMode | None = None
     impl: CheckpointImpl | None = None
     nested: bool | None = None
+    save: tuple[str, ...] | None = None  # ops whose outputs the region keeps (SAVEABLE_OPS), in order
     comments: Comments = NO_COMMENTS
     span: Span = _span()
+
+
+#: The op families ``checkpoint save = [...]`` names: a region keeps their outputs from the
+#: forward and recomputes every other op in backward (memoplan.runtime.saving maps them to aten ops).
+SAVEABLE_OPS: tuple[str, ...] = ("attention", "conv", "matmul")
 
 
 @dataclass(frozen=True)

@@ -440,7 +440,7 @@ class Builder(Transformer):
 
     @v_args(meta=True)
     def checkpoint(self, meta, options):
-        c = _Checker(self, "checkpoint", options, ("segments", "split", "rng", "impl", "nested"))
+        c = _Checker(self, "checkpoint", options, ("segments", "split", "rng", "impl", "nested", "save"))
         split = None
         if "split" in c.seen:
             opt = c.seen["split"]
@@ -467,8 +467,32 @@ class Builder(Transformer):
             rng=c.choice("rng", ast.RngMode),
             impl=c.choice("impl", ast.CheckpointImpl),
             nested=c.boolean("nested"),
+            save=self._saved_ops(c.get("save")),
             span=self.span(meta),
         )
+
+    def _saved_ops(self, opt: _Option | None) -> tuple[str, ...] | None:
+        """``save = [matmul, attention]``: op families from SAVEABLE_OPS, each once (MP212, MP213)."""
+        if opt is None:
+            return None
+        items = opt.value.items if isinstance(opt.value, ast.ValueList) else (opt.value,)
+        names: list[str] = []
+        for item in items:
+            if not isinstance(item, ast.Word):
+                self.error("MP202", "`save` expects a list of op names, e.g. `save = [matmul, attention]`", opt.span)
+                return None
+            if item.name not in ast.SAVEABLE_OPS:
+                help_ = did_you_mean(item.name, ast.SAVEABLE_OPS) or f"the ops are: {', '.join(ast.SAVEABLE_OPS)}"
+                self.error("MP212", f"`save` names an unknown op `{item.name}`", opt.span, help_)
+                return None
+            if item.name in names:
+                self.error("MP213", f"`save` names `{item.name}` twice", opt.span, "remove the repetition")
+                return None
+            names.append(item.name)
+        if not names:
+            self.error("MP213", "`save = []` keeps nothing: it is a plain `checkpoint`", opt.span, "remove `save` or name an op")
+            return None
+        return tuple(names)
 
     @v_args(meta=True)
     def compress(self, meta, children):

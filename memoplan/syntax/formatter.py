@@ -160,6 +160,7 @@ def format_policy(policy) -> str:
                 ("rng", policy.rng),
                 ("impl", policy.impl),
                 ("nested", policy.nested),
+                ("save", None if policy.save is None else ast.ValueList(tuple(ast.Word(n) for n in policy.save))),
             ],
         )
     if isinstance(policy, ast.Compress):
