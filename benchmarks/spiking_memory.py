@@ -211,7 +211,7 @@ def breakdown(model: nn.Module, x: torch.Tensor, seed: int, top: int) -> tuple[i
     reset_all(model)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    with measure._gc_paused(), PeakBreakdown() as meter:
+    with measure.gc_paused(), PeakBreakdown() as meter:
         loss = measure.default_loss(model(x))
         meter.phase = "backward"
         loss.backward()

@@ -218,8 +218,8 @@ def measured_step(
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - start
         return StepMemory(peak_bytes=peak, device=str(device), method="cuda-allocator"), output, loss
-    _warm_up()
-    with _gc_paused(), LiveStorageMeter() as meter:
+    warm_up()
+    with gc_paused(), LiveStorageMeter() as meter:
         output, loss = training_step(model, args, kwargs, loss_fn)
     return StepMemory(peak_bytes=meter.peak_bytes, device=str(device), method="live-storage"), output, loss
 
@@ -261,9 +261,9 @@ def timeline_step(
     if device.type != "cpu":
         raise ValueError(f"a memory timeline is measured on the CPU, not on {device}")
     model.zero_grad(set_to_none=True)
-    _warm_up()
+    warm_up()
     meter = LiveStorageMeter(record=True)
-    with _gc_paused(), meter, (marks(meter.mark) if marks is not None else contextlib.nullcontext()):
+    with gc_paused(), meter, (marks(meter.mark) if marks is not None else contextlib.nullcontext()):
         output = model(*args, **(kwargs or {}))
         loss = (loss_fn or default_loss)(output)
         assert meter.samples is not None
@@ -278,7 +278,7 @@ def timeline_step(
 _warmed_up = False
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """Run one op under the meter once per process before the first measurement.
 
     The first dispatch mode of a process triggers lazy imports whose caught
@@ -295,7 +295,7 @@ def _warm_up() -> None:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Collect first, then keep the cyclic collector from freeing at arbitrary moments."""
     gc.collect()
     was_enabled = gc.isenabled()

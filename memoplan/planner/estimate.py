@@ -41,8 +41,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 import memoplan
-from memoplan.measure import LiveStorageMeter, LossFn, _gc_paused, _warm_up, step_device, training_step
-from memoplan.planner.profile import _as_example, _input_metas, _Probe, _qualname, _Record, _Restored, _tensor_bytes, _unique, profile
+from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, warm_up, step_device, training_step
+from memoplan.planner.profile import as_example, input_metas, Probe, qualname, Record, Restored, tensor_bytes, unique_storages, profile
+from memoplan.planner.copies import unplanned_copy
 from memoplan.planner.schema import ModuleProfile, Profile
 from memoplan.planner.shrink import describe_example, is_out_of_memory, shrinking
 from memoplan.specs import Example
@@ -105,7 +106,7 @@ def estimate(
     ``calibration`` is the smaller example whose real run gives the times and binary inputs
     (default: the example with its batch cut to a quarter, then halved until it fits).
     """
-    example = _as_example(example)
+    example = as_example(example)
     here = step_device(model, example.args, example.kwargs)
     target = torch.device(device) if device is not None else here
     if target.type == "cuda" and target.index is None:
@@ -144,13 +145,13 @@ class FakeStep:
     """What one training step on fake tensors showed: peak, probe records, FLOPs per module."""
 
     peak_bytes: int
-    records: dict[int, _Record]
+    records: dict[int, Record]
     unattributed: int
     flops: dict[int, int] = field(default_factory=dict)  # id(module) -> forward FLOPs, its subtree's
     total_flops: int = 0  # the whole step's, backward included
 
 
-class _FakeProbe(_Probe):
+class _FakeProbe(Probe):
     """The profile's probe on fake tensors: storages are told apart by their C++ identity (a fake
     storage has no address) and values are not read (binary inputs come from the calibration)."""
 
@@ -165,7 +166,7 @@ class _Flops(TorchDispatchMode):
     """FLOPs of every op (``torch.utils.flop_counter``'s formulas, no decomposition), added to each
     module running (the probe's stack) and to the total."""
 
-    def __init__(self, probe: _Probe) -> None:
+    def __init__(self, probe: Probe) -> None:
         super().__init__()
         self.probe = probe
         self.per_module: dict[int, int] = {}
@@ -215,15 +216,15 @@ def _fake_step(model: nn.Module, example: Example, target: torch.device, loss_fn
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with _Restored(model, example, target):
+    with Restored(model, example, target):
         _fake_state(model, mode)
         convert = lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
         args = pytree.tree_map(convert, tuple(example.args))
         kwargs = pytree.tree_map(convert, dict(example.kwargs))
         probe = _FakeProbe(model, target)
         flops = _Flops(probe)
-        _warm_up()
-        with mode, _gc_paused(), _AllocatorMeter() as meter, probe, flops:
+        warm_up()
+        with mode, gc_paused(), _AllocatorMeter() as meter, probe, flops:
             output, loss = training_step(model, args, kwargs, loss_fn)
             probe.kept_by(output)
             del output, loss
@@ -292,11 +293,11 @@ def _assemble(
     modules = []
     for name, module in model.named_modules():
         key = id(module)
-        record = full.records.get(key, _Record())
+        record = full.records.get(key, Record())
         flops = full.flops.get(key, 0)
         if small is not None and reduced is not None and name in small:
             measured = small[name]
-            little = reduced.records.get(key, _Record())
+            little = reduced.records.get(key, Record())
             scale = _ratio(flops, reduced.flops.get(key, 0)) or _ratio(record.input_numel, little.input_numel) or 1.0
             seconds = measured.forward_seconds * scale
             binary = measured.input_binary and record.calls > 0
@@ -306,7 +307,7 @@ def _assemble(
         modules.append(
             ModuleProfile(
                 name=name,
-                type=_qualname(type(module)),
+                type=qualname(type(module)),
                 children=len(module._modules),
                 is_sequential=isinstance(module, nn.Sequential),
                 is_module_list=isinstance(module, nn.ModuleList),
@@ -332,9 +333,9 @@ def _assemble(
         peak_bytes=int(full.peak_bytes),
         peak_method="fake-tensor",
         step_seconds=float(step),
-        parameter_bytes=sum(_tensor_bytes(p) for p in _unique(model.parameters())),
+        parameter_bytes=sum(tensor_bytes(p) for p in unique_storages(model.parameters())),
         unattributed_saved_bytes=full.unattributed,
-        inputs=_input_metas(example),
+        inputs=input_metas(example),
         device=str(target),
         torch_version=torch.__version__,
         memoplan_version=memoplan.__version__,
@@ -366,9 +367,8 @@ def estimate_plan(model: nn.Module, example: Example | torch.Tensor | Sequence[A
     """The peak of one training step of a copy of ``model`` with ``plan``, on fake tensors: what
     :func:`memoplan.planner.refine.measure_plan` measures, with nothing of the step allocated."""
     import memoplan as api
-    from memoplan.planner.refine import _copy
 
-    example = _as_example(example)
+    example = as_example(example)
     target = step_device(model, example.args, example.kwargs)
-    clone = api.apply(_copy(model), plan)
+    clone = api.apply(unplanned_copy(model), plan)
     return fake_step(clone, example, target).peak_bytes

@@ -24,7 +24,7 @@ from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
-from memoplan.planner.write import _comment, provenance
+from memoplan.planner.write import comment_line, provenance
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
@@ -193,8 +193,8 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
     lines = [line for line in best.plan.header_comments.leading if not line.startswith(skip)]
     at = next((i for i, line in enumerate(lines) if line.startswith("# planner:")), len(lines))
     lines[at + 1 : at + 1] = [
-        _comment(f"budget: {search.LeastPeak().describe(prof.peak_bytes)}"),
-        _comment(f"least of: {others}; kept {what}"),
+        comment_line(f"budget: {search.LeastPeak().describe(prof.peak_bytes)}"),
+        comment_line(f"least of: {others}; kept {what}"),
     ]
     plan = replace(best.plan, header_comments=replace(best.plan.header_comments, leading=tuple(lines)))
     choice = replace(best.choice, budget=search.LeastPeak(), limit=None, status=search.Status.OK)
@@ -243,7 +243,7 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
     best = None
     for split, policy, what in options:
         term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in parent.split("."))))
-        why = _comment(f"{what}: {split.runs} regions over {len(children)} children, estimated {rest + split.cost} B")
+        why = comment_line(f"{what}: {split.runs} regions over {len(children)} children, estimated {rest + split.cost} B")
         rule = ast.ModuleRule(ast.Selector(term), (policy,), comments=ast.Comments(leading=(why,)))
         plan = _draft(None, [], model, {}, how, rules=(rule,))
         peak = _measure(model, example, plan)
@@ -537,7 +537,7 @@ def _draft(
 ) -> ast.Plan:
     """The plan of ``choice`` (None: ``rules``, or no rule of the planner's), after the fixed rules of ``how``."""
     if choice is None:
-        lines = tuple(_comment(f"{key}: {value}") for key, value in header.items())
+        lines = tuple(comment_line(f"{key}: {value}") for key, value in header.items())
         plan = ast.Plan(1, tuple(rules), header_comments=ast.Comments(leading=lines))
     else:
         plan = search.to_plan(choice, items, header=header, allow_over_budget=True)

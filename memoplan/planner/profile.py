@@ -129,7 +129,7 @@ def profile(
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, not {repeats!r}")
-    example = _as_example(example)
+    example = as_example(example)
     here = step_device(model, example.args, example.kwargs)
     target = torch.device(device) if device is not None else here
     if target.type == "cuda" and target.index is None:
@@ -143,7 +143,7 @@ def profile(
     # budget given as a share of it would be too loose.  One step first, then the peak.
     warm_up = target.type == "cuda"
     bar = _Progress(2 + repeats + warm_up, enabled=progress)
-    with _Restored(model, example, target) as restored:
+    with Restored(model, example, target) as restored:
         if warm_up:
             bar.step("warm-up")
             training_step(model, example.args, dict(example.kwargs), loss_fn)
@@ -153,7 +153,7 @@ def profile(
         restored.reset()
 
         bar.step("probe")
-        probe = _Probe(model, target)
+        probe = Probe(model, target)
         with probe:
             output, _ = training_step(model, example.args, dict(example.kwargs), loss_fn)
             probe.kept_by(output)
@@ -177,12 +177,12 @@ def profile(
     for name, module in model.named_modules():
         key = id(module)
         seconds = float(statistics.median(t.get(key, 0.0) for t in timings))
-        record = probe.records.get(key, _Record())
+        record = probe.records.get(key, Record())
         packed = record.packed_bytes if record.binary else record.input_bytes
         modules.append(
             ModuleProfile(
                 name=name,
-                type=_qualname(type(module)),
+                type=qualname(type(module)),
                 children=len(module._modules),
                 is_sequential=isinstance(module, nn.Sequential),
                 is_module_list=isinstance(module, nn.ModuleList),
@@ -204,9 +204,9 @@ def profile(
         peak_bytes=int(peak.peak_bytes),
         peak_method=peak.method,
         step_seconds=float(statistics.median(steps)),
-        parameter_bytes=sum(_tensor_bytes(p) for p in _unique(model.parameters())),
+        parameter_bytes=sum(tensor_bytes(p) for p in unique_storages(model.parameters())),
         unattributed_saved_bytes=probe.unattributed,
-        inputs=_input_metas(example),
+        inputs=input_metas(example),
         device=str(target),
         torch_version=torch.__version__,
         memoplan_version=memoplan.__version__,
@@ -218,7 +218,7 @@ def profile(
 
 
 @dataclass
-class _Record:
+class Record:
     calls: int = 0
     order: int | None = None
     saved_bytes: int = 0
@@ -266,12 +266,12 @@ class _Hooks:
         raise NotImplementedError
 
 
-class _Probe(_Hooks):
+class Probe(_Hooks):
     """Saved bytes (by innermost running module), input/output bytes, binary inputs, order."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         super().__init__(model)
-        self.records: dict[int, _Record] = {}
+        self.records: dict[int, Record] = {}
         self.unattributed = 0
         self._stack: list[int] = []
         self._calls = 0
@@ -285,7 +285,7 @@ class _Probe(_Hooks):
         }
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
 
-    def __enter__(self) -> _Probe:
+    def __enter__(self) -> Probe:
         super().__enter__()
         self._saved_hooks.__enter__()
         return self
@@ -314,13 +314,13 @@ class _Probe(_Hooks):
     def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         record = self.records.get(id(module))
         if record is None:
-            record = self.records[id(module)] = _Record(calls=1, order=self._calls, binary=True)
+            record = self.records[id(module)] = Record(calls=1, order=self._calls, binary=True)
         else:
             record.calls += 1
         self._calls += 1
         tensors = _tensors((args, kwargs))
         for t in tensors:
-            record.input_bytes += _tensor_bytes(t)
+            record.input_bytes += tensor_bytes(t)
             record.input_numel += t.numel()
             record.packed_bytes += codecs.estimate_nbytes("bit", t.numel(), t.dtype)
         # Every call's tensor inputs must be binary; a call with none makes it not compressible.
@@ -335,7 +335,7 @@ class _Probe(_Hooks):
             self._stack.pop()
         record = self.records.get(id(module))
         if record is not None:
-            record.output_bytes += sum(_tensor_bytes(t) for t in _tensors(output))
+            record.output_bytes += sum(tensor_bytes(t) for t in _tensors(output))
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.layout is torch.strided:
@@ -349,7 +349,7 @@ class _Probe(_Hooks):
             self._seen[id(storage)] = weakref.ref(storage)
             nbytes = storage.nbytes()
         else:
-            nbytes = _tensor_bytes(tensor)
+            nbytes = tensor_bytes(tensor)
         if self._stack:
             self.records[self._stack[-1]].saved_bytes += nbytes
             if tensor.layout is torch.strided:
@@ -526,7 +526,7 @@ class Snapshot:
         random.setstate(self.rng_python)
 
 
-class _Restored(Snapshot):
+class Restored(Snapshot):
     """The snapshot around a whole profile, which runs in train mode.
 
     Entered: puts the model in train mode if its root is in eval mode; ``reset()`` before
@@ -538,7 +538,7 @@ class _Restored(Snapshot):
         super().__init__(model, example, device)
         self.model = model
 
-    def __enter__(self) -> _Restored:
+    def __enter__(self) -> Restored:
         self._train()
         return self
 
@@ -609,7 +609,7 @@ class _Progress:
 # ---------------------------------------------------------------- helpers
 
 
-def _as_example(example: Example | torch.Tensor | Sequence[Any]) -> Example:
+def as_example(example: Example | torch.Tensor | Sequence[Any]) -> Example:
     if isinstance(example, Example):
         return example
     if isinstance(example, torch.Tensor):
@@ -633,11 +633,11 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return out
 
 
-def _tensor_bytes(t: torch.Tensor) -> int:
+def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _unique(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+def unique_storages(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
     seen: set[int] = set()
     for t in tensors:
         if id(t) not in seen:
@@ -645,7 +645,7 @@ def _unique(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
             yield t
 
 
-def _input_metas(example: Example) -> tuple[TensorMeta, ...]:
+def input_metas(example: Example) -> tuple[TensorMeta, ...]:
     metas = []
     for root, tree in (("args", tuple(example.args)), ("kwargs", dict(example.kwargs))):
         for path, leaf in pytree.tree_flatten_with_path(tree)[0]:
@@ -659,7 +659,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _qualname(cls: type) -> str:
+def qualname(cls: type) -> str:
     return qualified_type_name(cls)  # the plan's class identity: never a private module name or a path
 
 

@@ -56,6 +56,7 @@ import memoplan
 from memoplan.diagnostics import PlanError, printable
 from memoplan.measure import measure_step
 from memoplan.planner.config import ALL_LEVELS, Level, RefineOptions
+from memoplan.planner.copies import unplanned_copy
 from memoplan.planner.profile import Snapshot
 from memoplan.runtime.state import get_state, is_stateful, load_state
 from memoplan.specs import Example
@@ -105,21 +106,7 @@ class Refinement:
 # ---------------------------------------------------------------- measuring without side effects
 
 
-def _copy(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` without any plan; states with autograd history are copied detached.
-
-    A neuron's potential left by the last step is a tensor in that step's graph, which
-    ``copy.deepcopy`` refuses; its value is what matters for the next step.
-    """
-    states = [(m, get_state(m)) for m in model.modules() if is_stateful(m)]
-    try:
-        for m, state in states:
-            load_state(m, {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
-        clone = copy.deepcopy(model)
-    finally:
-        for m, state in states:
-            load_state(m, state)
-    return memoplan.remove(clone)
+_copy = unplanned_copy
 
 
 def measure_plan(model: nn.Module, example: Example, plan: ast.Plan) -> int:

@@ -20,7 +20,7 @@ __all__ = ["describe", "provenance", "recompute_line", "to_plan"]
 # ---------------------------------------------------------------- to a plan
 
 
-def _comment(text: str) -> str:
+def comment_line(text: str) -> str:
     """One comment line: whitespace runs become one space, control characters are escaped."""
     text = " ".join(str(text).split())
     out = []
@@ -99,8 +99,8 @@ def to_plan(
             ast.ModuleRule(
                 selector=ast.Selector(ast.SelectorTerm(path=path)),
                 policies=(ast.Checkpoint(),),
-                comments=ast.Comments(leading=(_comment(_reason(item)),)),
+                comments=ast.Comments(leading=(comment_line(_reason(item)),)),
             )
         )
-    lines = tuple(_comment(f"{key}: {value}") for key, value in header.items())
+    lines = tuple(comment_line(f"{key}: {value}") for key, value in header.items())
     return ast.Plan(version=1, statements=tuple(rules), header_comments=ast.Comments(leading=lines))
