@@ -34,6 +34,7 @@ _EXPORTS = {
 # matches _EXPORTS).
 __all__ = [
     "Diagnostic",
+    "MemoplanWarning",
     "PlanError",
     "__version__",
     "apply",

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import sys
 from pathlib import Path
 
 from memoplan import cli_output, isolate
-from memoplan.cli_output import OUTPUT, add_common_options, load_plan, write_output
-from memoplan.version import __version__
+from memoplan.cli_output import OUTPUT, load_plan, write_output
+from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 from memoplan.targets import check_target
@@ -55,208 +54,18 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="memoplan",
-        description="Declarative activation-memory plans for PyTorch models.",
-        epilog=isolate.UNTRUSTED,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"memoplan {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    check = sub.add_parser("check", help="parse and validate a plan (and resolve it against a model)")
-    check.add_argument("plans", type=Path, nargs="+", metavar="PLAN", help="plan files, folders (their *.memplan), or - (stdin)")
-    _model_options(check)
-    check.add_argument("--syntax-only", action="store_true", help="parse and check values only: no model, no torch")
-    check.set_defaults(run=_check)
-
-    fmt = sub.add_parser("fmt", help="rewrite plans in canonical form")
-    fmt.add_argument("plans", type=Path, nargs="+", metavar="PLAN", help="plan files, folders, or - (stdin to stdout)")
-    fmt.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not canonical")
-    fmt.set_defaults(run=lambda args: cli_output.run_fmt(args, _report))
-
-    _rule_command(sub)
-
-    explain = sub.add_parser("explain", help="for every module, which rule decided what and why")
-    explain.add_argument("plan", type=Path)
-    _model_options(explain, example=False)
-    explain.add_argument("--planned-only", action="store_true", help="list only modules a rule touches")
-    explain.set_defaults(run=_explain)
-
-    verify = sub.add_parser("verify", help="one step with and without the plan: peak memory and equivalence")
-    verify.add_argument("plan", type=Path)
-    _model_options(verify)
-    verify.add_argument(
-        "--seed", type=int, default=0, help="RNG seed for building the model and example, and for both runs (default 0)"
-    )
-    verify.add_argument(
-        "--rtol",
-        type=float,
-        help="tolerance per tensor, relative to the largest unplanned magnitude of its category "
-        "(default 0: bit for bit; 5e-5 for plans with temporal chunks)",
-    )
-    verify.add_argument(
-        "--compare-example",
-        metavar="SPEC",
-        help="prove equivalence on this (smaller) example and measure the planned step on the full one; "
-        "by default only when the unplanned step does not fit, on the example's batch halved until both fit",
-    )
-    _device_option(verify)
-    verify.set_defaults(run=_verify)
-
-    compile_ = sub.add_parser("compile", help="write the plan module to commit next to the model")
-    compile_.add_argument("plan", type=Path)
-    _model_options(compile_, example=False)
-    compile_.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .py file to write")
-    compile_.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 if PATH differs from what would be written"
-    )
-    compile_.set_defaults(run=_compile)
-
-    profile = sub.add_parser("profile", help="measure a model per module (JSON) for the planners")
-    _spec_options(profile)
-    profile.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="profile.json to write")
-    profile.add_argument(
-        "--repeats", type=_positive_int, default=3, metavar="N", help="timed steps; times are their medians (default 3)"
-    )
-    _method_option(profile)
-    _device_option(profile)
-    profile.set_defaults(run=_profile)
-
-    from memoplan.planner.presets import PRESETS, Planner  # pure Python: no torch for the parser
-
-    plan = sub.add_parser("plan", help="write a plan that meets a memory budget")
-    plan.add_argument(
-        "start",
-        nargs="?",
-        type=Path,
-        metavar="PLAN",
-        help="a hand-written plan to complete: its model, example, budget and sublinear block are the "
-        "defaults of the options, its rules stay as written and the planner adds rules for the rest",
-    )
-    _spec_options(plan, required=False)
-    plan.add_argument(
-        "--budget",
-        metavar="B",
-        help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`; of the estimated peak when the "
-        "step does not fit), `device` or `device - 2GiB` (CUDA: what the allocator can use, less what the "
-        "model holds before the step), optionally `hard` or `hint` (`4 GiB hint`), or a coverage budget "
-        "(speed, balanced, memory); default: the preset's",
-    )
-    plan.add_argument(
-        "--preset",
-        choices=list(PRESETS),
-        help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())
-        + " (explicit --budget, --planner, --hint override its fields)",
-    )
-    plan.add_argument(
-        "--planner", choices=[p.value for p in Planner], help="search for byte budgets (default: the preset's, optimal)"
-    )
-    plan.add_argument("--hint", action="store_true", help="the budget is a hint: report, do not fail, when missed")
-    plan.add_argument(
-        "--nested",
-        action="store_true",
-        help="also offer every part of each block that saves memory, solved exactly (optimal planner, byte budgets)",
-    )
-    plan.add_argument(
-        "--dtr",
-        action="store_true",
-        help="write a `dtr` block (dynamic eviction at run time) whose threshold meets the byte budget, "
-        "instead of checkpoint rules; the simulator's prediction goes in the plan's comments",
-    )
-    plan.add_argument(
-        "--profile",
-        type=Path,
-        nargs="+",
-        metavar="PATH",
-        help="use this profile.json instead of measuring; several (one per rank) are merged, so every rank plans the same",
-    )
-    knobs = plan.add_argument_group(
-        "sublinear search (with --planner sublinear; ranges and defaults as the `sublinear` block's keys)"
-    )
-    for key, metavar in SUBLINEAR_OPTIONS.items():
-        knobs.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar=metavar)
-    plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
-    _method_option(plan)
-    _device_option(plan)
-    plan.set_defaults(run=_plan)
-
-    from memoplan.report import command as report_command  # no torch, no matplotlib for the parser
-
-    report = sub.add_parser("report", help="one self-contained HTML report with plots: memory over a step, saved bytes, budget sweep")
-    report.add_argument("plan", type=Path)
-    _model_options(report)
-    _device_option(report)
-    report_command.add_arguments(report)
-    report.set_defaults(run=_report_html)
-
-    lsp = sub.add_parser("lsp", help="language server for editors (stdio): diagnostics, hover, completion, formatting")
-    lsp.add_argument("--stdio", action="store_true", help="talk over stdin and stdout (the default, and the only way)")
-    lsp.set_defaults(run=_lsp)
-
-    demo = sub.add_parser("demo", help="copy the bundled example plans into a folder and verify one")
-    demo.add_argument("folder", nargs="?", type=Path, default=Path("memoplan-demo"), help="default: ./memoplan-demo")
-    demo.set_defaults(run=_demo)
-    for name, command in sub.choices.items():
-        add_common_options(command, formats=name in ("check", "fmt", "verify"))
-    return parser
-
-
-def _spec_options(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    also = "" if required else "; default: the plan's `model` statement"
-    parser.add_argument(
-        "--model", metavar="SPEC", required=required, help=f"pkg.module:factory or path/file.py:factory{also}"
-    )
-    parser.add_argument(
-        "--example",
-        metavar="SPEC",
-        required=required,
-        help="pkg.module:inputs, path/file.py:inputs, or 'randn(4, 3, 32, 32)'" + also.replace("model", "example"),
-    )
-    isolate.add_option(parser)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-
-def _rule_command(sub) -> None:
-    from memoplan.rules import print_rule
-
-    rule = sub.add_parser("rule", help="explain a diagnostic code (`memoplan rule MP301`), or list them all")
-    rule.add_argument("code", nargs="?", help="a code such as MP301 (leave out to list every code)")
-    rule.set_defaults(run=lambda args: print_rule(args.code))
-
-
-def _model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:
-    parser.add_argument("--model", metavar="SPEC", help="pkg.module:factory or path/file.py:factory")
-    isolate.add_option(parser)
-    if example:
-        parser.add_argument(
-            "--example", metavar="SPEC", help="pkg.module:inputs, path/file.py:inputs, or e.g. 'randn(4, 3, 32, 32)'"
-        )
-
-
-def _method_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--method",
-        choices=("auto", "measured", "estimated"),
-        default="auto",
-        help="measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
-        "with times from a smaller real run; auto (default): measure, estimate if the step runs out of memory",
-    )
-
-
-def _device_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--device",
-        metavar="DEV",
-        help="run the steps there, e.g. `cuda` or `cuda:1` (default: cpu); on CUDA, peaks are the allocator's",
-    )
+    runners = {
+        "check": _check,
+        "explain": _explain,
+        "verify": _verify,
+        "compile": _compile,
+        "profile": _profile,
+        "plan": _plan,
+        "report": _report_html,
+        "lsp": _lsp,
+        "demo": _demo,
+    }
+    return build_parser(runners, _report)
 
 
 # ---------------------------------------------------------------- helpers
@@ -661,16 +470,6 @@ def _out_of_memory(step: str, wanted: int | None, message: str) -> Diagnostic:
     )
 
 
-# The sublinear search's settings on the command line: the `sublinear` block's keys.
-SUBLINEAR_OPTIONS = {
-    "thresh_nr_try": "N",
-    "genetic_nr_iter": "N",
-    "genetic_pool_size": "N",
-    "lb_memory": "SIZE",
-    "num_worker": "N",
-}
-
-
 def _sublinear_config(args, block=None):
     """The sublinear search's settings: a plan's `sublinear` block with the ``--thresh-nr-try``
     ... options over it (None when there is neither).
@@ -737,7 +536,9 @@ def _plan(args) -> int:
     """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
     from memoplan.planner import search
     from memoplan.planner.plan import Planner, rebased, with_sources
+    from memoplan.planner.device_budget import device_budget_bytes, device_budget_refused, device_budget_text
     from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
+    from memoplan.planner.write import with_budget
     from memoplan.planner.estimate import take_profile
     from memoplan.planner.profile import Profile, merge
     from memoplan.resolver import resolve
@@ -750,9 +551,9 @@ def _plan(args) -> int:
     if args.budget is None and args.preset is None and (start is None or start.budget is None):
         print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
         return 2
-    device_budget = _device_budget_text(args.budget)
+    device_budget = device_budget_text(args.budget)
     if device_budget is not None:  # bytes once the model is on the device: a placeholder until then
-        _device_budget_refused(args)
+        device_budget_refused(_device(args.device), args.budget)
         budget, hard = parse_budget("1 B" + device_budget[1])
     else:
         budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
@@ -806,7 +607,7 @@ def _plan(args) -> int:
         print("memoplan plan: error: --nested needs the optimal planner and a byte budget (e.g. 50%)", file=sys.stderr)
         return 2
     if device_budget is not None:
-        preset = preset.with_overrides(planner=None, budget=_device_budget(args, model, device_budget), hard=hard)
+        preset = preset.with_overrides(planner=None, budget=device_budget_bytes(_device(args.device), args.budget, device_budget, _progress), hard=hard)
     if prof is None:
         prof = _first_step(lambda: take_profile(model, example, method=args.method, note=_progress), "profile")
     if args.dtr:
@@ -831,7 +632,7 @@ def _plan(args) -> int:
             parse_example_spec(args.example, "--example") if args.example else own.example,
             args.output.parent,
         )
-    plan = _with_budget(plan, preset.budget, preset.hard)
+    plan = with_budget(plan, preset.budget, preset.hard)
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     _cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
     verdict = "met" if result.met else "NOT met (hint)"
@@ -845,97 +646,6 @@ def _plan(args) -> int:
         file=sys.stderr if shown else sys.stdout,
     )
     return 0
-
-
-def _with_budget(plan, budget, hard: bool):
-    """``plan`` with a ``budget`` statement for a byte budget (bytes, or a share of the unplanned
-    peak), hard or hint as asked, after its model and example, so `memoplan verify` checks it
-    again; a plan that has one already (a completed plan's own) and coverage budgets are left."""
-    from dataclasses import replace
-
-    from memoplan.planner.budgets import Bytes, FractionOfPeak
-    from memoplan.syntax import ast
-
-    if plan.budget is not None or not isinstance(budget, (Bytes, FractionOfPeak)):
-        return plan
-    if isinstance(budget, Bytes):
-        amount = _size(budget.amount)
-    else:
-        percent = budget.fraction * 100
-        amount = ast.Percent(int(percent) if percent.denominator == 1 else float(percent))
-    stmt = ast.Budget(amount, ast.BudgetMode.HARD if hard else ast.BudgetMode.HINT)
-    head = [s for s in plan.statements if isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
-    rest = [s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
-    return replace(plan, statements=(*head, stmt, *rest))
-
-
-def _size(nbytes: int):
-    """``nbytes`` as the plan writes it: in the largest binary unit that holds it whole."""
-    from memoplan.syntax import ast
-
-    for unit in (ast.Unit.TiB, ast.Unit.GiB, ast.Unit.MiB, ast.Unit.KiB):
-        if nbytes and nbytes % unit.factor == 0:
-            return ast.Size(nbytes // unit.factor, unit)
-    return ast.Size(nbytes, ast.Unit.B)
-
-
-_DEVICE_BUDGET = re.compile(r"^\s*device\s*(?:-\s*([0-9][^a-z]*\s*[a-z]*?))?\s*((?:\s+(?:hard|hint))?)\s*$", re.IGNORECASE)
-
-
-def _device_budget_text(text: str | None):
-    """``--budget device [- SIZE] [hard|hint]`` as (SIZE or None, " hard"/" hint"/""); None for other budgets."""
-    if text is None or not text.strip().lower().startswith("device"):
-        return None
-    match = _DEVICE_BUDGET.match(text)
-    if match is None:
-        raise PlanError(
-            (Diagnostic("MP509", f"`--budget {text}` is not a device budget", help="write `device`, or `device - 2GiB`"),)
-        )
-    return match.group(1), match.group(2)
-
-
-def _device_budget_refused(args) -> None:
-    """MP509 for `--budget device` where the step does not run on CUDA."""
-    device = _device(args.device)
-    if device is None or device.type != "cuda":
-        raise PlanError(
-            (
-                Diagnostic(
-                    "MP509",
-                    f"`--budget {args.budget}` needs a CUDA device: on the CPU no allocator says how much it can use",
-                    help="plan on CUDA (`--device cuda`), or give the budget in bytes (`--budget 8GiB`)",
-                ),
-            )
-        )
-
-
-def _device_budget(args, model, parsed):
-    """The bytes `--budget device [- SIZE]` stands for, the model on its CUDA device.
-
-    What the caching allocator may hold (the device's total memory times the process's memory
-    fraction, ``torch.cuda.set_per_process_memory_fraction``), less what is allocated before the
-    step (parameters, buffers: a step's peak is counted above them), less SIZE.
-    """
-    import torch
-
-    from memoplan.planner.budgets import Bytes
-    from memoplan.planner.presets import parse_budget
-
-    device = _device(args.device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(index).total_memory
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda i: 1.0)(index)
-    margin = 0
-    if parsed[0]:
-        size, _ = parse_budget(parsed[0])
-        if not isinstance(size, Bytes):
-            raise PlanError((Diagnostic("MP509", f"`--budget {args.budget}`: the margin is a size, such as `2GiB`"),))
-        margin = size.amount
-    limit = int(total * fraction) - torch.cuda.memory_allocated(index) - margin
-    if limit <= 0:
-        raise PlanError((Diagnostic("MP509", f"`--budget {args.budget}` leaves nothing for the step ({limit} B)"),))
-    _progress(f"budget device: {limit} B ({total} B on {device}, x{fraction:g}, less what is allocated and the margin)")
-    return Bytes(limit)
 
 
 def _plan_dtr(args, model, example, prof, preset) -> int:

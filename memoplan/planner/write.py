@@ -104,3 +104,35 @@ def to_plan(
         )
     lines = tuple(comment_line(f"{key}: {value}") for key, value in header.items())
     return ast.Plan(version=1, statements=tuple(rules), header_comments=ast.Comments(leading=lines))
+
+
+def with_budget(plan, budget, hard: bool):
+    """``plan`` with a ``budget`` statement for a byte budget (bytes, or a share of the unplanned
+    peak), hard or hint as asked, after its model and example, so `memoplan verify` checks it
+    again; a plan that has one already (a completed plan's own) and coverage budgets are left."""
+    from dataclasses import replace
+
+    from memoplan.planner.budgets import Bytes, FractionOfPeak
+    from memoplan.syntax import ast
+
+    if plan.budget is not None or not isinstance(budget, (Bytes, FractionOfPeak)):
+        return plan
+    if isinstance(budget, Bytes):
+        amount = size_statement(budget.amount)
+    else:
+        percent = budget.fraction * 100
+        amount = ast.Percent(int(percent) if percent.denominator == 1 else float(percent))
+    stmt = ast.Budget(amount, ast.BudgetMode.HARD if hard else ast.BudgetMode.HINT)
+    head = [s for s in plan.statements if isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
+    rest = [s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
+    return replace(plan, statements=(*head, stmt, *rest))
+
+
+def size_statement(nbytes: int):
+    """``nbytes`` as the plan writes it: in the largest binary unit that holds it whole."""
+    from memoplan.syntax import ast
+
+    for unit in (ast.Unit.TiB, ast.Unit.GiB, ast.Unit.MiB, ast.Unit.KiB):
+        if nbytes and nbytes % unit.factor == 0:
+            return ast.Size(nbytes // unit.factor, unit)
+    return ast.Size(nbytes, ast.Unit.B)

@@ -1,0 +1,256 @@
+"""The ``memoplan`` command line's arguments: one function a command, no torch imported.
+
+:func:`build_parser` takes the function that runs each command (``memoplan.cli``'s), so this
+module says what every command accepts and ``memoplan.cli`` what each one does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from memoplan import cli_output, isolate
+from memoplan.cli_output import add_common_options
+from memoplan.version import __version__
+
+Runner = Callable[[argparse.Namespace], int]
+
+# The sublinear search's settings on the command line: the `sublinear` block's keys.
+SUBLINEAR_OPTIONS = {
+    "thresh_nr_try": "N",
+    "genetic_nr_iter": "N",
+    "genetic_pool_size": "N",
+    "lb_memory": "SIZE",
+    "num_worker": "N",
+}
+
+
+def build_parser(run: Mapping[str, Runner], report: Callable[[Any], None]) -> argparse.ArgumentParser:
+    """Every command and its options; ``run[name]`` runs command ``name``, ``report`` prints a PlanError."""
+    parser = argparse.ArgumentParser(
+        prog="memoplan",
+        description="Declarative activation-memory plans for PyTorch models.",
+        epilog=isolate.UNTRUSTED,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"memoplan {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _check(sub, run["check"])
+    _fmt(sub, report)
+    _rule(sub)
+    _explain(sub, run["explain"])
+    _verify(sub, run["verify"])
+    _compile(sub, run["compile"])
+    _profile(sub, run["profile"])
+    _plan(sub, run["plan"])
+    _report(sub, run["report"])
+    lsp = sub.add_parser("lsp", help="language server for editors (stdio): diagnostics, hover, completion, formatting")
+    lsp.add_argument("--stdio", action="store_true", help="talk over stdin and stdout (the default, and the only way)")
+    lsp.set_defaults(run=run["lsp"])
+    demo = sub.add_parser("demo", help="copy the bundled example plans into a folder and verify one")
+    demo.add_argument("folder", nargs="?", type=Path, default=Path("memoplan-demo"), help="default: ./memoplan-demo")
+    demo.set_defaults(run=run["demo"])
+    for name, command in sub.choices.items():
+        add_common_options(command, formats=name in ("check", "fmt", "verify"))
+    return parser
+
+
+def _check(sub: Any, run: Runner) -> None:
+    check = sub.add_parser("check", help="parse and validate a plan (and resolve it against a model)")
+    check.add_argument("plans", type=Path, nargs="+", metavar="PLAN", help="plan files, folders (their *.memplan), or - (stdin)")
+    model_options(check)
+    check.add_argument("--syntax-only", action="store_true", help="parse and check values only: no model, no torch")
+    check.set_defaults(run=run)
+
+
+def _fmt(sub: Any, report: Callable[[Any], None]) -> None:
+    fmt = sub.add_parser("fmt", help="rewrite plans in canonical form")
+    fmt.add_argument("plans", type=Path, nargs="+", metavar="PLAN", help="plan files, folders, or - (stdin to stdout)")
+    fmt.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not canonical")
+    fmt.set_defaults(run=lambda args: cli_output.run_fmt(args, report))
+
+
+def _rule(sub: Any) -> None:
+    from memoplan.rules import print_rule
+
+    rule = sub.add_parser("rule", help="explain a diagnostic code (`memoplan rule MP301`), or list them all")
+    rule.add_argument("code", nargs="?", help="a code such as MP301 (leave out to list every code)")
+    rule.set_defaults(run=lambda args: print_rule(args.code))
+
+
+def _explain(sub: Any, run: Runner) -> None:
+    explain = sub.add_parser("explain", help="for every module, which rule decided what and why")
+    explain.add_argument("plan", type=Path)
+    model_options(explain, example=False)
+    explain.add_argument("--planned-only", action="store_true", help="list only modules a rule touches")
+    explain.set_defaults(run=run)
+
+
+def _verify(sub: Any, run: Runner) -> None:
+    verify = sub.add_parser("verify", help="one step with and without the plan: peak memory and equivalence")
+    verify.add_argument("plan", type=Path)
+    model_options(verify)
+    verify.add_argument(
+        "--seed", type=int, default=0, help="RNG seed for building the model and example, and for both runs (default 0)"
+    )
+    verify.add_argument(
+        "--rtol",
+        type=float,
+        help="tolerance per tensor, relative to the largest unplanned magnitude of its category "
+        "(default 0: bit for bit; 5e-5 for plans with temporal chunks)",
+    )
+    verify.add_argument(
+        "--compare-example",
+        metavar="SPEC",
+        help="prove equivalence on this (smaller) example and measure the planned step on the full one; "
+        "by default only when the unplanned step does not fit, on the example's batch halved until both fit",
+    )
+    device_option(verify)
+    verify.set_defaults(run=run)
+
+
+def _compile(sub: Any, run: Runner) -> None:
+    compile_ = sub.add_parser("compile", help="write the plan module to commit next to the model")
+    compile_.add_argument("plan", type=Path)
+    model_options(compile_, example=False)
+    compile_.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .py file to write")
+    compile_.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if PATH differs from what would be written"
+    )
+    compile_.set_defaults(run=run)
+
+
+def _profile(sub: Any, run: Runner) -> None:
+    profile = sub.add_parser("profile", help="measure a model per module (JSON) for the planners")
+    spec_options(profile)
+    profile.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="profile.json to write")
+    profile.add_argument(
+        "--repeats", type=positive_int, default=3, metavar="N", help="timed steps; times are their medians (default 3)"
+    )
+    method_option(profile)
+    device_option(profile)
+    profile.set_defaults(run=run)
+
+
+def _plan(sub: Any, run: Runner) -> None:
+    from memoplan.planner.presets import PRESETS, Planner  # pure Python: no torch for the parser
+
+    plan = sub.add_parser("plan", help="write a plan that meets a memory budget")
+    plan.add_argument(
+        "start",
+        nargs="?",
+        type=Path,
+        metavar="PLAN",
+        help="a hand-written plan to complete: its model, example, budget and sublinear block are the "
+        "defaults of the options, its rules stay as written and the planner adds rules for the rest",
+    )
+    spec_options(plan, required=False)
+    plan.add_argument(
+        "--budget",
+        metavar="B",
+        help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`; of the estimated peak when the "
+        "step does not fit), `device` or `device - 2GiB` (CUDA: what the allocator can use, less what the "
+        "model holds before the step), optionally `hard` or `hint` (`4 GiB hint`), or a coverage budget "
+        "(speed, balanced, memory); default: the preset's",
+    )
+    plan.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())
+        + " (explicit --budget, --planner, --hint override its fields)",
+    )
+    plan.add_argument(
+        "--planner", choices=[p.value for p in Planner], help="search for byte budgets (default: the preset's, optimal)"
+    )
+    plan.add_argument("--hint", action="store_true", help="the budget is a hint: report, do not fail, when missed")
+    plan.add_argument(
+        "--nested",
+        action="store_true",
+        help="also offer every part of each block that saves memory, solved exactly (optimal planner, byte budgets)",
+    )
+    plan.add_argument(
+        "--dtr",
+        action="store_true",
+        help="write a `dtr` block (dynamic eviction at run time) whose threshold meets the byte budget, "
+        "instead of checkpoint rules; the simulator's prediction goes in the plan's comments",
+    )
+    plan.add_argument(
+        "--profile",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="use this profile.json instead of measuring; several (one per rank) are merged, so every rank plans the same",
+    )
+    knobs = plan.add_argument_group(
+        "sublinear search (with --planner sublinear; ranges and defaults as the `sublinear` block's keys)"
+    )
+    for key, metavar in SUBLINEAR_OPTIONS.items():
+        knobs.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar=metavar)
+    plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
+    method_option(plan)
+    device_option(plan)
+    plan.set_defaults(run=run)
+
+
+def _report(sub: Any, run: Runner) -> None:
+    from memoplan.report import command as report_command  # no torch, no matplotlib for the parser
+
+    report = sub.add_parser("report", help="one self-contained HTML report with plots: memory over a step, saved bytes, budget sweep")
+    report.add_argument("plan", type=Path)
+    model_options(report)
+    device_option(report)
+    report_command.add_arguments(report)
+    report.set_defaults(run=run)
+
+
+# ---------------------------------------------------------------- options several commands take
+
+
+def spec_options(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    also = "" if required else "; default: the plan's `model` statement"
+    parser.add_argument(
+        "--model", metavar="SPEC", required=required, help=f"pkg.module:factory or path/file.py:factory{also}"
+    )
+    parser.add_argument(
+        "--example",
+        metavar="SPEC",
+        required=required,
+        help="pkg.module:inputs, path/file.py:inputs, or 'randn(4, 3, 32, 32)'" + also.replace("model", "example"),
+    )
+    isolate.add_option(parser)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:
+    parser.add_argument("--model", metavar="SPEC", help="pkg.module:factory or path/file.py:factory")
+    isolate.add_option(parser)
+    if example:
+        parser.add_argument(
+            "--example", metavar="SPEC", help="pkg.module:inputs, path/file.py:inputs, or e.g. 'randn(4, 3, 32, 32)'"
+        )
+
+
+def method_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--method",
+        choices=("auto", "measured", "estimated"),
+        default="auto",
+        help="measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
+        "with times from a smaller real run; auto (default): measure, estimate if the step runs out of memory",
+    )
+
+
+def device_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        metavar="DEV",
+        help="run the steps there, e.g. `cuda` or `cuda:1` (default: cpu); on CUDA, peaks are the allocator's",
+    )
