@@ -16,7 +16,7 @@ from torch import nn
 from memoplan import ir
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
 from memoplan.enums import Aspect, Boundaries, Validate
-from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
+from memoplan.resolver.selectors import ModelIndex, Specificity, no_match_help, select, specificity
 from memoplan.syntax import ast
 from memoplan.runtime import codecs
 from memoplan.runtime.install import qualified_type_name
@@ -247,37 +247,9 @@ def _spread_state(res: Resolution) -> None:
 
 
 def _no_match(res: Resolution, rule: ast.ModuleRule) -> None:
-    selector = rule.selector
-    text = format_selector(selector)
-    term = selector.include
-    help_ = None
-    if term.path is not None:
-        guess = _nearest_paths(res.index, term)
-        if guess:
-            help_ = "nearest paths: " + ", ".join(f"`{p}`" for p in guess)
-        if any(isinstance(s, (ast.Index, ast.Slice)) for s in term.path.segments) and not help_:
-            help_ = "`[...]` selects children of an indexed container (nn.Sequential, nn.ModuleList)"
-    if term.class_name is not None and not any(
-        res.index.matches_class(p, term.class_name) for p in res.index.paths
-    ):
-        short = term.class_name.rsplit(".", 1)[-1]
-        help_ = did_you_mean(short, res.index.all_class_names) or (
-            "classes in the model: " + ", ".join(res.index.all_class_names[:12])
-        )
-    res.error("MP301", f"`{text}` matches no module of the model", selector.span, help_)
-
-
-def _nearest_paths(index: ModelIndex, term: ast.SelectorTerm) -> list[str]:
-    import difflib
-
-    from memoplan.syntax.formatter import format_path
-
-    wanted = format_path(term.path)
-    literal = ".".join(s.text for s in term.path.segments if isinstance(s, ast.Name))
-    found = difflib.get_close_matches(wanted, index.paths, n=3, cutoff=0.5)
-    if not found and literal:
-        found = difflib.get_close_matches(literal, index.paths, n=3, cutoff=0.5)
-    return found
+    text = format_selector(rule.selector)
+    help_ = no_match_help(res.index, rule.selector.include)
+    res.error("MP301", f"`{text}` matches no module of the model", rule.selector.span, help_)
 
 
 # ---------------------------------------------------------------- legality checks

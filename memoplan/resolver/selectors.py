@@ -22,6 +22,7 @@ from functools import cached_property
 
 from torch import nn
 
+from memoplan.diagnostics import did_you_mean
 from memoplan.ir import path_key
 from memoplan.syntax import ast
 from memoplan.syntax.specificity import Specificity, specificity  # re-exported: the resolver's names
@@ -175,3 +176,34 @@ def select(index: ModelIndex, selector: ast.Selector) -> list[str]:
     for term in selector.exclude:
         chosen.difference_update(match_term(index, term))
     return sorted(chosen, key=path_key)
+
+
+def no_match_help(index: ModelIndex, term: ast.SelectorTerm) -> str | None:
+    """What MP301 suggests for a selector term that matches nothing: the nearest paths, or the
+    model's classes."""
+    help_ = None
+    if term.path is not None:
+        guess = _nearest_paths(index, term)
+        if guess:
+            help_ = "nearest paths: " + ", ".join(f"`{p}`" for p in guess)
+        if any(isinstance(s, (ast.Index, ast.Slice)) for s in term.path.segments) and not help_:
+            help_ = "`[...]` selects children of an indexed container (nn.Sequential, nn.ModuleList)"
+    if term.class_name is not None and not any(index.matches_class(p, term.class_name) for p in index.paths):
+        short = term.class_name.rsplit(".", 1)[-1]
+        help_ = did_you_mean(short, index.all_class_names) or (
+            "classes in the model: " + ", ".join(index.all_class_names[:12])
+        )
+    return help_
+
+
+def _nearest_paths(index: ModelIndex, term: ast.SelectorTerm) -> list[str]:
+    import difflib
+
+    from memoplan.syntax.formatter import format_path
+
+    wanted = format_path(term.path)
+    literal = ".".join(s.text for s in term.path.segments if isinstance(s, ast.Name))
+    found = difflib.get_close_matches(wanted, index.paths, n=3, cutoff=0.5)
+    if not found and literal:
+        found = difflib.get_close_matches(literal, index.paths, n=3, cutoff=0.5)
+    return found
