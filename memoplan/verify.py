@@ -209,7 +209,10 @@ def arena_check(reference: nn.Module, planned: nn.Module, example: Example, devi
 def render_arena(check: ArenaCheck) -> str:
     """The one line ``memoplan verify`` prints for the ``memonger`` block."""
     if not check.ran:
-        verdict = "DID NOT RUN: the call ran the model's own forward"
+        verdict = (
+            "DID NOT RUN: the call ran the model's own forward (the arena runs in eval mode without grad, "
+            "on inputs shaped as the plan's `example`; an --example of other shapes never reaches it)"
+        )
     elif check.equal:
         verdict = f"outputs equal bit for bit ({check.outputs.compared} compared)"
     else:

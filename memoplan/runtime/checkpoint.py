@@ -152,15 +152,10 @@ def _region(
     # keyword arguments travel inside the flat list, never as checkpoint's own keyword
     # arguments, so a user kwarg named `use_reentrant` or `context_fn` reaches the module.
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    calls = [0]
 
     def call(*flat: Any) -> Any:
         call_args, call_kwargs = pytree.tree_unflatten(list(flat), spec)
-        calls[0] += 1
-        if calls[0] == 1:  # the forward; any later call is checkpoint's recompute in backward
-            return fn(*call_args, **call_kwargs)
-        with recomputing(where, "a checkpointed region"):
-            return fn(*call_args, **call_kwargs)
+        return fn(*call_args, **call_kwargs)
 
     if torch.compiler.is_compiling():
         # A compiled graph is functionalized: buffers mutate once, when the graph's
@@ -169,9 +164,18 @@ def _region(
         return checkpoint(
             _traced(call, roots, where), *leaves, use_reentrant=False, preserve_rng_state=preserve_rng, **extra
         )
+    calls = [0]
+
+    def counted(*flat: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:  # the forward; any later call is checkpoint's recompute in backward
+            return call(*flat)
+        with recomputing(where, "a checkpointed region"):  # an error there names the module
+            return call(*flat)
+
     before = inplace.versions(leaves)
     out = checkpoint(
-        call,
+        counted,
         *leaves,
         use_reentrant=False,
         preserve_rng_state=preserve_rng,
