@@ -183,3 +183,26 @@ def test_language_server_from_the_wheel(fresh_env):
         assert diagnostics and diagnostics[0].code.startswith("MP1")
     finally:
         assert session.stop() == 0
+
+
+def test_user_script_type_checks_against_the_wheel(fresh_env, tmp_path):
+    """`mypy --strict` on a user script sees the installed wheel's types (py.typed, __all__)."""
+    pytest.importorskip("mypy", reason="mypy is in the test extra")
+    script = Path(__file__).resolve().parent / "fixtures" / "typing" / "user_script.py"
+    env = {k: v for k, v in fresh_env["env"].items() if k != "MYPYPATH"}
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(fresh_env["python"]),
+         "--cache-dir", str(tmp_path / "cache"), "--no-error-summary", str(script)],
+        env=env, cwd=fresh_env["cwd"], capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    reveal = tmp_path / "reveal.py"
+    reveal.write_text("import memoplan\nreveal_type(memoplan.apply)\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(fresh_env["python"]),
+         "--cache-dir", str(tmp_path / "cache"), "--no-error-summary", "-v", str(reveal)],
+        env=env, cwd=fresh_env["cwd"], capture_output=True, text=True, timeout=900,
+    )
+    assert "torch.nn.modules.module.Module" in result.stdout, result.stdout[-2000:]
+    found = [line for line in result.stderr.splitlines() if "memoplan/__init__.py" in line]
+    assert found and all(str(fresh_env["home"]) in line for line in found), found[:3]
