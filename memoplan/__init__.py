@@ -23,7 +23,7 @@ _EXPORTS = {
     "compile": "memoplan.api",
     "dtr_stats": "memoplan.runtime.dtr",
     "remove": "memoplan.api",
-    "explain": "memoplan.resolver",
+    "explain": "memoplan.resolver.explain",
     "resolve": "memoplan.resolver",
     "format_plan": "memoplan.syntax",
     "load": "memoplan.syntax",
@@ -66,5 +66,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.api import apply, compile, remove
     from memoplan.diagnostics import Diagnostic, MemoplanWarning, PlanError
     from memoplan.runtime.dtr import dtr_stats
-    from memoplan.resolver import explain, resolve
+    from memoplan.resolver.bind import resolve
+    from memoplan.resolver.explain import explain  # the function, not the module of that name
     from memoplan.syntax import format_plan, load, parse

@@ -17,7 +17,7 @@ def require(present: bool, what: str, how: str) -> None:
     """Skip (or, under ``CI=true``, fail) saying ``what`` is missing and ``how`` to install it."""
     if present:
         return
-    message = f"{what} is missing: {how}"
+    message = f"missing: {what}; install: {how}"
     if on_ci():
         pytest.fail(f"{message} (CI=true: the set-up, `make clients`, installs it)")
     pytest.skip(message)

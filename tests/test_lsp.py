@@ -213,7 +213,11 @@ def test_hover_on_a_selector_of_a_plan_that_never_parsed(server) -> None:
     value = server.hover(uri, 2, 10).contents.value
     assert "**`module blocks.*.attn[0:2] : Block`** (line 3)" in value
     assert "specificity (2, 1, 0, 1, 1)" in value
-    assert server.hover(uri, 3, 6) is None or "line alone" not in server.hover(uri, 3, 6).contents.value
+    assert server.hover(uri, 3, 6) is None  # the misspelt policy: nothing parsed says what it is
+    one_line = "memplan 1\nmodule fc { checkpointx }\n"
+    _open(server, one_line, uri)
+    assert server.hover(uri, 1, 15) is None  # past the `{`: not answered from the rule's head
+    assert "**`module fc`**" in server.hover(uri, 1, 8).contents.value
 
 
 def _labels(items) -> list[str]:

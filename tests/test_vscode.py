@@ -5,19 +5,19 @@ diagnostics from a real `memoplan lsp`.
 VS Code itself cannot be downloaded here, so ``editors/test/activate.js`` stands in for the
 ``vscode`` module (the parts vscode-languageclient uses), loads ``dist/extension.js``, activates
 it, opens a broken plan and waits for the server's diagnostics in VS Code's diagnostic
-collection.  It runs the extension from a folder holding only what the packaged extension (VSIX)
-holds, as ``.vscodeignore`` leaves it: no ``node_modules``, so the bundle must carry its client.  Needs Node.js and ``make editors`` (npm ci, then the bundle); skipped without them
+collection.  It runs the extension as ``vsce package`` packs it (the VSIX, unpacked): no
+``node_modules``, so the bundle must carry its language client.  Needs Node.js and ``make editors`` (npm ci, then the bundle); skipped without them
 on a developer's machine, a failure under ``CI=true``.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -66,27 +66,27 @@ def bundle() -> Path:
     return out
 
 
-def _packaged(tmp: Path) -> Path:
-    """The files a VSIX of editors/ holds: everything but what .vscodeignore leaves out (so no
-    node_modules: the bundle must stand alone)."""
-    patterns = [
-        line.strip()
-        for line in (EDITORS / ".vscodeignore").read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    out = tmp / "extension"
-    for path in sorted(EDITORS.rglob("*")):
-        relative = path.relative_to(EDITORS).as_posix()
-        if not path.is_file() or any(fnmatch.fnmatch(relative, p) or relative.startswith(p.rstrip("*")) and p.endswith("/**") for p in patterns):
-            continue
-        (out / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, out / relative)
-    return out
+@pytest.fixture(scope="module")
+def vsix(bundle, tmp_path_factory) -> Path:
+    """The extension packaged as VS Code's marketplace takes it (`vsce package`), unpacked: the
+    files VS Code installs, and nothing else (no node_modules: the bundle must stand alone)."""
+    require((EDITORS / "node_modules" / ".bin" / "vsce").is_file(), "vsce (@vscode/vsce)", "`make editors` (npm ci in editors/)")
+    out = tmp_path_factory.mktemp("vsix")
+    package = out / "memplan.vsix"
+    result = subprocess.run(
+        ["npm", "run", "--silent", "package", "--", "-o", str(package)],
+        cwd=EDITORS, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    with zipfile.ZipFile(package) as archive:
+        archive.extractall(out / "unpacked")
+    return out / "unpacked" / "extension"
 
 
-def test_package_holds_the_bundle_and_no_helpers(bundle, tmp_path):
-    files = sorted(p.relative_to(tmp_path / "extension").as_posix() for p in _packaged(tmp_path).rglob("*") if p.is_file())
-    assert "dist/extension.js" in files and "package.json" in files and "LICENSE" in files
+def test_package_holds_the_bundle_and_no_helpers(vsix):
+    files = sorted(p.relative_to(vsix).as_posix() for p in vsix.rglob("*") if p.is_file())
+    assert "dist/extension.js" in files and "package.json" in files
+    assert any(f.startswith("LICENSE") for f in files)
     assert "memplan.tmLanguage.json" in files and "language-configuration.json" in files
     assert not any(f.startswith(("node_modules/", "test/")) or f in ("tokenize.js", "extension.js") for f in files), files
 
@@ -115,18 +115,18 @@ def _check(seen: dict, plan: Path) -> None:
 
 
 @pytest.mark.slow
-def test_bundled_extension_activates_with_the_selected_interpreter(bundle, tmp_path):
+def test_packaged_extension_activates_with_the_selected_interpreter(vsix, tmp_path):
     plan = tmp_path / "broken.memplan"
     plan.write_text(BROKEN, encoding="utf-8")
-    seen = _activate(plan, "--python", sys.executable, "--extension", str(_packaged(tmp_path)))
+    seen = _activate(plan, "--python", sys.executable, "--extension", str(vsix))
     _check(seen, plan)
     assert f"starting {sys.executable} -m memoplan lsp (from the Python extension's selected interpreter)" in seen["commandFrom"]
 
 
 @pytest.mark.slow
-def test_bundled_extension_activates_from_path(bundle, tmp_path):
+def test_packaged_extension_activates_from_path(vsix, tmp_path):
     plan = tmp_path / "broken.memplan"
     plan.write_text(BROKEN, encoding="utf-8")
-    seen = _activate(plan, "--extension", str(_packaged(tmp_path)))
+    seen = _activate(plan, "--extension", str(vsix))
     _check(seen, plan)
     assert "starting memoplan lsp (from PATH)" in seen["commandFrom"]

@@ -423,7 +423,7 @@ def _hover(ls: PlanServer, params: lsp.HoverParams) -> lsp.Hover | None:
             shown_text, shown_line, plan = old_text, old_line, old_plan
             checked = checked if checked is not None and checked[0] == old_text else None
             source = "the last version of this plan that parsed"
-    if plan is None and (alone := _rule_line_alone(lines[line], line)) is not None:
+    if plan is None and (alone := _rule_line_alone(lines[line], line, column)) is not None:
         shown_text, shown_line, plan, checked = alone, line, _parsed(alone), None
         source = "this line alone: the plan does not parse"
     reply = ls.model_reply(uri, shown_text)
@@ -464,11 +464,12 @@ def _hover_state(ls: PlanServer, plan: ast.Plan | None, checked: tuple[str, Chec
 _RULE_HEAD = re.compile(r"\s*module\s[^{#]*\{")
 
 
-def _rule_line_alone(line: str, index: int) -> str | None:
+def _rule_line_alone(line: str, index: int, column: int) -> str | None:
     """A rule's first line on its own (``module SELECTOR {``, at its line and columns) as a plan
-    that parses, for a hover on its selector when the document does not parse and never did."""
+    that parses, for a hover on its selector when the document does not parse and never did
+    (``None`` when ``column`` is past the ``{``: the rest of the line is not this text's)."""
     head = _RULE_HEAD.match(line)
-    if head is None or index < 1:
+    if head is None or index < 1 or column >= head.end():
         return None
     text = "memplan 1" + "\n" * index + f"{head.group(0)} keep }}\n"
     plan = _parsed(text)
