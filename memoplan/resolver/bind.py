@@ -9,6 +9,7 @@ that disagree are an error naming both lines.  All problems are reported at once
 from __future__ import annotations
 
 import json
+from typing import Any
 from dataclasses import dataclass, field, replace
 
 from torch import nn
@@ -52,7 +53,8 @@ class Candidate:
 def _bare(policy: ast.Policy) -> ast.Policy:
     """The policy as a decision: no comments, and options left out spelled as their defaults
     (syntax/policies.py), so `checkpoint` and `checkpoint rng = preserve` agree."""
-    return replace(policy, comments=ast.NO_COMMENTS, **with_defaults(policy))
+    defaults: dict[str, Any] = with_defaults(policy)
+    return replace(policy, comments=ast.NO_COMMENTS, **defaults)
 
 
 @dataclass
