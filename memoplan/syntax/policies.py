@@ -86,7 +86,9 @@ POLICIES: dict[str, PolicySpec] = {
             Option("split", "list", default_text="none: one region"),
             Option("rng", "choice", choices=ast.RngMode, default=ast.RngMode.PRESERVE, default_text="`preserve`"),
             # Left out, memoplan chooses the implementation; as a decision it reads as `torch`.
-            Option("impl", "choice", choices=ast.CheckpointImpl, default=ast.CheckpointImpl.TORCH, default_text="chosen"),
+            Option(
+                "impl", "choice", choices=ast.CheckpointImpl, default=ast.CheckpointImpl.TORCH, default_text="chosen"
+            ),
             _boolean("nested"),
         ),
     ),
