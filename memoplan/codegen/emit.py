@@ -54,8 +54,8 @@ def emit(
     names = NameAllocator(RESERVED + (ARENA_RESERVED if arena is not None else ()))
     lines_of: dict[_Policy, set[str]] = {}
     texts_of: dict[_Policy, list[str]] = {}
-    targets = []
-    evictable = None
+    targets: list[tuple[ModulePlan, _Policy | None]] = []
+    evictable: _Wrapper | None = None
     for module in plan.modules:
         if module.evict is not None:
             if evictable is None:
@@ -76,8 +76,11 @@ def emit(
                 texts.append(origin.policy)
         targets.append((module, policy))
     order = sorted(lines_of, key=repr)
-    wrappers = {p: _wrapper(p, texts_of[p], sorted(lines_of[p], key=_line_order), names) for p in order}
-    wrappers[None] = evictable
+    wrappers: dict[_Policy | None, _Wrapper] = {
+        p: _wrapper(p, texts_of[p], sorted(lines_of[p], key=_line_order), names) for p in order
+    }
+    if evictable is not None:  # the wrapper of the dtr candidates that no policy wraps
+        wrappers[None] = evictable
     context = {
         "abi": ABI,
         "source": source or plan.file,

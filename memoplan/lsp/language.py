@@ -1,35 +1,21 @@
 """Editor stage: the words of the language in each place, read from the parser's own types.
 
 Completion offers what the parser accepts where the cursor is: statements at the
-top, policies inside a rule, each policy's options (the fields of its AST class)
-and their values (the enum the field holds, or ``true``/``false``), each config
+top, policies inside a rule, each policy's options and their values (its spec in
+``memoplan.syntax.policies``), the codecs (``memoplan.enums``' registry), each config
 block's keys and choices (``memoplan.syntax.blocks.SCHEMA``).  Nothing is listed
 twice, so a new option of the language reaches the editor by itself.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import typing
-from functools import cache
-
 from memoplan.syntax import ast
 from memoplan.syntax.blocks import SCHEMA
 from memoplan.syntax.build import DTYPES, POLICY_NAMES, STATEMENT_NAMES
+from memoplan.syntax.policies import POLICIES as POLICY_SPECS
 
 # The AST class of each policy word.
-POLICY_CLASSES: dict[str, type] = {
-    "checkpoint": ast.Checkpoint,
-    "compress": ast.Compress,
-    "temporal_chunk": ast.TemporalChunk,
-    "keep": ast.Keep,
-    "state": ast.State,
-    "buffers": ast.Buffers,
-}
-
-# Fields of a policy's class that its syntax spells without `key = value` (or not at all).
-_NOT_OPTIONS = {"comments", "span", "codec", "lossy", "chunks", "dim", "mode"}
+POLICY_CLASSES: dict[str, type] = {name: spec.node for name, spec in POLICY_SPECS.items()}
 
 BLOCK_NAMES = tuple(kind.value for kind in ast.BlockKind)
 BUDGET_MODES = tuple(mode.value for mode in ast.BudgetMode)
@@ -54,23 +40,10 @@ __all__ = [
 ]
 
 
-@cache
 def policy_options(policy: str) -> tuple[str, ...]:
-    """The ``key = value`` options of a policy, in the order of its AST fields."""
-    cls = POLICY_CLASSES.get(policy)
-    if cls is None:
-        return ()
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in _NOT_OPTIONS)
-
-
-def _words_of(annotation) -> tuple[str, ...]:
-    """The words a field of this type takes: an enum's values, or ``true``/``false``."""
-    for arg in typing.get_args(annotation) or (annotation,):
-        if isinstance(arg, type) and issubclass(arg, enum.Enum):
-            return tuple(member.value for member in arg)
-        if arg is bool:
-            return ("true", "false")
-    return ()
+    """The ``key = value`` options of a policy, in the order of its spec (syntax/policies.py)."""
+    spec = POLICY_SPECS.get(policy)
+    return () if spec is None else spec.keys
 
 
 def __getattr__(name: str) -> tuple[str, ...]:
@@ -89,14 +62,12 @@ def option_values(policy: str, option: str) -> tuple[str, ...]:
     return _option_words(policy, option)
 
 
-@cache
 def _option_words(policy: str, option: str) -> tuple[str, ...]:
     if option == "=" and policy in POLICY_ASSIGNMENTS:
         return tuple(member.value for member in POLICY_ASSIGNMENTS[policy])
-    cls = POLICY_CLASSES.get(policy)
-    if cls is None or option not in policy_options(policy):
-        return ()
-    return _words_of(typing.get_type_hints(cls)[option])
+    spec = POLICY_SPECS.get(policy)
+    found = None if spec is None else spec.option(option)
+    return () if found is None else found.words
 
 
 def block_keys(block: str) -> tuple[str, ...]:

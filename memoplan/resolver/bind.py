@@ -9,6 +9,7 @@ that disagree are an error naming both lines.  All problems are reported at once
 from __future__ import annotations
 
 import json
+from typing import Any
 from dataclasses import dataclass, field, replace
 
 from torch import nn
@@ -26,16 +27,11 @@ from memoplan.syntax.parser import parse_with_diagnostics
 from memoplan.resolver.effects import statement_effects
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
+from memoplan.syntax.policies import POLICIES, spec_of, with_defaults
 
 RECOMPUTE = Aspect.RECOMPUTE
-ASPECTS = {
-    ast.Checkpoint: Aspect.RECOMPUTE,
-    ast.Keep: Aspect.RECOMPUTE,
-    ast.Compress: Aspect.COMPRESS,
-    ast.TemporalChunk: Aspect.CHUNK,
-    ast.State: Aspect.STATE,
-    ast.Buffers: Aspect.BUFFERS,
-}
+# The aspect of each policy's AST class (syntax/policies.py says it once).
+ASPECTS = {spec.node: spec.aspect for spec in POLICIES.values()}
 
 
 @dataclass(frozen=True)
@@ -55,27 +51,10 @@ class Candidate:
 
 
 def _bare(policy: ast.Policy) -> ast.Policy:
-    """The policy as a decision: no comments, and options left out spelled as their defaults,
-    so `checkpoint` and `checkpoint rng = preserve` agree."""
-    policy = replace(policy, comments=ast.NO_COMMENTS)
-    if isinstance(policy, ast.Checkpoint):
-        return replace(
-            policy,
-            rng=policy.rng or ast.RngMode.PRESERVE,
-            impl=policy.impl or ast.CheckpointImpl.TORCH,
-            nested=bool(policy.nested),
-            save=policy.save or (),
-        )
-    if isinstance(policy, ast.Compress):
-        return replace(policy, validate=policy.validate or Validate.SAMPLE)
-    if isinstance(policy, ast.TemporalChunk):
-        return replace(
-            policy,
-            args=policy.args or (0,),
-            allow_nonequivalent=bool(policy.allow_nonequivalent),
-            boundaries=policy.boundaries or Boundaries.KEEP,
-        )
-    return policy
+    """The policy as a decision: no comments, and options left out spelled as their defaults
+    (syntax/policies.py), so `checkpoint` and `checkpoint rng = preserve` agree."""
+    defaults: dict[str, Any] = with_defaults(policy)
+    return replace(policy, comments=ast.NO_COMMENTS, **defaults)
 
 
 @dataclass
@@ -204,7 +183,7 @@ def _match_rules(res: Resolution) -> None:
         for path in paths:
             per_aspect = candidates.setdefault(path, {})
             for policy in rule.policies:
-                per_aspect.setdefault(ASPECTS[type(policy)], []).append(Candidate(rule, policy, spec))
+                per_aspect.setdefault(spec_of(policy).aspect, []).append(Candidate(rule, policy, spec))
     for path in sorted(candidates, key=ir.path_key):
         for aspect, found in candidates[path].items():
             best = max(c.specificity for c in found)

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from memoplan.diagnostics import Span
-# Values that cross stages live in the shared leaf; the AST names them as before.
-from memoplan.enums import Boundaries as Boundaries
+from memoplan.enums import Boundaries as Boundaries  # values that cross stages: the shared leaf's
 from memoplan.enums import Codec as Codec
 from memoplan.enums import Validate as Validate
 

@@ -16,8 +16,9 @@ from lark import Token, Transformer, v_args
 from memoplan.diagnostics import Diagnostic, Span, did_you_mean
 from memoplan.syntax import ast
 from memoplan.syntax.blocks import check_block
+from memoplan.syntax.policies import POLICIES, Option, policy_names
 
-POLICY_NAMES = ("checkpoint", "compress", "temporal_chunk", "keep", "state", "buffers")
+POLICY_NAMES = policy_names()  # syntax/policies.py: every policy and its options, once
 STATEMENT_NAMES = ("model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 DTYPES = FLOAT_DTYPES + ("int64", "int32", "int16", "int8", "uint8", "bool")
@@ -148,6 +149,22 @@ class _Checker:
         if opt is None:
             return None
         return self.builder.enum_value(enum_cls, opt.value, opt.span, f"`{key}`")
+
+    def read(self, option: Option):
+        """The value of one option of the policy's spec, by its kind (``list``: None, read by hand)."""
+        if option.kind == "int":
+            return self.integer(option.key, option.minimum if option.minimum is not None else 0)
+        if option.kind == "float":
+            return self.positive_float(option.key)
+        if option.kind == "bool":
+            return self.boolean(option.key)
+        if option.kind == "choice":
+            return self.choice(option.key, option.choices)
+        return None
+
+    def values(self) -> dict[str, object]:
+        """Every option of the spec that is not a list, read in the spec's order."""
+        return {o.key: self.read(o) for o in POLICIES[self.policy].options if o.kind != "list"}
 
 
 class Builder(Transformer):
@@ -440,7 +457,7 @@ class Builder(Transformer):
 
     @v_args(meta=True)
     def checkpoint(self, meta, options):
-        c = _Checker(self, "checkpoint", options, ("segments", "split", "rng", "impl", "nested", "save"))
+        c = _Checker(self, "checkpoint", options, POLICIES["checkpoint"].keys)
         split = None
         if "split" in c.seen:
             opt = c.seen["split"]
@@ -461,14 +478,8 @@ class Builder(Transformer):
                     opt.span,
                     "`segments = k` cuts evenly; `split = [...]` starts a region at each named child",
                 )
-        return ast.Checkpoint(
-            segments=c.integer("segments", 1),
-            split=split,
-            rng=c.choice("rng", ast.RngMode),
-            impl=c.choice("impl", ast.CheckpointImpl),
-            nested=c.boolean("nested"),
-            save=self._saved_ops(c.get("save")),
-            span=self.span(meta),
+        return POLICIES["checkpoint"].node(
+            split=split, save=self._saved_ops(c.get("save")), **c.values(), span=self.span(meta)
         )
 
     def _saved_ops(self, opt: _Option | None) -> tuple[str, ...] | None:
@@ -498,11 +509,11 @@ class Builder(Transformer):
     def compress(self, meta, children):
         codec_token, lossy_token, *options = children
         span = self.span(meta)
-        c = _Checker(self, "compress", options, ("tolerance", "validate"))
+        c = _Checker(self, "compress", options, POLICIES["compress"].keys)
         codec = self.enum_value(ast.Codec, str(codec_token), self.span(codec_token), "`compress input`")
         lossy = lossy_token is not None
-        tolerance = c.positive_float("tolerance")
-        validate = c.choice("validate", ast.Validate)
+        values = c.values()
+        tolerance = values["tolerance"]
         if codec is not None:
             if codec.lossy and not lossy:
                 self.error(
@@ -534,13 +545,13 @@ class Builder(Transformer):
                 )
         if codec is None:
             return None
-        return ast.Compress(codec, lossy, tolerance, validate, span=span)
+        return POLICIES["compress"].node(codec, lossy, **values, span=span)
 
     @v_args(meta=True)
     def temporal_chunk(self, meta, children):
         chunks_token, dim_token, *options = children
         span = self.span(meta)
-        c = _Checker(self, "temporal_chunk", options, ("args", "allow_nonequivalent", "boundaries"))
+        c = _Checker(self, "temporal_chunk", options, POLICIES["temporal_chunk"].keys)
         chunks, dim = number(chunks_token), number(dim_token)
         if not isinstance(chunks, int) or chunks < 1:
             self.error(
@@ -572,11 +583,10 @@ class Builder(Transformer):
             args = tuple(converted) if converted else None
             if converted == []:
                 self.error("MP203", "`args` cannot be empty", opt.span, "leave `args` out to chunk the first argument")
-        allow = c.boolean("allow_nonequivalent")
-        boundaries = c.choice("boundaries", ast.Boundaries)
+        values = c.values()
         if chunks is None or dim is None:
             return None
-        return ast.TemporalChunk(chunks, dim, args, allow, boundaries, span=span)
+        return POLICIES["temporal_chunk"].node(chunks, dim, args, **values, span=span)
 
     @v_args(meta=True)
     def keep(self, meta, children):

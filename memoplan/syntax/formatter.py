@@ -15,6 +15,7 @@ import re
 from decimal import Decimal
 
 from memoplan.syntax import ast
+from memoplan.syntax.policies import spec_of
 
 INDENT = "    "
 # Words that are keywords somewhere in a selector; a path segment spelled like one is quoted.
@@ -151,38 +152,32 @@ def _bracket(segment) -> str:
 
 
 def format_policy(policy) -> str:
-    if isinstance(policy, ast.Checkpoint):
-        return _with_options(
-            "checkpoint",
-            [
-                ("segments", policy.segments),
-                ("split", None if policy.split is None else ast.ValueList(tuple(_child_value(n) for n in policy.split))),
-                ("rng", policy.rng),
-                ("impl", policy.impl),
-                ("nested", policy.nested),
-                ("save", None if policy.save is None else ast.ValueList(tuple(ast.Word(n) for n in policy.save))),
-            ],
-        )
+    """One policy as written: its head, then its options in the order of its spec."""
+    spec = spec_of(policy)
+    return _with_options(_head(policy), [(o.key, _shown(o.key, getattr(policy, o.key))) for o in spec.options])
+
+
+def _head(policy) -> str:
     if isinstance(policy, ast.Compress):
-        head = f"compress input = {policy.codec.value}" + (" lossy" if policy.lossy else "")
-        return _with_options(head, [("tolerance", policy.tolerance), ("validate", policy.validate)])
+        return f"compress input = {policy.codec.value}" + (" lossy" if policy.lossy else "")
     if isinstance(policy, ast.TemporalChunk):
-        args = None if policy.args is None else ast.ValueList(tuple(_arg_value(a) for a in policy.args))
-        return _with_options(
-            f"temporal_chunk {policy.chunks} dim {policy.dim}",
-            [
-                ("args", args),
-                ("allow_nonequivalent", policy.allow_nonequivalent),
-                ("boundaries", policy.boundaries),
-            ],
-        )
-    if isinstance(policy, ast.Keep):
-        return "keep"
-    if isinstance(policy, ast.State):
-        return f"state = {policy.mode.value}"
-    if isinstance(policy, ast.Buffers):
-        return f"buffers = {policy.mode.value}"
-    raise TypeError(f"not a policy: {policy!r}")
+        return f"temporal_chunk {policy.chunks} dim {policy.dim}"
+    if isinstance(policy, (ast.State, ast.Buffers)):
+        return f"{spec_of(policy).name} = {policy.mode.value}"
+    return spec_of(policy).name
+
+
+def _shown(key: str, value):
+    """An option's value as the formatter writes it (the list options hold names, not values)."""
+    if value is None:
+        return None
+    if key == "split":
+        return ast.ValueList(tuple(_child_value(n) for n in value))
+    if key == "args":
+        return ast.ValueList(tuple(_arg_value(a) for a in value))
+    if key == "save":
+        return ast.ValueList(tuple(ast.Word(n) for n in value))
+    return value
 
 
 def _child_value(name: str):
