@@ -324,6 +324,19 @@ def run_fmt(args: Any, report: Any) -> int:
     return EXIT_FINDINGS if (args.check and would_change) else EXIT_OK
 
 
+def compare_compiled(output: Path, fresh: bytes) -> int:
+    """``compile --check``: 0 when ``output`` (a regular file or absent: checked before) holds
+    ``fresh`` byte for byte; else 1, saying so, with a unified diff of the two."""
+    current = output.read_bytes() if output.exists() else None
+    if current == fresh:
+        print(f"{output} is up to date")
+        return EXIT_OK
+    print(f"{output} {'is missing' if current is None else 'is out of date'}; run without --check")
+    if current is not None:
+        sys.stdout.write(unified_diff(current, fresh, str(output), f"{output} (compiled now)"))
+    return EXIT_FINDINGS
+
+
 def unified_diff(old: bytes, new: bytes, old_name: str, new_name: str) -> str:
     """``diff -u`` of two files' bytes, each line through ``printable`` (``compile --check``).
 
