@@ -19,7 +19,7 @@ from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
 from memoplan.diagnostics import printable
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
-from memoplan.targets import check_target
+from memoplan.targets import check_output, model_file, plan_inputs, writing
 
 SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
 
@@ -155,38 +155,6 @@ def _shown_in(source: str | None):
 def _show(text: str) -> None:
     """Print a table or report that holds names from the model, each line through ``printable``."""
     print("\n".join(printable(line) for line in text.split("\n")))
-
-
-def _model_file(spec: str | None, base: Path | None = None) -> Path | None:
-    """The file a ``path/file.py:factory`` spec names (an input no ``-o`` may overwrite), else None."""
-    module = spec.rpartition(":")[0] if spec else ""
-    if not module.endswith(".py"):
-        return None
-    return (base or Path(".")) / module
-
-
-def _plan_inputs(plan, path: Path, spec: str | None) -> tuple[Path | None, ...]:
-    """A plan command's inputs: the plan's file and its model's file."""
-    own = plan.model.spec if plan is not None and plan.model is not None else None
-    return (path, _model_file(spec) if spec else _model_file(own, path.parent))
-
-
-def _output(path: Path, *inputs: Path | str | None) -> Path:
-    """``-o PATH``, refused (MP508) before any work unless it is absent or a regular file in
-    an existing folder, and none of ``inputs`` (memoplan.targets); ``-`` is standard output."""
-    if cli_output.to_stdout(path):
-        return path
-    return check_target(path, [p for p in inputs if p is not None and not cli_output.is_stdin(Path(p))])
-
-
-@contextlib.contextmanager
-def _writing(path: Path):
-    """Writing ``path``: an OSError becomes MP508 instead of a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise PlanError((Diagnostic("MP508", f"cannot write `{path}`: {reason}"),)) from None
 
 
 def _resolve(plan, model):
@@ -389,7 +357,7 @@ def _profile(args) -> int:
     from memoplan.planner.estimate import take_profile
     from memoplan.planner.report import profile_table
 
-    _output(args.output, _model_file(args.model))
+    check_output(args.output, model_file(args.model))
     model, example = _model_and_example(args)
     result = _first_step(
         lambda: take_profile(model, example, method=args.method, note=_progress, repeats=args.repeats), "profile"
@@ -398,7 +366,7 @@ def _profile(args) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             _show(profile_table(result))
         return _save_to_stdout(result)
-    with _writing(args.output):
+    with writing(args.output):
         result.save(args.output)
     _show(profile_table(result))
     print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B ({result.method})")
@@ -580,7 +548,7 @@ def _plan(args) -> int:
     if args.dtr and start is not None:
         print("memoplan plan: error: --dtr writes a new plan; it does not complete one", file=sys.stderr)
         return 2
-    _output(args.output, *(_plan_inputs(start, args.start, args.model) if start is not None else ()), _model_file(args.model), *(args.profile or ()))
+    check_output(args.output, *(plan_inputs(start, args.start, args.model) if start is not None else ()), model_file(args.model), *(args.profile or ()))
     if start is None:
         model, example = _model_and_example(args)
     else:
@@ -656,7 +624,7 @@ def _plan_dtr(args, model, example, prof, preset) -> int:
 
     result = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=prof)
     plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
-    with _writing(args.output):
+    with writing(args.output):
         args.output.write_text(format_plan(plan), encoding="utf-8")
     sim = result.simulation
     print(
@@ -678,7 +646,7 @@ def _report_html(args) -> int:
     report_command.require_matplotlib()
     device = _device(args.device)
     plan = _load(args.plan)
-    _output(args.output, *_plan_inputs(plan, args.plan, args.model))
+    check_output(args.output, *plan_inputs(plan, args.plan, args.model))
     refused = [d for d in statement_effects(plan, checking=True) if d.is_error]
     if refused:
         raise PlanError(tuple(refused), plan.source)
@@ -688,7 +656,7 @@ def _report_html(args) -> int:
     found = check_example(plan, model, example.args, example.kwargs)
     if found:
         raise PlanError(tuple(found), plan.source)
-    with _writing(args.output):
+    with writing(args.output):
         result = _first_step(
             lambda: report_command.write_report(plan, resolved, model, example, args.output, options, device=device, progress=_progress)
         )
@@ -698,29 +666,21 @@ def _report_html(args) -> int:
 
 def _compile(args) -> int:
     import tempfile
-
     from memoplan.api import compile as compile_plan
 
     plan = _load(args.plan)
-    _output(args.output, *_plan_inputs(plan, args.plan, args.model))
+    check_output(args.output, *plan_inputs(plan, args.plan, args.model))
     model = _model(plan, args.plan, args.model, required=True)
     resolved = _resolve(plan, model)
     source = args.plan.as_posix()
     if not args.check:
-        with _writing(args.output):
+        with writing(args.output):
             path = compile_plan(resolved, model, args.output, source=source)
         print(f"wrote {path} ({len(resolved.modules)} modules, plan id {resolved.digest})")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         fresh = compile_plan(resolved, model, Path(tmp) / args.output.name, source=source).read_bytes()
-    current = args.output.read_bytes() if args.output.exists() else None  # a regular file: _output checked it
-    if current == fresh:
-        print(f"{args.output} is up to date")
-        return 0
-    print(f"{args.output} {'is missing' if current is None else 'is out of date'}; run without --check")
-    if current is not None:
-        sys.stdout.write(cli_output.unified_diff(current, fresh, str(args.output), f"{args.output} (compiled now)"))
-    return 1
+    return cli_output.compare_compiled(args.output, fresh)
 
 
 def _demo(args) -> int:

@@ -90,7 +90,7 @@ class Output:
         if self.current is not None:
             self.current.summary = line
         if self.format == "text" and self.verbosity >= 0:
-            print(line)
+            print(printable(line))  # holds the plan's file name: a folder's files may be named anything
 
     def finish(self, code: int) -> int:
         """Print the collected document (json) or annotations (github); return ``code``."""
@@ -310,7 +310,7 @@ def run_fmt(args: Any, report: Any) -> int:
         if not args.check:
             _rewrite(path, text)
         if OUTPUT.format == "text":
-            print(f"{'would reformat' if args.check else 'reformatted'} {result.path}")
+            print(f"{'would reformat' if args.check else 'reformatted'} {printable(result.path)}")
         if args.check:
             diff = difflib.unified_diff(
                 plan.source.splitlines(keepends=True), text.splitlines(keepends=True), result.path, f"{result.path} (formatted)"
@@ -322,6 +322,19 @@ def run_fmt(args: Any, report: Any) -> int:
     if unreadable:
         return EXIT_UNREADABLE
     return EXIT_FINDINGS if (args.check and would_change) else EXIT_OK
+
+
+def compare_compiled(output: Path, fresh: bytes) -> int:
+    """``compile --check``: 0 when ``output`` (a regular file or absent: checked before) holds
+    ``fresh`` byte for byte; else 1, saying so, with a unified diff of the two."""
+    current = output.read_bytes() if output.exists() else None
+    if current == fresh:
+        print(f"{printable(str(output))} is up to date")
+        return EXIT_OK
+    print(f"{printable(str(output))} {'is missing' if current is None else 'is out of date'}; run without --check")
+    if current is not None:
+        sys.stdout.write(unified_diff(current, fresh, str(output), f"{output} (compiled now)"))
+    return EXIT_FINDINGS
 
 
 def unified_diff(old: bytes, new: bytes, old_name: str, new_name: str) -> str:

@@ -117,7 +117,9 @@ def _compile(sub: Any, run: Runner) -> None:
     model_options(compile_, example=False)
     compile_.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .py file to write")
     compile_.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 if PATH differs from what would be written"
+        "--check",
+        action="store_true",
+        help="write nothing; compare PATH byte for byte with what would be written: exit 1 and a unified diff if it differs",
     )
     compile_.set_defaults(run=run)
 

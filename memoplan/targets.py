@@ -8,6 +8,7 @@ device, ``/dev/full`` is not read to compare it), no folder is created.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -47,3 +48,33 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _refuse(path: Path, reason: str, help_: str) -> None:
     raise PlanError((Diagnostic("MP508", f"cannot write `{path}`: {reason}", help=help_),))
+
+
+def check_output(path: Path, *inputs: Path | str | None) -> Path:
+    """A command's ``-o PATH`` (:func:`check_target`) before any work; ``-`` is standard output."""
+    if str(path) == "-":
+        return path
+    return check_target(path, [p for p in inputs if p is not None and str(p) != "-"])
+
+
+def model_file(spec: str | None, base: Path | None = None) -> Path | None:
+    """The file a ``path/file.py:factory`` spec names (an input no ``-o`` may overwrite), else None."""
+    module = spec.rpartition(":")[0] if spec else ""
+    if not module.endswith(".py"):
+        return None
+    return (base or Path(".")) / module
+
+
+def plan_inputs(plan, path: Path, spec: str | None) -> tuple[Path | None, ...]:
+    """A plan command's inputs: the plan's file and its model's file (``--model``, else its own)."""
+    own = plan.model.spec if plan is not None and plan.model is not None else None
+    return (path, model_file(spec) if spec else model_file(own, path.parent))
+
+
+@contextlib.contextmanager
+def writing(path: Path):
+    """Writing ``path``: an OSError becomes MP508 instead of a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        _refuse(path, exc.strerror or str(exc), "give -o the path of a file you can write")

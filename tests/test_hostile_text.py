@@ -197,3 +197,13 @@ def test_parsing_leaves_the_garbage_collector_as_it_found_it() -> None:
         assert not gc.isenabled()  # a caller's own choice is kept
     finally:
         gc.enable()
+
+
+def test_file_names_from_a_folder_are_escaped_in_every_line(capsys, tmp_path) -> None:
+    (tmp_path / "x\x1b[2Jy.memplan").write_text("memplan 1\nmodule a { keep }\n", encoding="utf-8")
+    (tmp_path / "b\u202ez.memplan").write_text("memplan 1\nmodule a { kep }\n", encoding="utf-8")
+    for argv in (["check", "--syntax-only"], ["check"], ["fmt", "--check"], ["fmt"]):
+        code, out, err = run(capsys, *argv, tmp_path)
+        assert code in (1, 3), (argv, err)
+        assert not RAW_CONTROL.search(out + err), (argv, out + err)
+        assert "x\\x1b[2Jy.memplan" in out + err and "b\\u202ez.memplan" in err

@@ -1,9 +1,11 @@
 """Syntax stage: ``.memplan`` text -> AST, with every error of a file reported in one run.
 
 Parsing never runs user code.  Syntax errors are mapped to coded diagnostics
-(``MP1xx``); after each one the offending line (or the whole block a bad line
-opens) is blanked out and the text parsed again, so later errors are found too
-without cascades.  Value errors (``MP2xx``) come from ``build``.
+(``MP1xx``).  A text with one is cut into its top-level statements, each parsed on
+its own; after each error the offending line (or the whole block a bad line opens)
+is blanked out and that statement parsed again, so later errors are found too,
+without cascades and in time linear in the text.  Value errors (``MP2xx``) come from
+``build``.
 """
 
 from __future__ import annotations
@@ -261,11 +263,83 @@ _LOCK = threading.Lock()  # the parser and its comment sink are shared
 
 def _parse_tree(text: str, file: str, start: str, recover: bool = True):
     with _LOCK:
-        return _parse_tree_locked(text, file, start, recover)
+        if start != "start" or not recover:
+            return _parse_tree_locked(text, file, start, recover)
+        tree, comments, diagnostics = _parse_tree_locked(text, file, start, False)
+        if tree is None:  # a syntax error: find every error statement by statement
+            return None, [], _errors_by_statement(text, file)
+        return tree, comments, diagnostics
 
 
-def _parse_tree_locked(text: str, file: str, start: str, recover: bool):
-    """Parse; after a syntax error blank out its line (or block) and go on, reporting each line once."""
+# ---------------------------------------------------------------- recovery, one statement at a time
+
+
+def _errors_by_statement(text: str, file: str) -> list[Diagnostic]:
+    """Every error of a plan that has a syntax error, in time linear in its length.
+
+    The text is cut into top-level statements (:func:`_statements`); each is parsed on its
+    own behind a `memplan 1` header with the recovery of :func:`_parse_tree_locked`, so an
+    error costs a parse of its own statement, not of the whole plan, and each statement's
+    values are checked as before.  Positions are those of the whole text; a statement
+    given twice across statements is found at the end (``MP208``).
+    """
+    diagnostics: list[Diagnostic] = []
+    statements: list[tuple[object, int]] = []
+    syntax_errors = 0
+    for first, chunk in _statements(text):
+        if syntax_errors >= MAX_ERRORS:
+            break
+        shift = 0 if first == 1 else first - 2
+        found: list = []
+        tree, _, errors = _parse_tree_locked(chunk if first == 1 else "memplan 1\n" + chunk, file, "start", True, found, shift)
+        syntax_errors += sum(d.code.startswith("MP1") for d in errors)
+        if tree is not None:  # no syntax error here: its values are still checked
+            builder = Builder(file)
+            _, *found = builder.transform(tree)
+            errors = errors + builder.diagnostics
+        diagnostics.extend(_shifted(d, shift) for d in errors)
+        statements.extend((stmt, shift) for stmt in found if stmt is not None)
+    _check_unique([_shifted_statement(stmt, shift) for stmt, shift in statements], diagnostics)
+    return diagnostics
+
+
+def _statements(text: str):
+    """``(first line, text)`` of each top-level statement: the lines up to where its braces
+    close (the first piece runs to the header line), a line ending in ``\\`` joined to the next."""
+    lines = text.split("\n")
+    header = next((i for i, line in enumerate(lines) if _code_part(line).strip(_BLANK)), 0)
+    begin, depth = 0, 0
+    for i, line in enumerate(lines):
+        code = _code_part(line)
+        depth = max(0, depth + _brace_depth(line))
+        if i < header or depth > 0 or code.rstrip(" \t").endswith("\\") and i + 1 < len(lines):
+            continue
+        yield begin + 1, "\n".join(lines[begin : i + 1]) + ("\n" if i + 1 < len(lines) else "")
+        begin = i + 1
+    if begin < len(lines) and any(lines[begin:]):
+        yield begin + 1, "\n".join(lines[begin:])
+
+
+def _shifted(diagnostic: Diagnostic, lines: int) -> Diagnostic:
+    if not lines:
+        return diagnostic
+    notes = tuple((label, _shift_span(span, lines)) for label, span in diagnostic.notes)
+    return replace(diagnostic, span=_shift_span(diagnostic.span, lines), notes=notes)
+
+
+def _shift_span(span: Span | None, lines: int) -> Span | None:
+    return None if span is None else replace(span, line=span.line + lines, end_line=span.end_line + lines)
+
+
+def _shifted_statement(stmt, lines: int):
+    return stmt if not lines else replace(stmt, span=_shift_span(stmt.span, lines))
+
+
+def _parse_tree_locked(text: str, file: str, start: str, recover: bool, statements: list | None = None, shift: int = 0):
+    """Parse; after a syntax error blank out its line (or block) and go on, reporting each line once.
+
+    ``statements``: a list that gets the statements of the text (errors elided) instead of
+    their ``MP208`` check, which the caller makes (:func:`_errors_by_statement`)."""
     parser, sink = _lark()
     diagnostics: list[Diagnostic] = []
     reported: set[int] = set()
@@ -278,7 +352,7 @@ def _parse_tree_locked(text: str, file: str, start: str, recover: bool):
             line = _error_line(error, work)
             again = line in reported
             if not again:  # a second error on a line already reported is a cascade: not shown
-                diagnostics.append(_diagnose(error, work, file))
+                diagnostics.append(_diagnose(error, work, file, shift))
                 reported.add(line)
             work_next = _elide(work, error, again) if recover else None
             if work_next is None or work_next == work:
@@ -288,16 +362,19 @@ def _parse_tree_locked(text: str, file: str, start: str, recover: bool):
         if diagnostics:
             # The tree of an elided text is only used to find more errors.
             sink.tokens = []
-            return _build_only_for_errors(tree, file, diagnostics)
+            return _build_only_for_errors(tree, file, diagnostics, statements)
         return tree, list(sink.tokens), diagnostics
     return None, [], diagnostics
 
 
-def _build_only_for_errors(tree, file, diagnostics):
+def _build_only_for_errors(tree, file, diagnostics, collect: list | None = None):
     builder = Builder(file)
     _, *statements = builder.transform(tree)
     diagnostics.extend(builder.diagnostics)
-    _check_unique([s for s in statements if s is not None], diagnostics)
+    if collect is not None:
+        collect.extend(statements)
+    else:
+        _check_unique([s for s in statements if s is not None], diagnostics)
     return None, [], diagnostics
 
 
@@ -382,7 +459,8 @@ def _brace_depth(line: str) -> int:
     return code.count("{") - code.count("}")
 
 
-def _diagnose(error: UnexpectedInput, text: str, file: str) -> Diagnostic:
+def _diagnose(error: UnexpectedInput, text: str, file: str, shift: int = 0) -> Diagnostic:
+    """The diagnostic of a syntax error; ``shift``: lines before ``text`` in the file (messages name file lines)."""
     words = _terminal_words()
     if isinstance(error, UnexpectedCharacters):
         char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
@@ -401,7 +479,7 @@ def _diagnose(error: UnexpectedInput, text: str, file: str) -> Diagnostic:
         if opened:
             return Diagnostic(
                 "MP106",
-                f"the block opened on line {opened} is not closed",
+                f"the block opened on line {opened + shift} is not closed",
                 span,
                 "add `}`",
                 notes=(("opened", Span(file, opened, 1, opened, 1)),),
@@ -416,7 +494,7 @@ def _diagnose(error: UnexpectedInput, text: str, file: str) -> Diagnostic:
         opened, column, word = inside
         return Diagnostic(
             "MP106",
-            f"the block opened on line {opened} is not closed before this `{word}`",
+            f"the block opened on line {opened + shift} is not closed before this `{word}`",
             Span(file, error.line, column, error.line, column + len(word)),
             "add `}` before this line",
             notes=(("opened", Span(file, opened, 1, opened, 1)),),
