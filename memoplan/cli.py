@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
         help="tolerance per tensor, relative to the largest unplanned magnitude of its category "
         "(default 0: bit for bit; 5e-5 for plans with temporal chunks)",
     )
+    verify.add_argument(
+        "--compile", nargs="?", const="inductor", metavar="BACKEND",
+        help="run both steps under torch.compile (default backend inductor; aot_eager needs no C++ compiler) "
+        "and print the graphs, ops and graph breaks of each next to the peaks",
+    )
     _device_option(verify)
     verify.set_defaults(run=_verify)
 
@@ -452,7 +457,7 @@ def _verify_plan(args) -> int:
         _show(f"  {row}")
     _cache_warnings(resolved, model, example, plan)
     _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
-    report = _first_step(lambda: verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device))
+    report = _first_step(lambda: verify(model, resolved, example, seed=args.seed, rtol=args.rtol, device=device, compile=args.compile))
     _show(render_report(report))
     OUTPUT.current.details.update(cli_output.verify_details(report))
     missed = None

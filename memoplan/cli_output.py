@@ -348,6 +348,15 @@ def verify_details(report: Any) -> dict[str, Any]:
         "meter": {"method": report.unplanned.method, "device": str(report.unplanned.device)},
         "step_seconds": {"unplanned": report.unplanned_seconds, "planned": report.planned_seconds},
         "rtol": report.rtol,
+        "compile": None
+        if report.captures is None
+        else {
+            "backend": report.backend,
+            **{
+                name: {"graphs": c.graphs, "ops": c.ops, "graph_breaks": dict(c.breaks)}
+                for name, c in zip(("unplanned", "planned"), report.captures)
+            },
+        },
         "checks": [
             {"name": c.name, "equal": c.equal, "compared": c.compared, "differences": [str(d) for d in c.differences[:10]]}
             for c in report.checks
