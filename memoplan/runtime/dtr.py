@@ -52,8 +52,7 @@ lose its gradients.  So :func:`run_evictable` is excluded from compilation
 (``torch.compiler.disable``): each candidate is a graph break and runs eagerly, with
 eviction as without compile.  Dynamo cannot resume after a graph break inside a loop, so
 where the candidates are called in a loop over layers (every transformer), that loop's
-function runs eagerly too and only the code around it is compiled (HF GPT-2: 2 of the
-unplanned model's ops captured; docs/compile.md).
+function runs eagerly too and only the code around it is compiled (docs/compile.md).
 """
 
 from __future__ import annotations
