@@ -282,7 +282,8 @@ def _verify_plan(args) -> int:
     smaller = _example(None, None, args.compare_example, required=True) if args.compare_example else None
     report = _first_step(
         lambda: verify(
-            model, resolved, example, seed=args.seed, rtol=args.rtol, device=device, compare_example=smaller
+            model, resolved, example, seed=args.seed, rtol=args.rtol, device=device, compare_example=smaller,
+            compile=args.compile,
         )
     )
     _show(render_report(report))

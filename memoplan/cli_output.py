@@ -381,6 +381,15 @@ def verify_details(report: Any) -> dict[str, Any]:
         # When the unplanned step did not fit: the peaks are of the full example (the unplanned one
         # estimated on fake tensors), the checks of the smaller one.
         "examples": {"peaks": report.full_example, "checks": report.compared_on},
+        "compile": None
+        if report.captures is None
+        else {
+            "backend": report.backend,
+            **{
+                name: {"graphs": c.graphs, "ops": c.ops, "graph_breaks": dict(c.breaks)}
+                for name, c in zip(("unplanned", "planned"), report.captures)
+            },
+        },
         "checks": [
             {"name": c.name, "equal": c.equal, "compared": c.compared, "differences": [str(d) for d in c.differences[:10]]}
             for c in report.checks

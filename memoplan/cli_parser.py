@@ -107,6 +107,14 @@ def _verify(sub: Any, run: Runner) -> None:
         help="prove equivalence on this (smaller) example and measure the planned step on the full one; "
         "by default only when the unplanned step does not fit, on the example's batch halved until both fit",
     )
+    verify.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="run both steps under torch.compile (default backend inductor; aot_eager needs no C++ compiler) "
+        "and print the graphs, ops and graph breaks of each next to the peaks",
+    )
     device_option(verify)
     verify.set_defaults(run=run)
 

@@ -4,9 +4,10 @@
 graph to another backend (``aot_eager`` by default, or ``inductor``):
 
 * ``graphs``: the graphs Dynamo produced (one for a model that compiles whole);
-* ``ops``: the operations in them, counting those inside higher-order-op subgraphs (a
-  checkpointed region is one ``torch.ops.higher_order.tag_activation_checkpoint`` node
-  whose body is a subgraph: its ops are counted, the node itself is not);
+* ``ops``: the operations in them (calls of functions, methods and modules; not
+  ``getitem``), counting those inside higher-order-op subgraphs (a checkpointed region is
+  one ``torch.ops.higher_order.tag_activation_checkpoint`` node whose body is a subgraph: its
+  ops are counted, the node itself is not);
 * ``breaks``: the graph-break reasons Dynamo recorded while this backend was counting,
   first line of each, with how many times.
 
@@ -16,6 +17,7 @@ model compiled captures at least as many (recompute adds none to the forward gra
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +57,8 @@ def count_ops(gm: torch.fx.GraphModule) -> int:
             continue
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
             continue  # its body is a submodule, counted below
+        if node.target is operator.getitem:
+            continue  # taking an element of a tuple the graph already has
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.fx.GraphModule):
             continue
         total += 1

@@ -34,6 +34,7 @@ from torch import nn
 from memoplan import api
 from memoplan.compare import Check, compare
 from memoplan.diagnostics import Diagnostic, Severity
+from memoplan.graphs import Capture, CountingBackend
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, measured_step, step_device, training_step
 from memoplan.memonger.measure import Allocations, count_allocations
@@ -91,6 +92,10 @@ class VerifyReport:
     #: (``unplanned.method == "fake-tensor"``) and the planned one measured at full size.
     compared_on: str | None = None
     full_example: str | None = None
+    #: With ``compile``: the backend, and what ``torch.compile`` captured of each model (graphs,
+    #: ops, graph breaks), unplanned then planned.
+    backend: str | None = None
+    captures: tuple[Capture, Capture] | None = None
 
     @property
     def equivalent(self) -> bool:
@@ -126,6 +131,7 @@ def verify(
     rtol: float | None = None,
     device: torch.device | str | None = None,
     compare_example: Example | None = None,
+    compile: str | None = None,
 ) -> VerifyReport:
     """Run one step on a copy of ``model`` without and one with ``plan``; compare everything.
 
@@ -138,7 +144,14 @@ def verify(
     bit for bit, or to :data:`CHUNK_RTOL` when the plan has temporal chunks.
     ``device`` runs both steps on copies moved there (default: where the model is);
     on CUDA the peaks are the allocator's and the CUDA RNG state is compared too.
+    ``compile`` (a ``torch.compile`` backend: ``inductor``, ``aot_eager``, ...) runs both steps
+    compiled (after one compiling step of each, which both models take alike), reports what Dynamo
+    captured of each (:class:`memoplan.graphs.Capture`) and times a compiled step of each; it
+    resets Dynamo's caches first.  On the CPU the meter's dispatch mode keeps Dynamo out, so the
+    peaks there are eager's (the report says so); on CUDA they are the compiled steps'.
     """
+    if compile is not None:
+        return _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, compile)
     resolved = plan if isinstance(plan, ResolvedPlan) else resolve(api.as_plan(plan), model)
     if rtol is None:
         rtol = CHUNK_RTOL if any(m.temporal_chunk for m in resolved.modules) else 0.0
@@ -287,6 +300,56 @@ def _verify_smaller(
     )
 
 
+def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend: str) -> VerifyReport:
+    """:func:`verify` with both steps under ``torch.compile(backend=backend)``."""
+    resolved = plan if isinstance(plan, ResolvedPlan) else resolve(api.as_plan(plan), model)
+    if rtol is None:
+        rtol = CHUNK_RTOL if any(m.temporal_chunk for m in resolved.modules) else 0.0
+    reference = copy.deepcopy(model)
+    if device is not None:
+        reference.to(device)
+        example = example.to(device)
+    planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
+    where = step_device(reference, example.args, example.kwargs)
+    torch._dynamo.reset()
+    with _reproducible(where) as nondeterministic:
+        runs, captures = [], []
+        for copied in (reference, planned):
+            counting = CountingBackend(backend)
+            compiled = torch.compile(copied, backend=counting)
+            with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
+                with counting:
+                    training_step(compiled, example.args, example.kwargs, loss_fn)  # compiles
+                captures.append(copy.copy(counting.capture))
+            runs.append(compiled)
+        if resolved.dtr is not None:
+            dtr_stats(planned, reset=True)
+        before = _run(reference, example, seed, loss_fn, runs[0])
+        after = _run(planned, example, seed, loss_fn, runs[1])
+        evictions = dtr_stats(planned) if resolved.dtr is not None else None
+        checks = _checks(before, after, rtol)
+        times = [_timed(run, example, loss_fn, where) for run in runs]
+    return VerifyReport(
+        resolved, before.memory, after.memory, checks, rtol, tuple(nondeterministic), *times, dtr=evictions,
+        backend=backend, captures=(captures[0], captures[1]),
+    )
+
+
+def _timed(run: nn.Module, example: Example, loss_fn, where: torch.device) -> float:
+    """The wall time of a compiled step: the second of two (a guard the first fails recompiles there)."""
+    times = []
+    with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
+        for _ in range(2):
+            if where.type == "cuda":
+                torch.cuda.synchronize(where)
+            start = time.perf_counter()
+            training_step(run, example.args, example.kwargs, loss_fn)
+            if where.type == "cuda":
+                torch.cuda.synchronize(where)
+            times.append(time.perf_counter() - start)
+    return times[-1]
+
+
 def _step_times(
     model: nn.Module, resolved: ResolvedPlan, example: Example, loss_fn, device, where: torch.device
 ) -> tuple[float, float]:
@@ -382,9 +445,24 @@ def _warm_up(reference: nn.Module, planned: nn.Module, example: Example, loss_fn
     torch.cuda.synchronize(device)
 
 
-def _run(model: nn.Module, example: Example, seed: int, loss_fn) -> _Run:
+def _checks(before: _Run, after: _Run, rtol: float) -> tuple[Check, ...]:
+    return (
+        compare("outputs", {"outputs": before.output}, {"outputs": after.output}, rtol),
+        compare("gradients", before.grads, after.grads, rtol),
+        compare("buffers", before.buffers, after.buffers, rtol),
+        compare("rng state", before.rng, after.rng, 0.0),
+        Check(
+            "state_dict keys",
+            len(before.keys),
+            () if before.keys == after.keys else ("keys differ",),
+        ),
+    )
+
+
+def _run(model: nn.Module, example: Example, seed: int, loss_fn, run: nn.Module | None = None) -> _Run:
+    """One measured step of ``run`` (``model`` compiled, or ``model``); grads and buffers read from ``model``."""
     torch.manual_seed(seed)
-    memory, output, _ = measured_step(model, example.args, example.kwargs, loss_fn=loss_fn)
+    memory, output, _ = measured_step(model if run is None else run, example.args, example.kwargs, loss_fn=loss_fn)
     return _Run(
         memory=memory,
         output=output,
@@ -420,6 +498,18 @@ def render_report(report: VerifyReport) -> str:
             f"{_mib(p.peak_bytes)} ({p.peak_bytes} B, measured: {p.method}, {p.device}), {ratio:.3f}x",
             f"equivalence, smaller example ({report.compared_on}): one step without and one with the plan",
         ]
+    if report.captures is not None:
+        unplanned, planned = report.captures
+        lines.append(
+            f"torch.compile (backend {report.backend}): unplanned {unplanned.describe()}; "
+            f"planned {planned.describe()}"
+        )
+        if u.method == "live-storage":
+            lines.append(
+                "note: the CPU meter is a dispatch mode, under which torch.compile runs the model eagerly: the "
+                "peaks above are eager's; the graphs and step times are compiled (`--device cuda` measures "
+                "compiled peaks with the allocator)"
+            )
     if report.dtr is not None:
         lines.append(report.dtr.summary())
     if report.arena is not None:

@@ -205,3 +205,42 @@ def test_memonger_inference_under_compile_gives_eager_outputs():
     assert torch.equal(got, want)
     assert (backend.capture.graphs, backend.capture.break_count) == (1, 0), backend.capture.describe()
     assert not [w for w in caught if str(w.message).startswith("memoplan: MP")]
+
+
+@pytest.mark.slow
+def test_verify_compile_reports_graphs_and_breaks_next_to_the_peaks():
+    from memoplan.specs import Example
+    from memoplan.verify import render_report, verify
+
+    torch.manual_seed(0)
+    model = _transformer()
+    plan = "memplan 1\nmodule blocks.* { checkpoint }\nmodule blocks.0 { compress input = auto }\n"
+    report = verify(model, plan, Example(_ids(), {}), compile="aot_eager")
+    assert report.equivalent
+    unplanned, planned = report.captures
+    assert (unplanned.graphs, unplanned.break_count) == (1, 0)
+    assert planned.break_count > 0  # blocks.0 is memoplan's own region: it leaves the graph (MP417)
+    text = render_report(report)
+    assert f"torch.compile (backend aot_eager): unplanned {unplanned.describe()}; planned {planned.describe()}" in text
+    assert "the peaks above are eager's" in text  # the CPU meter keeps Dynamo out
+
+
+def test_counting_backend_counts_ops_inside_a_checkpoint_subgraph():
+    from memoplan.graphs import count_ops
+
+    block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+
+    def forward(x):
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False).sum()
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(forward, backend=keep)(torch.randn(2, 4, requires_grad=True))
+    (gm,) = graphs
+    hops = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
+    assert len(hops) == 1  # the checkpoint
+    assert count_ops(gm) == 4  # linear, tanh, linear inside it; sum outside

@@ -43,6 +43,11 @@ class _GraphMeter(LiveStorageMeter):
     backward, ...) are still subtracted.
     """
 
+    # A compiled checkpoint's recompute replays dropout through torch's RNG higher-order ops
+    # (``run_and_save_rng_state``, ``run_with_rng_state``): each runs one op, whose outputs the
+    # meter then counts as it counts any op's.
+    supports_higher_order_operators = True
+
     def resume(self) -> None:
         TorchDispatchMode.__enter__(self)
 

@@ -50,7 +50,9 @@ Under ``torch.compile`` a traced graph saves its activations itself and saved-te
 hooks are not called (pytorch/pytorch#148222); a candidate traced into a graph would
 lose its gradients.  So :func:`run_evictable` is excluded from compilation
 (``torch.compiler.disable``): each candidate is a graph break and runs eagerly, with
-eviction as without compile, and the rest of the model is compiled.
+eviction as without compile.  Dynamo cannot resume after a graph break inside a loop, so
+where the candidates are called in a loop over layers (every transformer), that loop's
+function runs eagerly too and only the code around it is compiled (docs/compile.md).
 """
 
 from __future__ import annotations
