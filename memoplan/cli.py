@@ -605,13 +605,16 @@ def _plan(args) -> int:
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     _cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
     verdict = "met" if result.met else "NOT met (hint)"
-    before = f"{'estimated' if prof.method == 'estimated' else 'measured'} unplanned peak {result.measured_before} B"
+    if prof.method == "estimated":
+        peaks = f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
+    else:
+        peaks = f"measured peak {result.measured_before} B -> {result.measured_after} B"
     refined = ""
     if result.refinement is not None:
         refined = f" ({len(result.refinement.kept)} of {len(result.refinement.trials)} refinement trials kept)"
     print(
-        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, {before}, "
-        f"measured planned peak {result.measured_after} B, budget {verdict}{refined}",
+        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, {peaks}, "
+        f"budget {verdict}{refined}",
         file=sys.stderr if shown else sys.stdout,
     )
     return 0

@@ -73,7 +73,7 @@ def take_profile(
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     if method == "estimated":
-        return estimate(model, example, **options)
+        return estimate(model, example, note=note, **options)
     if method == "measured":
         return profile(model, example, **options)
     try:
@@ -87,7 +87,7 @@ def take_profile(
         torch.cuda.empty_cache()
     if note is not None:
         note(f"note: the unplanned step ran out of memory ({message}); estimating its profile instead")
-    return estimate(model, example, **options)
+    return estimate(model, example, note=note, **options)
 
 
 def estimate(
@@ -99,13 +99,17 @@ def estimate(
     progress: bool = True,
     loss_fn: LossFn | None = None,
     calibration: Example | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> Profile:
     """The profile :func:`~memoplan.planner.profile.profile` would measure, without running the
     full-size step for real; ``method == "estimated"`` (see the module's documentation).
 
     ``calibration`` is the smaller example whose real run gives the times and binary inputs
-    (default: the example with its batch cut to a quarter, then halved until it fits).
+    (default: the example with its batch cut to a quarter, then halved until it fits).  ``note``
+    receives a line for each stage (default: stderr when ``progress``).
     """
+    if note is None:
+        note = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda line: None)
     example = as_example(example)
     here = step_device(model, example.args, example.kwargs)
     target = torch.device(device) if device is not None else here
@@ -114,8 +118,7 @@ def estimate(
     if target != here:
         model = copy.deepcopy(model).to(target)
         example = example.to(target)
-    if progress:
-        print(f"estimating on fake tensors ({describe_example(example)})", file=_stderr(), flush=True)
+    note(f"estimating on fake tensors ({describe_example(example)})")
     full = fake_step(model, example, target, loss_fn)
     options = {"repeats": repeats, "progress": progress, "loss_fn": loss_fn}
     small: Profile | None = None
@@ -131,8 +134,7 @@ def estimate(
         small = None  # not even batch 1 fits: times from FLOPs
     if small is not None:
         reduced = fake_step(model, small_example, target, loss_fn)
-        if progress:
-            print(f"times calibrated by a real run of {describe_example(small_example)}", file=_stderr(), flush=True)
+        note(f"times calibrated by a real run of {describe_example(small_example)}")
         return _assemble(model, example, target, full, small, reduced, repeats)
     return _assemble(model, example, target, full, None, None, repeats)
 
@@ -358,9 +360,6 @@ def _throughput(device: torch.device) -> float:
         best = min(best, time.perf_counter() - start)
     return 2 * 256**3 / max(best, 1e-9)
 
-
-def _stderr() -> Any:
-    return sys.stderr
 
 
 def estimate_plan(model: nn.Module, example: Example | torch.Tensor | Sequence[Any], plan: Any) -> int:
