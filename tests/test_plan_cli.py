@@ -397,8 +397,9 @@ def test_profile_prints_the_per_module_table_largest_saved_bytes_first(tmp_path,
     printed = capsys.readouterr().out
     prof = Profile.load(path)
     lines = printed.splitlines()
-    assert lines[0].split() == ["module", "type", "saved", "input", "output", "calls", "forward"]
-    rows = [line.split() for line in lines[1:-1]]
+    assert lines[0] == f"method: measured (live-storage), unplanned peak {prof.peak_bytes:,} B"
+    assert lines[1].split() == ["module", "type", "saved", "input", "output", "calls", "forward"]
+    rows = [line.split() for line in lines[2:-1]]
     saving = [m for m in prof.modules if m.saved_bytes > 0]
     expected = sorted(saving, key=lambda m: (-m.saved_bytes, m.order))
     assert [row[0] for row in rows] == [m.name or "(root)" for m in expected]
