@@ -123,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
         "(`4 GiB hint`), or a coverage budget (speed, balanced, memory); default: the preset's",
     )
     plan.add_argument(
+        "--coverage",
+        metavar="C",
+        help="checkpoint a share (`60%%`, `0.6`) or a count (`5`) of the candidate modules, largest "
+        "activations first (SpikingJelly's gc_target_budget_ratio / max_gc_wrapped_modules): how many "
+        "modules, not a share of the peak; instead of --budget",
+    )
+    plan.add_argument(
         "--preset",
         choices=list(PRESETS),
         help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())
@@ -645,11 +652,20 @@ def _plan(args) -> int:
     if start is None and (args.model is None or args.example is None):
         print("memoplan plan: error: give --model and --example, or a plan to complete", file=sys.stderr)
         return 2
-    if args.budget is None and args.preset is None and (start is None or start.budget is None):
+    if args.coverage is not None and args.budget is not None:
+        print("memoplan plan: error: --coverage and --budget are two budgets: give one", file=sys.stderr)
+        return 2
+    if args.coverage is None and args.budget is None and args.preset is None and (start is None or start.budget is None):
         print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
         return 2
     budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
-    if args.budget is None and start is not None and start.budget is not None:
+    if args.coverage is not None:
+        try:
+            budget = search.parse_coverage(args.coverage)
+        except ValueError as exc:
+            print(f"memoplan plan: error: {exc}", file=sys.stderr)
+            return 2
+    if args.budget is None and args.coverage is None and start is not None and start.budget is not None:
         budget, hard = search.budget_from_ast(start.budget), start.budget.mode is not ast.BudgetMode.HINT
     if args.hint:
         hard = False

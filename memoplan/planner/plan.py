@@ -19,6 +19,7 @@ from torch import nn
 import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner import search, segments
+from memoplan.planner.advice import recommendation
 from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
@@ -374,6 +375,10 @@ def _make_plan(
     }
     if limit is not None:
         header["budget limit"] = f"{limit} B"
+    regions = [format_selector(s.selector) for s in draft.statements if isinstance(s, ast.ModuleRule)]
+    advice = recommendation(prof, model, regions, limit, after, nested=nested)
+    if advice:
+        header["recommendation"] = advice
     plan = _draft(choice, items, model, header, planner)
     # The (refined) rules, under the provenance header and the notes refinement added to it.
     notes = draft.header_comments.leading
