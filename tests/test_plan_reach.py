@@ -157,13 +157,12 @@ def test_flat_chain_is_met_at_a_hard_35_percent():
 
 
 def _gpt2_4x128():
+    """benchmarks/hf_models.py:gpt2 (4 layers, 128 wide) on randint(4, 128, high=512), the issue's GPT-2."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        vocab_size=256, n_positions=128, n_embd=64, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0
-    )
+    config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=512, n_positions=128)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
-    ids = torch.randint(0, 256, (4, 128), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 512, (4, 128), generator=torch.Generator().manual_seed(0))
     return model, Example((ids,))
 
 

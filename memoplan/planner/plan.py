@@ -24,7 +24,8 @@ from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
-from memoplan.planner.write import _comment, provenance
+from memoplan.planner.write import comment_line as _comment
+from memoplan.planner.write import provenance
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
@@ -160,8 +161,8 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
     how = replace(how, planner=Planner.OPTIMAL)
     attempts = [("whole candidates", lambda: _make_plan(model, example, zero, how, True, prof, progress, refine, preset, nested=False, widened="least"))]
     if _chain_container(model, prof, how) is not None:
-        missed = BudgetMissed((), limit=0, peak=prof.peak_bytes)
-        attempts.append(("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, missed, progress)))
+        unplanned = BudgetMissed((), limit=0, peak=prof.peak_bytes)
+        attempts.append(("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, unplanned, progress)))
     for wider, deeper, offered in _widenings(model, prof, refine, how.start is not None):
         attempts.append((offered, lambda w=wider, d=deeper, o=offered: _make_plan(
             model, example, zero, how, True, prof, progress, w, preset, nested=d, widened=o)))
