@@ -517,7 +517,10 @@ def _plan(args) -> int:
     if start is None and (args.model is None or args.example is None):
         print("memoplan plan: error: give --model and --example, or a plan to complete", file=sys.stderr)
         return 2
-    if args.budget is None and args.preset is None and (start is None or start.budget is None):
+    if args.coverage is not None and args.budget is not None:
+        print("memoplan plan: error: --coverage and --budget are two budgets: give one", file=sys.stderr)
+        return 2
+    if args.coverage is None and args.budget is None and args.preset is None and (start is None or start.budget is None):
         print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
         return 2
     device_budget = device_budget_text(args.budget)
@@ -526,7 +529,13 @@ def _plan(args) -> int:
         budget, hard = parse_budget("1 B" + device_budget[1])
     else:
         budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
-    if args.budget is None and start is not None and start.budget is not None:
+    if args.coverage is not None:
+        try:
+            budget = search.parse_coverage(args.coverage)
+        except ValueError as exc:
+            print(f"memoplan plan: error: {exc}", file=sys.stderr)
+            return 2
+    if args.budget is None and args.coverage is None and start is not None and start.budget is not None:
         budget, hard = search.budget_from_ast(start.budget), start.budget.mode is not ast.BudgetMode.HINT
     if args.hint:
         hard = False

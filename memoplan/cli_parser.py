@@ -166,6 +166,13 @@ def _plan(sub: Any, run: Runner) -> None:
         "(speed, balanced, memory); default: the preset's",
     )
     plan.add_argument(
+        "--coverage",
+        metavar="C",
+        help="checkpoint a share (`60%%`, `0.6`) or a count (`5`) of the candidate modules, largest "
+        "activations first (SpikingJelly's gc_target_budget_ratio / max_gc_wrapped_modules): how many "
+        "modules, not a share of the peak; instead of --budget",
+    )
+    plan.add_argument(
         "--preset",
         choices=list(PRESETS),
         help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())

@@ -100,7 +100,7 @@ def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies
     assert main(["plan", "--model", model, "--example", example, "--preset", "memory", "-o", str(out)]) == 0
     captured = capsys.readouterr()
     assert "budget met" in captured.out and "refinement trials kept" in captured.out
-    assert "memoplan: preset memory: coverage budget memory, refinement levels: split, temporal, narrow, unwrap" in captured.err
+    assert "memoplan: preset memory: the least peak (every search measured), refinement levels: split, temporal, narrow, unwrap" in captured.err
     assert "memoplan: refine temporal [1/8]" in captured.err  # a progress line per trial
     text = out.read_text()
     assert memoplan.format_plan(memoplan.parse(text)) == text
@@ -126,7 +126,7 @@ def _fake_run(seen):
 @pytest.mark.parametrize(
     "flags, planner, budget, hard",
     [
-        (["--preset", "memory"], Planner.OPTIMAL, search.Preset.MEMORY, True),
+        (["--preset", "memory"], Planner.OPTIMAL, search.LeastPeak(), True),
         (["--preset", "memory", "--budget", "60%"], Planner.OPTIMAL, search.FractionOfPeak.percent(60), True),
         (["--preset", "balanced", "--planner", "greedy", "--hint"], Planner.GREEDY, search.Preset.BALANCED, False),
         (["--preset", "safe", "--budget", "4 GiB hint"], Planner.OPTIMAL, search.Bytes(4 * 2**30), False),

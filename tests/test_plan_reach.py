@@ -151,3 +151,93 @@ def test_flat_chain_is_met_at_a_hard_35_percent():
     assert measure_plan(model, example, parse(text, "generated.memplan")) == result.measured_after
     report = verify(model, result.plan, example)
     assert report.equivalent and report.exact, report.checks
+
+
+# ---------------------------------------------------------------- --preset memory is the least peak
+
+
+def _gpt2_4x128():
+    """benchmarks/hf_models.py:gpt2 (4 layers, 128 wide) on randint(4, 128, high=512), the issue's GPT-2."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=512, n_positions=128)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 512, (4, 128), generator=torch.Generator().manual_seed(0))
+    return model, Example((ids,))
+
+
+def _bundled(name: str):
+    import importlib
+
+    module = importlib.import_module(f"memoplan.examples.{name}")
+    return module.build(), Example(module.example())
+
+
+def _budget_peak(model, example, prof, share: Fraction) -> int:
+    """What `--budget share` measures: its plan's peak, met or not (the least plan it reached)."""
+    from memoplan.planner.plan import BudgetMissed
+
+    try:
+        return make_plan(model, example, search.FractionOfPeak(share), prof=prof, progress=False).measured_after
+    except BudgetMissed as missed:
+        return missed.result.measured_after if missed.result is not None else missed.peak
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "spiking", "gpt2"])
+def test_preset_memory_is_never_above_a_budgets_plan(name):
+    from memoplan.planner.presets import PRESETS
+
+    model, example = _gpt2_4x128() if name == "gpt2" else _bundled(name)
+    prof = profile(model, example, repeats=1, progress=False)
+    least = PRESETS["memory"].run(model, example, prof=prof, progress=False)
+    assert least.met and least.limit is None
+    assert "# budget: the least peak the planner reaches" in format_plan(least.plan)
+    for share in (Fraction(1, 2), Fraction(1, 3), Fraction(1, 5)):
+        assert least.measured_after <= _budget_peak(model, example, prof, share), share
+
+
+# ---------------------------------------------------------------- --coverage: a share or a count of candidates
+
+
+def test_coverage_is_a_share_or_a_count_of_candidates():
+    assert search.parse_coverage("60%") == search.Coverage(Fraction(3, 5))
+    assert search.parse_coverage("0.25") == search.Coverage(Fraction(1, 4))
+    assert search.parse_coverage("5") == search.Coverage.of_modules(5)
+    assert search.parse_coverage("5").count(12) == 5 and search.parse_coverage("5").count(3) == 3
+    assert search.parse_coverage("50%").count(7) == 4
+    assert "at most" in search.parse_coverage("2").describe(0)
+    for bad in ("0", "150%", "lots", "-1", "0.0"):
+        with pytest.raises(ValueError):
+            search.parse_coverage(bad)
+
+
+def test_coverage_flag_checkpoints_that_many_modules(tmp_path, capsys):
+    from memoplan.cli import main
+
+    args = ["plan", "--model", "memoplan.examples.mlp:build", "--example", "randn(2, 512)", "-q"]
+    assert main([*args, "--coverage", "2", "--budget", "50%", "-o", str(tmp_path / "x.memplan")]) == 2
+    assert "two budgets" in capsys.readouterr().err
+    assert main([*args, "--coverage", "2", "-o", str(tmp_path / "p.memplan")]) == 0
+    text = (tmp_path / "p.memplan").read_text()
+    assert text.count("{ checkpoint }") == 2
+    assert "# budget: 2 of the candidates at most, largest activations first" in text
+
+
+# ---------------------------------------------------------------- the header's recommendation
+
+
+def test_recommendation_when_missed_or_barely_met():
+    from memoplan.planner.advice import recommendation
+
+    model, example = spiking.build(), Example(spiking.example(batch=2, size=16))
+    prof = profile(model, example, repeats=1, progress=False)
+    peak = prof.peak_bytes
+    assert recommendation(prof, model, [], None, peak, nested=False) is None  # no limit
+    assert recommendation(prof, model, [], 2 * peak, peak, nested=False) is None  # met with room
+    missed = recommendation(prof, model, [], peak // 2, peak, nested=False)
+    assert missed.startswith("budget missed; to lower the peak further: ")
+    # The spiking blocks hold neurons: chunking time is offered, with an estimate; dtr always.
+    assert "`temporal_chunk 4 dim 0` on the stateful regions estimated" in missed and "`--dtr`" in missed
+    barely = recommendation(prof, model, [], peak + peak // 100, peak, nested=False)
+    assert barely.startswith("budget met within 5% of the limit")

@@ -288,12 +288,10 @@ def test_presets_are_typed_frozen_configs_in_a_registry():
     assert exhaustive.refine.max_trials is None and memory.refine.max_trials is not None
     assert set(memory.refine.chunks) < set(exhaustive.refine.chunks)
     assert set(memory.refine.segments) < set(exhaustive.refine.segments)
-    # Default budgets are the coverage budgets named alike (search.Preset).
-    assert (safe.budget, balanced.budget, memory.budget) == (
-        search.Preset.SPEED,
-        search.Preset.BALANCED,
-        search.Preset.MEMORY,
-    )
+    # Default budgets are the coverage budgets named alike (search.Preset); memory and
+    # exhaustive plan for the least peak the planner reaches.
+    assert (safe.budget, balanced.budget) == (search.Preset.SPEED, search.Preset.BALANCED)
+    assert memory.budget == exhaustive.budget == search.LeastPeak()
 
 
 def test_preset_fields_are_checked():

@@ -25,6 +25,7 @@ __all__ = [
     "byte_limit",
     "format_duration",
     "format_size",
+    "parse_coverage",
 ]
 
 
@@ -125,14 +126,29 @@ class Coverage:
     """
 
     share: Fraction
+    #: A count instead of a share (SpikingJelly's ``max_gc_wrapped_modules``): at most this many
+    #: candidates, largest first; ``share`` is then 1.
+    modules: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "share", _share(self.share, "a coverage share"))
+        count = self.modules
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise ValueError(f"a coverage count is an integer >= 1, got {count!r}")
+
+    @classmethod
+    def of_modules(cls, count: int) -> Coverage:
+        """At most ``count`` candidates, largest ``saved_bytes`` first."""
+        return cls(Fraction(1), count)
 
     def count(self, candidates: int) -> int:
+        if self.modules is not None:
+            return min(candidates, self.modules)
         return math.ceil(candidates * self.share)
 
     def describe(self, unplanned_peak: int) -> str:
+        if self.modules is not None:
+            return f"{self.modules} of the candidates at most, largest activations first"
         return f"{_percent(self.share)}% of the candidates, largest activations first"
 
 
@@ -174,6 +190,26 @@ def budget_from_ast(budget: ast.Budget) -> ByteBudget:
     if isinstance(amount, ast.Percent):
         return FractionOfPeak.percent(amount.value)
     return FractionOfPeak(amount)
+
+
+def parse_coverage(text: str) -> Coverage:
+    """``--coverage``: a share of the candidates (``60%``, ``0.6``) or a count (``5``).
+
+    SpikingJelly's ``gc_target_budget_ratio`` and ``max_gc_wrapped_modules``: how many of the
+    candidate modules to checkpoint, largest activations first -- not a share of the peak.
+    """
+    word = text.strip()
+    try:
+        if word.endswith("%"):
+            return Coverage(_exact_fraction(float(word[:-1])) / 100)
+        if word.isdigit():
+            return Coverage.of_modules(int(word))
+        return Coverage(_exact_fraction(float(word)))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"--coverage takes a share of the candidates (`60%`, `0.6`) or a count (`5`), got {text!r}"
+            + (f": {exc}" if "in (0, 1]" in str(exc) or ">= 1" in str(exc) else "")
+        ) from None
 
 
 def byte_limit(budget: ByteBudget, unplanned: int) -> int:

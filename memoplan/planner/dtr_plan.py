@@ -83,7 +83,14 @@ def make_dtr_plan(
     calls = candidates_from_chain(links, own)
     minimum = min((c.evictable_bytes for c in calls if c.evictable_bytes), default=0)
     minimum = min(minimum, 2**20)  # every candidate may be evicted; never above the language's default
-    found = threshold_for(calls, prof.peak_bytes, limit, minimum=minimum, outside_grads=outside)
+    # The threshold is enforced where candidates start and end; inside one, its own activations
+    # (and the loss's temporaries, the size of the output) come on top.  Plan below the limit by
+    # that much when a threshold fits there, else at the limit itself.
+    margin = max((link.saved_bytes for link in links), default=0) + prof[""].output_bytes
+    found = threshold_for(calls, prof.peak_bytes, limit - margin, minimum=minimum, outside_grads=outside)
+    if found is None:
+        margin = 0
+        found = threshold_for(calls, prof.peak_bytes, limit, minimum=minimum, outside_grads=outside)
     if found is None:
         # Evicting everything it may is the least eviction reaches: refused for a hard budget,
         # written (and reported as missed) for a hint.
@@ -96,7 +103,7 @@ def make_dtr_plan(
     predicted = sim.predicted_peak(prof.peak_bytes)
     measured = 0
     for attempt in range(MAX_CORRECTIONS + 1):
-        plan = _plan(threshold, minimum, sim, prof, limit, predicted, None, hard)
+        plan = _plan(threshold, minimum, sim, prof, limit, predicted, None, hard, margin)
         measured = measure_plan(model, example, plan)
         if progress:
             print(
@@ -115,7 +122,7 @@ def make_dtr_plan(
         predicted = sim.predicted_peak(prof.peak_bytes)
     if measured > limit and hard:
         raise _missed(limit, measured, measured=True)
-    plan = _plan(threshold, minimum, sim, prof, limit, predicted, measured, hard)
+    plan = _plan(threshold, minimum, sim, prof, limit, predicted, measured, hard, margin)
     return DtrPlanResult(plan, threshold, sim, prof.peak_bytes, measured, predicted, limit, hard)
 
 
@@ -128,11 +135,18 @@ def _plan(
     predicted: int,
     measured: int | None,
     hard: bool,
+    margin: int = 0,
 ) -> ast.Plan:
     header = {
         **provenance("memoplan plan --dtr", prof),
         "budget mode": "hard (verified by measurement)" if hard else "hint",
         "budget limit": f"{format_size(limit)} ({limit} B)",
+        "margin": (
+            f"planned {format_size(margin)} ({margin} B) below the limit: the largest candidate's own activations "
+            "and the output's size for the loss, which come on top of the threshold inside a block"
+            if margin
+            else "none: no threshold fits below the limit by the peak inside a block"
+        ),
         "measured peak before": f"{prof.peak_bytes} B",
         "simulated": (
             f"peak {predicted} B, tracked peak {sim.tracked_peak} B, {sim.evictions} evictions, "

@@ -19,6 +19,7 @@ from torch import nn
 import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner import search, segments
+from memoplan.planner.advice import recommendation
 from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
@@ -169,13 +170,17 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
     """
     zero = search.Bytes(0)
     how = replace(how, planner=Planner.OPTIMAL)
-    attempts = [("whole candidates", lambda: _make_plan(model, example, zero, how, True, prof, progress, refine, preset, nested=False, widened="least"))]
+
+    def searched(levels, nested: bool, what: str):
+        args = (model, example, zero, how, True, prof, progress, levels, preset)
+        return lambda: _make_plan(*args, nested=nested, widened=what)
+
+    attempts = [("whole candidates", searched(refine, False, "least"))]
     if _chain_container(model, prof, how) is not None:
-        missed = BudgetMissed((), limit=0, peak=prof.peak_bytes)
-        attempts.append(("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, missed, progress)))
+        unplanned = BudgetMissed((), limit=0, peak=prof.peak_bytes)
+        attempts.append(("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, unplanned, progress)))
     for wider, deeper, offered in _widenings(model, prof, refine, how.start is not None):
-        attempts.append((offered, lambda w=wider, d=deeper, o=offered: _make_plan(
-            model, example, zero, how, True, prof, progress, w, preset, nested=d, widened=o)))
+        attempts.append((offered, searched(wider, deeper, offered)))
     found: list[tuple[str, PlanResult]] = []
     for what, attempt in attempts:
         if progress:
@@ -186,7 +191,9 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
             if missed.result is not None:
                 found.append((what, missed.result))
     if not found:  # nothing to checkpoint: the unplanned step is the least
-        return PlanResult(_draft(None, [], model, provenance("memoplan plan", prof), how), _empty_choice(search.LeastPeak(), prof.peak_bytes, prof.peak_bytes), prof.peak_bytes, prof.peak_bytes, None, True)
+        plan = _draft(None, [], model, provenance("memoplan plan", prof), how)
+        choice = _empty_choice(search.LeastPeak(), prof.peak_bytes, prof.peak_bytes)
+        return PlanResult(plan, choice, prof.peak_bytes, prof.peak_bytes, None, True)
     what, best = min(found, key=lambda f: f[1].measured_after)
     others = "; ".join(f"{w}: {r.measured_after} B" for w, r in found)
     skip = ("# budget", "# widened:", "# status:", "# note:", "# estimated peak after:")
@@ -391,6 +398,10 @@ def _make_plan(
     }
     if limit is not None:
         header["budget limit"] = f"{limit} B"
+    regions = [format_selector(s.selector) for s in draft.statements if isinstance(s, ast.ModuleRule)]
+    advice = recommendation(prof, model, regions, limit, after, nested=nested)
+    if advice:
+        header["recommendation"] = advice
     plan = _draft(choice, items, model, header, planner)
     # The (refined) rules, under the provenance header and the notes refinement added to it.
     notes = draft.header_comments.leading

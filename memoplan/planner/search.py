@@ -101,6 +101,7 @@ from memoplan.planner.budgets import (
     LeastPeak,
     Preset,
     budget_from_ast,
+    parse_coverage,
 )
 from memoplan.planner.chain import Estimate, Item, estimate, minimum_peak, unplanned_base
 from memoplan.planner.choice import BudgetError, Choice, Status
@@ -127,6 +128,7 @@ __all__ = [
     "Status",
     "SublinearResult",
     "budget_from_ast",
+    "parse_coverage",
     "describe",
     "estimate",
     "greedy_bytes",

@@ -14,7 +14,7 @@ from memoplan.planner.choice import BudgetError, Choice, Status
 from memoplan.planner.schema import Profile
 from memoplan.syntax import ast
 
-__all__ = ["describe", "provenance", "recompute_line", "to_plan"]
+__all__ = ["comment_line", "describe", "provenance", "recompute_line", "to_plan"]
 
 
 # ---------------------------------------------------------------- to a plan
@@ -30,6 +30,11 @@ def comment_line(text: str) -> str:
         else:
             out.append(ch)
     return ("# " + "".join(out)).rstrip()
+
+
+def comment_line(text: str) -> str:
+    """One ``# ...`` comment line of a generated plan (whitespace folded, control characters escaped)."""
+    return _comment(text)
 
 
 def provenance(command: str, prof: Profile) -> dict[str, str]:
