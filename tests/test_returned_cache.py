@@ -91,3 +91,14 @@ def test_check_and_verify_print_the_warning_at_the_rule(tmp_path, capsys):
     code, out, err = run(capsys, "verify", plan)
     assert code == 0 and "verdict: EQUIVALENT" in out
     assert "warning[MP327]" in err
+
+
+@pytest.mark.slow
+def test_plan_warns_for_the_plan_it_writes(tmp_path, capsys):
+    models = Path(real_models.__file__).resolve()
+    out = tmp_path / "out.memplan"
+    code, _, err = run(
+        capsys, "plan", "--model", f"{models}:gpt2", "--example", "randint(2, 16, high=128)", "--budget", "60% hint", "-o", out
+    )
+    assert code == 0 and "module transformer.h" in out.read_text()
+    assert "warning[MP327]: in training, the model returns a DynamicCache" in err
