@@ -162,3 +162,24 @@ def test_shrink_halves_the_batch_of_every_paired_tensor() -> None:
     assert small.kwargs["other"].shape == (2,) and small.kwargs["flag"] is True
     assert shrink(Example((torch.ones(1, 4),))) is None
     assert shrink(Example((3,))) is None
+
+
+def test_shrinking_tries_the_smallest_batch_it_reaches() -> None:
+    """Batch 2 cut "to a quarter" is batch 1, which is tried; batch 1 itself has nothing smaller."""
+    from memoplan.planner.shrink import shrinking
+
+    seen: list[int] = []
+    used, result = shrinking(Example((torch.ones(2, 3),)), lambda ex: seen.append(ex.args[0].shape[0]) or "ran", first=2)
+    assert seen == [1] and used.args[0].shape == (1, 3) and result == "ran"
+
+    def hungry(ex: Example) -> str:
+        seen.append(ex.args[0].shape[0])
+        if ex.args[0].shape[0] > 2:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 64 bytes.")
+        return "ran"
+
+    seen.clear()
+    used, _ = shrinking(Example((torch.ones(16, 3),)), hungry, first=2)
+    assert seen == [4, 2] and used.args[0].shape == (2, 3)
+    with pytest.raises(torch.OutOfMemoryError, match="batch 1"):
+        shrinking(Example((torch.ones(1, 3),)), hungry)

@@ -247,15 +247,23 @@ def _as_real_data(*, hide_fakes: bool) -> Iterator[None]:
 
     hf = sys.modules.get("transformers.utils.import_utils") if hide_fakes else None
     is_fake = getattr(hf, "is_fake_tensor", None)
+    # Without a mask or a cache, transformers reads the position ids to find packed sequences;
+    # positions it makes itself (an arange) hold none, which is what the estimate assumes.
+    masks = sys.modules.get("transformers.masking_utils") if hide_fakes else None
+    packed = getattr(masks, "find_packed_sequence_indices", None)
     torch.equal = fake_equal
     if is_fake is not None:
         hf.is_fake_tensor = lambda x: False  # type: ignore[union-attr]
+    if packed is not None:
+        masks.find_packed_sequence_indices = lambda position_ids: None  # type: ignore[union-attr]
     try:
         yield
     finally:
         torch.equal = equal
         if is_fake is not None:
             hf.is_fake_tensor = is_fake  # type: ignore[union-attr]
+        if packed is not None:
+            masks.find_packed_sequence_indices = packed  # type: ignore[union-attr]
 
 
 def _fake_state(model: nn.Module, mode: Any) -> None:

@@ -112,22 +112,26 @@ def shrinking(example: Example, run: Callable[[Example], T], *, first: int = 1) 
     out of memory is raised as it is; running out at batch 1 raises the last out-of-memory error.
     """
     current = example
-    for _ in range(first - 1):
-        current = shrink(current) or current
+    for _ in range(max(1, first)):  # halved `first` times, as far as batch 1
+        smaller = shrink(current)
+        if smaller is None:
+            break
+        current = smaller
+    if current is example:
+        raise torch.OutOfMemoryError(f"out of memory at batch 1 ({describe_example(example)}): nothing smaller to try")
     while True:
+        try:
+            return current, run(current)
+        except BaseException as exc:
+            if not is_out_of_memory(exc):
+                raise
+        gc.collect()  # the traceback, gone with the except block, held the failed step's tensors
         smaller = shrink(current)
         if smaller is None:
             raise torch.OutOfMemoryError(
                 f"out of memory even with the example cut to batch 1 ({describe_example(current)})"
             )
         current = smaller
-        try:
-            return current, run(current)
-        except BaseException as exc:
-            if not is_out_of_memory(exc):
-                raise
-            exc = None  # noqa: F841 - drop the traceback's frames (and the tensors they hold)
-            gc.collect()
 
 
 class StepOutOfMemory(Exception):
