@@ -100,11 +100,11 @@ def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies
     assert main(["plan", "--model", model, "--example", example, "--preset", "memory", "-o", str(out)]) == 0
     captured = capsys.readouterr()
     assert "budget met" in captured.out and "refinement trials kept" in captured.out
-    assert "memoplan: preset memory: the least peak (every search measured), refinement levels: split, temporal, narrow, unwrap" in captured.err
+    assert "memoplan: preset memory: the least peak (every search measured), refinement levels: split, temporal, narrow, unwrap, save" in captured.err
     assert "memoplan: refine temporal [1/8]" in captured.err  # a progress line per trial
     text = out.read_text()
     assert memoplan.format_plan(memoplan.parse(text)) == text
-    assert "# preset: memory" in text and "# refinement: split, temporal, narrow, unwrap: " in text
+    assert "# preset: memory" in text and "# refinement: split, temporal, narrow, unwrap, save: " in text
     assert "temporal_chunk" in text and "# refine: temporal_chunk" in text
     assert main(["check", str(out), "--model", model]) == 0
     assert main(["verify", str(out), "--model", model, "--example", example]) == 0

@@ -107,3 +107,31 @@ def test_saving_on_segments_is_bit_equal():
     assert report.equivalent and report.exact, report.checks
     code = emit(memoplan.resolve(parse(text, "x.memplan"), wrapped)).files[0].text
     assert "save=('matmul',)" in code and "run_segmented" in code
+
+
+class _PeakInTheStem(nn.Module):
+    """A wide stem whose backward sets the peak, after the blocks' backward freed what they kept:
+    saving the blocks' matmuls then costs nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(32, 4096), nn.Tanh(), nn.Linear(4096, 32))
+        self.blocks = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 32)) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+
+def test_the_save_level_keeps_op_saving_where_the_peak_does_not_rise():
+    from memoplan.planner.config import Level, RefineOptions
+    from memoplan.planner.refine import measure_plan, refine
+
+    torch.manual_seed(0)
+    model, example = _PeakInTheStem(), Example((torch.randn(64, 32),))
+    plan = parse("memplan 1\nmodule blocks.0 { checkpoint }\nmodule blocks.1 { checkpoint }\nmodule blocks.2 { checkpoint }\n", "p")
+    result = refine(model, example, plan, RefineOptions(levels=(Level.SAVE,)), progress=False)
+    assert result.kept and result.after <= result.before == measure_plan(model, example, plan)
+    text = format_plan(result.plan)
+    assert text.count("checkpoint save = [matmul, attention]") == 3 and "# refine: save = [matmul, attention]" in text
+    report = verify(model, result.plan, example)
+    assert report.equivalent and report.exact, report.checks

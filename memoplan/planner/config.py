@@ -27,9 +27,10 @@ class Level(enum.Enum):
     TEMPORAL = "temporal"  # checkpointed regions with stateful modules -> `temporal_chunk N dim 0`
     NARROW = "narrow"  # a checkpointed module -> its heaviest child, when the peak does not rise
     UNWRAP = "unwrap"  # drop region rules whose removal does not raise the peak
+    SAVE = "save"  # plain checkpoints -> `checkpoint save = [matmul, attention]`, when the peak does not rise
 
 
-ALL_LEVELS: tuple[Level, ...] = (Level.SPLIT, Level.TEMPORAL, Level.NARROW, Level.UNWRAP)
+ALL_LEVELS: tuple[Level, ...] = (Level.SPLIT, Level.TEMPORAL, Level.NARROW, Level.UNWRAP, Level.SAVE)
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,10 @@ preset          default budget        planner   refinement levels               
 =============== ===================== ========= ================================== ==============
 ``safe``        ``speed`` (50%)       optimal   none: plain checkpoints            --
 ``balanced``    ``balanced`` (75%)    optimal   narrow, unwrap                     8
-``memory``      least peak            optimal   split, temporal, narrow, unwrap    8
-``exhaustive``  least peak            optimal   split, temporal, narrow, unwrap    no limit
+``memory``      least peak            optimal   split, temporal, narrow, unwrap,   8
+                                                save
+``exhaustive``  least peak            optimal   split, temporal, narrow, unwrap,   no limit
+                                                save
 =============== ===================== ========= ================================== ==============
 
 What each trades: ``safe`` recomputes the least (half the candidates, no measured trials);

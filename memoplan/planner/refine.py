@@ -20,6 +20,10 @@ Levels, run in the order given:
 * ``unwrap`` -- each region rule (``checkpoint`` or ``temporal_chunk``), lightest first (the
   later first among equals), is dropped.  Kept when the peak does not rise: the same memory
   for less recompute.
+* ``save`` -- plain checkpoints (no compression, chunks or stateful modules inside) become
+  ``checkpoint save = [matmul, attention]``: the region keeps those ops' outputs and recomputes
+  only the cheap ops between them.  Kept when the peak does not rise: the same memory for less
+  recompute (where the peak is set elsewhere).
 
 In ``split`` and ``temporal``, regions of one module class (the identical blocks of a
 network) are first tried all together: while every block holds the same memory, changing
@@ -189,6 +193,28 @@ def _chunkable(rule: ast.ModuleRule, module: nn.Module) -> bool:
     )
 
 
+#: What the ``save`` level keeps: the expensive ops of a transformer block.
+SAVED_OPS: tuple[str, ...] = ("matmul", "attention")
+
+
+def _savable(rule: ast.ModuleRule, module: nn.Module) -> bool:
+    """A ``checkpoint`` without ``save`` that torch's region runs (no compress, chunks or state inside)."""
+    check = _policy(rule, ast.Checkpoint)
+    return (
+        check is not None
+        and check.save is None
+        and _policy(rule, ast.TemporalChunk) is None
+        and _policy(rule, ast.Compress) is None
+        and not any(is_stateful(sub) for sub in module.modules())
+    )
+
+
+def _with_save(rule: ast.ModuleRule) -> ast.ModuleRule:
+    check = _policy(rule, ast.Checkpoint)
+    policies = tuple(replace(check, save=SAVED_OPS) if p is check else p for p in rule.policies)
+    return replace(rule, policies=policies)
+
+
 def _with_segments(rule: ast.ModuleRule, n: int) -> ast.ModuleRule:
     check = _policy(rule, ast.Checkpoint)
     policies = tuple(replace(check, segments=n, split=None) if p is check else p for p in rule.policies)
@@ -349,6 +375,14 @@ class _Refiner:
             # soon as backward starts, so its checkpoint is the likeliest to save nothing.
             regions.sort(key=lambda r: (self._weight(r[1]), -r[0]))
             return [_Candidate((path,), f"drop {word}", None, cheaper=True) for _, path, word in regions]
+        if level is Level.SAVE:
+            edit = f"save = [{', '.join(SAVED_OPS)}]"
+            chosen = sorted(((i, path, m) for i, rule, path, m in rules if _savable(rule, m)), key=lambda r: -r[0])
+            by_type: dict[type, list[str]] = {}
+            for _, path, module in chosen:
+                by_type.setdefault(type(module), []).append(path)
+            groups = [tuple(paths) for paths in by_type.values() if len(paths) > 1]
+            return [_Candidate(paths, edit, _with_save, cheaper=True) for paths in (*groups, *((p,) for _, p, _ in chosen))]
         if level is Level.NARROW:
             out = []
             for _, rule, path, module in sorted(rules, key=lambda r: -r[0]):  # the later first
@@ -441,6 +475,8 @@ class _Refiner:
         better = after < before or (candidate.cheaper and after <= before)
         if better and candidate.drops:
             note = f"measured peak {_sizes(before, after)} without it, less recompute"
+        elif better and candidate.cheaper and level is Level.SAVE:
+            note = f"{candidate.edit}: measured peak {_sizes(before, after)}, less recompute"
         elif better and candidate.cheaper:
             note = f"narrowed from {paths[0]}: measured peak {_sizes(before, after)}, less recompute"
         elif better:
