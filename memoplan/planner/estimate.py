@@ -42,7 +42,7 @@ from torch.utils.flop_counter import flop_registry
 
 import memoplan
 from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, warm_up, step_device, training_step
-from memoplan.planner.profile import as_example, input_metas, Probe, qualname, Record, Restored, tensor_bytes, unique_storages, profile
+from memoplan.planner.profile import module_profile, as_example, input_metas, Probe, qualname, Record, Restored, tensor_bytes, unique_storages, profile
 from memoplan.planner.copies import unplanned_copy
 from memoplan.planner.schema import ModuleProfile, Profile
 from memoplan.planner.shrink import describe_example, is_out_of_memory, shrinking
@@ -314,26 +314,7 @@ def _assemble(
         else:
             seconds = flops / throughput if throughput else 0.0
             binary = False
-        modules.append(
-            ModuleProfile(
-                name=name,
-                type=qualname(type(module)),
-                children=len(module._modules),
-                is_sequential=isinstance(module, nn.Sequential),
-                is_module_list=isinstance(module, nn.ModuleList),
-                calls=record.calls,
-                order=record.order,
-                forward_seconds=seconds,
-                recompute_seconds=seconds,
-                saved_bytes=record.saved_bytes,
-                input_bytes=record.input_bytes,
-                input_numel=record.input_numel,
-                packed_input_bytes=record.packed_bytes if binary else record.input_bytes,
-                output_bytes=record.output_bytes,
-                input_binary=binary,
-                kept_bytes=record.kept_bytes,
-            )
-        )
+        modules.append(module_profile(name, module, record, seconds, binary))
     if small is not None and reduced is not None:
         step = small.step_seconds * (_ratio(full.total_flops, reduced.total_flops) or full.peak_bytes / max(1, reduced.peak_bytes))
     else:

@@ -178,27 +178,7 @@ def profile(
         key = id(module)
         seconds = float(statistics.median(t.get(key, 0.0) for t in timings))
         record = probe.records.get(key, Record())
-        packed = record.packed_bytes if record.binary else record.input_bytes
-        modules.append(
-            ModuleProfile(
-                name=name,
-                type=qualname(type(module)),
-                children=len(module._modules),
-                is_sequential=isinstance(module, nn.Sequential),
-                is_module_list=isinstance(module, nn.ModuleList),
-                calls=record.calls,
-                order=record.order,
-                forward_seconds=seconds,
-                recompute_seconds=seconds,
-                saved_bytes=record.saved_bytes,
-                input_bytes=record.input_bytes,
-                input_numel=record.input_numel,
-                packed_input_bytes=packed,
-                output_bytes=record.output_bytes,
-                input_binary=record.binary,
-                kept_bytes=record.kept_bytes,
-            )
-        )
+        modules.append(module_profile(name, module, record, seconds, record.binary))
     return Profile(
         modules=tuple(modules),
         peak_bytes=int(peak.peak_bytes),
@@ -663,3 +643,24 @@ def qualname(cls: type) -> str:
     return qualified_type_name(cls)  # the plan's class identity: never a private module name or a path
 
 
+def module_profile(name: str, module: nn.Module, record: Record, seconds: float, binary: bool) -> ModuleProfile:
+    """One module's row of a profile: what ``record`` saw of its calls, ``seconds`` a call
+    (forward and recompute alike), its input packed when ``binary`` says it holds only 0 and 1."""
+    return ModuleProfile(
+        name=name,
+        type=qualname(type(module)),
+        children=len(module._modules),
+        is_sequential=isinstance(module, nn.Sequential),
+        is_module_list=isinstance(module, nn.ModuleList),
+        calls=record.calls,
+        order=record.order,
+        forward_seconds=seconds,
+        recompute_seconds=seconds,
+        saved_bytes=record.saved_bytes,
+        input_bytes=record.input_bytes,
+        input_numel=record.input_numel,
+        packed_input_bytes=record.packed_bytes if binary else record.input_bytes,
+        output_bytes=record.output_bytes,
+        input_binary=binary,
+        kept_bytes=record.kept_bytes,
+    )
