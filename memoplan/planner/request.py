@@ -1,0 +1,112 @@
+"""Planner stage: what a planning run is asked to do, checked before any model is loaded.
+
+A :class:`PlanRequest` holds the options of ``memoplan plan`` (and of :func:`memoplan.plan`)
+as typed, frozen values; :meth:`PlanRequest.check` refuses the combinations that cannot
+plan (no budget, ``--dtr`` completing a plan, sublinear options without the sublinear
+planner, ...) with :class:`PlanRequestError`, a :class:`ValueError` whose text the command
+line prints after ``memoplan plan: error:`` (exit status 2).  :meth:`PlanRequest.preset`
+is the preset the options make: the named one (else the default) with the budget, its
+mode and the planner given over it.  Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from memoplan.planner.budgets import budget_from_ast
+from memoplan.planner.config import Planner
+from memoplan.planner.presets import DEFAULT, PRESETS, PlannerPreset, parse_budget
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memoplan.planner.presets import BudgetLike
+    from memoplan.syntax import ast
+
+__all__ = ["PlanRequest", "PlanRequestError"]
+
+
+class PlanRequestError(ValueError):
+    """Options that cannot plan together; ``str(error)`` says which and what to give instead."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """The options of one planning run.
+
+    ``budget``: ``--budget`` text (``4 GiB``, ``50% hint``, ``speed``); ``preset``: a name of
+    :data:`~memoplan.planner.presets.PRESETS`; ``planner``: a :class:`Planner` value
+    (``optimal``, ``greedy``, ``sublinear``); ``hint``: the budget is a hint, whatever it
+    says; ``nested``: offer each block's children too (optimal planner, byte budget);
+    ``dtr``: write a plan with one ``dtr`` block; ``sublinear_options``: the sublinear
+    search's options given (their spellings, for the message); ``start``: a plan to
+    complete, written at ``start_name``; ``sources``: the model and the example are given
+    (a new plan needs both).
+    """
+
+    budget: str | None = None
+    preset: str | None = None
+    planner: str | None = None
+    hint: bool = False
+    nested: bool = False
+    dtr: bool = False
+    sublinear_options: tuple[str, ...] = ()
+    start: ast.Plan | None = None
+    start_name: str | None = None
+    sources: bool = True
+
+    def check(self) -> None:
+        """Refuse, before any work, a request that cannot plan (:class:`PlanRequestError`)."""
+        if self.start is None and not self.sources:
+            raise PlanRequestError("give --model and --example, or a plan to complete")
+        if self.budget is None and self.preset is None and (self.start is None or self.start.budget is None):
+            raise PlanRequestError("give --budget B or --preset NAME (or both)")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise PlanRequestError(f"no preset `{self.preset}`: one of {', '.join(PRESETS)}")
+        if self.planner is not None and self.planner not in {p.value for p in Planner}:
+            raise PlanRequestError(f"no planner `{self.planner}`: one of {', '.join(p.value for p in Planner)}")
+
+    def sublinear_block(self):
+        """The ``sublinear`` block of the plan completed (None: none)."""
+        from memoplan.syntax import ast
+
+        return None if self.start is None else self.start.block(ast.BlockKind.SUBLINEAR)
+
+    def budget_and_mode(self, parsed: tuple[BudgetLike | None, bool | None] | None = None):
+        """(budget, hard): ``parsed`` (default: :attr:`budget` parsed), else the completed plan's
+        own budget statement; ``hint`` makes it a hint."""
+        if parsed is None:
+            parsed = parse_budget(self.budget) if self.budget is not None else (None, None)
+        budget, hard = parsed
+        if self.budget is None and self.start is not None and self.start.budget is not None:
+            from memoplan.syntax import ast
+
+            budget, hard = budget_from_ast(self.start.budget), self.start.budget.mode is not ast.BudgetMode.HINT
+        return budget, (False if self.hint else hard)
+
+    def make_preset(self, parsed: tuple[BudgetLike | None, bool | None] | None = None) -> PlannerPreset:
+        """The preset this request plans with: the named one (else the default) under the options."""
+        budget, hard = self.budget_and_mode(parsed)
+        block = self.sublinear_block()
+        planner = Planner(self.planner) if self.planner else (Planner.SUBLINEAR if block is not None else None)
+        base = PRESETS[self.preset] if self.preset else DEFAULT
+        return base.with_overrides(planner=planner, budget=budget, hard=hard)
+
+    def check_preset(self, preset: PlannerPreset, *, sublinear: bool) -> None:
+        """Refuse what the preset makes impossible; ``sublinear``: the sublinear search is configured."""
+        if sublinear and preset.planner is not Planner.SUBLINEAR:
+            given = ", ".join(self.sublinear_options) or f"the `sublinear` block of {self.start_name}"
+            raise PlanRequestError(f"{given} set the sublinear search: add --planner sublinear")
+        if self.start is not None and preset.levels:
+            raise PlanRequestError(
+                f"preset {preset.name} refines by measurement, which could edit the rules of "
+                f"{self.start_name}; complete a plan with --budget (and --planner) instead"
+            )
+        if self.dtr and self.start is not None:
+            raise PlanRequestError("--dtr writes a new plan; it does not complete one")
+
+    def check_nested(self, preset: PlannerPreset) -> None:
+        """``nested`` needs the optimal planner and a byte budget."""
+        from memoplan.planner.budgets import Coverage, Preset
+
+        if self.nested and (preset.planner is not Planner.OPTIMAL or isinstance(preset.budget, (Coverage, Preset))):
+            raise PlanRequestError("--nested needs the optimal planner and a byte budget (e.g. 50%)")
