@@ -18,7 +18,11 @@ def test_public_names_are_frozen():
     assert sorted(memoplan.__all__) == [
         "Diagnostic",
         "MemoplanWarning",
+        "Plan",
         "PlanError",
+        "PlanRequestError",
+        "PlanResult",
+        "ResolvedPlan",
         "__version__",
         "apply",
         "compile",
@@ -27,6 +31,7 @@ def test_public_names_are_frozen():
         "format_plan",
         "load",
         "parse",
+        "plan",
         "remove",
         "resolve",
     ]

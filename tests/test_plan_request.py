@@ -87,3 +87,42 @@ def test_nested_needs_the_optimal_planner_and_a_byte_budget():
             request.check_nested(request.make_preset())
     fine = PlanRequest(budget="50%", nested=True)
     fine.check_nested(fine.make_preset())
+
+
+# ---------------------------------------------------------------- memoplan.plan, the front door
+
+
+class _Untouchable(__import__("torch").nn.Module):
+    def forward(self, x):  # pragma: no cover - the refusals come before any step
+        raise AssertionError("the model ran")
+
+
+def test_memoplan_plan_refuses_before_the_model_runs():
+    import torch
+
+    import memoplan
+
+    with pytest.raises(memoplan.PlanRequestError, match="give --budget B or --preset NAME"):
+        memoplan.plan(_Untouchable(), torch.randn(2, 4))
+    with pytest.raises(ValueError, match="--nested needs the optimal planner"):
+        memoplan.plan(_Untouchable(), torch.randn(2, 4), budget="50%", planner="greedy", nested=True)
+
+
+@pytest.mark.slow  # profiles and plans a model (about 30 s here)
+def test_memoplan_plan_returns_the_plan_and_its_figures():
+    import torch
+
+    import memoplan
+    from memoplan.examples import mlp
+
+    torch.manual_seed(0)
+    model = mlp.build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = memoplan.plan(model, torch.randn(2, 512), budget="60% hint")
+    assert isinstance(result, memoplan.PlanResult) and isinstance(result.plan, memoplan.Plan)
+    assert not result.hard and 0 < result.measured_after and 0 < result.measured_before
+    text = memoplan.format_plan(result.plan)
+    assert "budget 60% hint" in text
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the model is not changed
+    memoplan.apply(model, memoplan.resolve(result.plan, model))  # the plan applies to the model
+    memoplan.remove(model)

@@ -19,10 +19,11 @@ from memoplan.planner.config import Planner
 from memoplan.planner.presets import DEFAULT, PRESETS, PlannerPreset, parse_budget
 
 if TYPE_CHECKING:  # pragma: no cover
+    from memoplan.planner.plan import PlanResult
     from memoplan.planner.presets import BudgetLike
     from memoplan.syntax import ast
 
-__all__ = ["PlanRequest", "PlanRequestError"]
+__all__ = ["PlanRequest", "PlanRequestError", "plan"]
 
 
 class PlanRequestError(ValueError):
@@ -110,3 +111,68 @@ class PlanRequest:
 
         if self.nested and (preset.planner is not Planner.OPTIMAL or isinstance(preset.budget, (Coverage, Preset))):
             raise PlanRequestError("--nested needs the optimal planner and a byte budget (e.g. 50%)")
+
+
+def plan(
+    model,
+    example,
+    budget: str | None = None,
+    *,
+    preset: str | None = None,
+    planner: str | None = None,
+    hint: bool = False,
+    nested: bool = False,
+    start=None,
+    sublinear=None,
+    profile=None,
+    method: str = "auto",
+    progress: bool = False,
+) -> PlanResult:
+    """Plan ``model`` on ``example`` for ``budget`` (``"4 GiB"``, ``"50%"``, ``"60% hint"``,
+    ``"speed"``) or a ``preset`` (``safe``, ``balanced``, ``memory``, ``exhaustive``), as
+    ``memoplan plan`` does; return the :class:`~memoplan.planner.plan.PlanResult`: ``.plan``
+    (a :class:`memoplan.syntax.ast.Plan`, with its ``budget`` statement; ``format_plan`` writes
+    it) and the figures (``measured_before``, ``measured_after``, ``met``, ``regions``).
+
+    ``example``: a tensor, a tuple of arguments or a :class:`memoplan.specs.Example`.
+    ``planner``: ``optimal``, ``greedy`` or ``sublinear``; ``hint``: the budget is not
+    enforced; ``nested``: offer each block's children too; ``start``: a plan (``Plan``, path or
+    text) whose rules are kept and completed; ``sublinear``: a
+    :class:`memoplan.syntax.blocks.SublinearConfig` (with ``planner="sublinear"``); ``profile``:
+    a :class:`~memoplan.planner.profile.Profile` already taken, else one is taken by ``method``
+    (``auto``, ``measured``, ``estimated``).  Impossible combinations raise
+    :class:`PlanRequestError` (a :class:`ValueError`) before the model runs; a hard budget
+    that no plan meets raises :class:`memoplan.PlanError` (MP601).  ``model`` is not changed.
+    """
+    from dataclasses import replace
+
+    from memoplan.api import as_plan
+    from memoplan.planner.estimate import take_profile
+    from memoplan.planner.profile import as_example
+    from memoplan.planner.write import with_budget
+
+    parsed_start = None if start is None else as_plan(start)
+    request = PlanRequest(
+        budget=budget,
+        preset=preset,
+        planner=planner,
+        hint=hint,
+        nested=nested,
+        sublinear_options=("`sublinear`",) if sublinear is not None else (),
+        start=parsed_start,
+        start_name=None if parsed_start is None else parsed_start.file,
+    )
+    request.check()
+    chosen = request.make_preset()
+    request.check_preset(chosen, sublinear=sublinear is not None or request.sublinear_block() is not None)
+    request.check_nested(chosen)
+    if sublinear is None and request.sublinear_block() is not None:
+        from memoplan.syntax.blocks import config_of
+
+        sublinear = config_of(request.sublinear_block())
+    example = as_example(example)
+    prof = profile if profile is not None else take_profile(model, example, method=method, progress=progress)
+    result = chosen.run(
+        model, example, prof=prof, progress=progress, named=preset is not None, nested=nested, sublinear=sublinear, start=parsed_start
+    )
+    return replace(result, plan=with_budget(result.plan, chosen.budget, chosen.hard))
