@@ -713,11 +713,11 @@ def _compile(args) -> int:
     source = args.plan.as_posix()
     if not args.check:
         with _writing(args.output):
-            path = compile_plan(resolved, model, args.output, source=source)
+            path = compile_plan(model, resolved, args.output, source=source)
         print(f"wrote {path} ({len(resolved.modules)} modules, plan id {resolved.digest})")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = compile_plan(resolved, model, Path(tmp) / args.output.name, source=source).read_bytes()
+        fresh = compile_plan(model, resolved, Path(tmp) / args.output.name, source=source).read_bytes()
     current = args.output.read_bytes() if args.output.exists() else None  # a regular file: _output checked it
     if current == fresh:
         print(f"{args.output} is up to date")
