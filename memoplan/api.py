@@ -94,7 +94,8 @@ def _model_first(model, plan, name: str):
             stacklevel=3,
         )
         return plan, model
-    raise TypeError(f"memoplan.{name}: the model (a torch.nn.Module) comes first, then the plan; got {type(model).__name__}")
+    got = type(model).__name__
+    raise TypeError(f"memoplan.{name}: the model (a torch.nn.Module) comes first, then the plan; got {got}")
 
 
 def remove(model: nn.Module) -> nn.Module:

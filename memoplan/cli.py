@@ -563,14 +563,16 @@ def _plan(args) -> int:
         print(f"memoplan plan: error: {exc}", file=sys.stderr)
         return 1
     if args.preset:
-        _progress(f"preset {preset.name}: {_preset_how(preset)}, refinement levels: {', '.join(level.value for level in preset.levels) or 'none'}")
+        levels = ", ".join(level.value for level in preset.levels) or "none"
+        _progress(f"preset {preset.name}: {_preset_how(preset)}, refinement levels: {levels}")
     try:
         request.check_nested(preset)
     except PlanRequestError as exc:
         print(f"memoplan plan: error: {exc}", file=sys.stderr)
         return 2
     if device_budget is not None:
-        preset = preset.with_overrides(planner=None, budget=device_budget_bytes(_device(args.device), args.budget, device_budget, _progress), hard=preset.hard)
+        limit = device_budget_bytes(_device(args.device), args.budget, device_budget, _progress)
+        preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
     if prof is None:
         prof = _first_step(lambda: take_profile(model, example, method=args.method, note=_progress), "profile")
     if args.dtr:

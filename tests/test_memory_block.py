@@ -190,7 +190,8 @@ def test_the_compiled_module_carries_the_memory_block(tmp_path):
     assert "memory=MEMORY" in text
     memoplan.compile(build(), parse(FLAT, "p.memplan"), tmp_path / "again.py")
     assert (tmp_path / "again.py").read_text() == text
-    without = memoplan.compile(build(), parse(FLAT.replace("memory { atomic_clean_policy = 0 }\n", ""), "p.memplan"), tmp_path / "plain.py")
+    plain = parse(FLAT.replace("memory { atomic_clean_policy = 0 }\n", ""), "p.memplan")
+    without = memoplan.compile(build(), plain, tmp_path / "plain.py")
     assert "MEMORY" not in without.read_text()
 
 

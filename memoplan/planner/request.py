@@ -173,6 +173,13 @@ def plan(
     example = as_example(example)
     prof = profile if profile is not None else take_profile(model, example, method=method, progress=progress)
     result = chosen.run(
-        model, example, prof=prof, progress=progress, named=preset is not None, nested=nested, sublinear=sublinear, start=parsed_start
+        model,
+        example,
+        prof=prof,
+        progress=progress,
+        named=preset is not None,
+        nested=nested,
+        sublinear=sublinear,
+        start=parsed_start,
     )
     return replace(result, plan=with_budget(result.plan, chosen.budget, chosen.hard))
