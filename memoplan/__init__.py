@@ -19,6 +19,8 @@ _EXPORTS = {
     "Diagnostic": "memoplan.diagnostics",
     "MemoplanWarning": "memoplan.diagnostics",
     "PlanError": "memoplan.diagnostics",
+    "Plan": "memoplan.syntax.ast",
+    "ResolvedPlan": "memoplan.ir",
     "apply": "memoplan.api",
     "compile": "memoplan.api",
     "dtr_stats": "memoplan.runtime.dtr",
@@ -28,6 +30,9 @@ _EXPORTS = {
     "format_plan": "memoplan.syntax",
     "load": "memoplan.syntax",
     "parse": "memoplan.syntax",
+    "plan": "memoplan.planner.request",
+    "PlanRequestError": "memoplan.planner.request",
+    "PlanResult": "memoplan.planner.plan",
 }
 
 # A literal list, so that type checkers see the re-exports (tests/test_typing.py checks it
@@ -35,7 +40,11 @@ _EXPORTS = {
 __all__ = [
     "Diagnostic",
     "MemoplanWarning",
+    "Plan",
     "PlanError",
+    "PlanRequestError",
+    "PlanResult",
+    "ResolvedPlan",
     "__version__",
     "apply",
     "compile",
@@ -44,6 +53,7 @@ __all__ = [
     "format_plan",
     "load",
     "parse",
+    "plan",
     "remove",
     "resolve",
 ]
@@ -65,7 +75,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from memoplan.api import apply, compile, remove
     from memoplan.diagnostics import Diagnostic, MemoplanWarning, PlanError
+    from memoplan.ir import ResolvedPlan
+    from memoplan.planner.plan import PlanResult
+    from memoplan.planner.request import PlanRequestError, plan
     from memoplan.runtime.dtr import dtr_stats
     from memoplan.resolver.bind import resolve
     from memoplan.resolver.explain import explain  # the function, not the module of that name
     from memoplan.syntax import format_plan, load, parse
+    from memoplan.syntax.ast import Plan

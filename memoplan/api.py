@@ -62,20 +62,40 @@ def apply(model: nn.Module, plan: PlanLike, *, warn: bool = True) -> nn.Module:
     return model
 
 
-def compile(plan: PlanLike, model: nn.Module, output: Path | str, *, source: str | None = None) -> Path:
+def compile(model: nn.Module, plan: PlanLike, output: Path | str, *, source: str | None = None) -> Path:
     """Write the plan module for ``model`` to ``output`` and return its path.
+
+    The model comes first, as in :func:`apply` and :func:`memoplan.plan`; the order of
+    memoplan 0.x, ``compile(plan, model, output)``, still works for one release, with a
+    :class:`DeprecationWarning`.
 
     The file is what :func:`apply` runs — deterministic, byte-identical when compiled
     again — and needs only torch and ``memoplan.runtime``: commit it next to the model
     and call its ``apply(model)``.  ``source`` is the plan's name in the header (default:
     the plan's file as given).
     """
+    model, plan = _model_first(model, plan, "compile")
     parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
     resolved = plan if parsed is None else resolve(parsed, model)
     output = check_target(output, [resolved.file])  # MP508: a device, a missing folder, the plan itself
     code = emit(resolved, source=source, module_name=output.stem, arena=_arena(model, parsed, resolved))
     (path,) = write_files(code, output.parent, main_name=output.name)
     return path
+
+
+def _model_first(model, plan, name: str):
+    """(model, plan) from arguments in either order: the plan first is deprecated (memoplan 0.x)."""
+    if isinstance(model, nn.Module):
+        return model, plan
+    if isinstance(plan, nn.Module):
+        warnings.warn(
+            f"memoplan.{name}(plan, model, ...) is deprecated: pass the model first, memoplan.{name}(model, plan, ...)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return plan, model
+    got = type(model).__name__
+    raise TypeError(f"memoplan.{name}: the model (a torch.nn.Module) comes first, then the plan; got {got}")
 
 
 def remove(model: nn.Module) -> nn.Module:

@@ -503,66 +503,34 @@ def _sublinear_env(args, block):
 
 def _plan(args) -> int:
     """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
-    from memoplan.planner import search
-    from memoplan.planner.plan import Planner, rebased, with_sources
     from memoplan.planner.device_budget import device_budget_bytes, device_budget_refused, device_budget_text
-    from memoplan.planner.presets import DEFAULT, PRESETS, parse_budget
-    from memoplan.planner.write import with_budget
     from memoplan.planner.estimate import take_profile
+    from memoplan.planner.presets import parse_budget
     from memoplan.planner.profile import Profile, merge
-    from memoplan.resolver import resolve
-    from memoplan.syntax import ast, format_plan, parse_example_spec
+    from memoplan.planner.request import PlanRequestError
 
     start = _load(args.start) if args.start is not None else None
-    if start is None and (args.model is None or args.example is None):
-        print("memoplan plan: error: give --model and --example, or a plan to complete", file=sys.stderr)
+    request = _plan_request(args, start)
+    try:
+        request.check()
+        device_budget = device_budget_text(args.budget)
+        parsed = None
+        if device_budget is not None:  # bytes once the model is on the device: a placeholder until then
+            device_budget_refused(_device(args.device), args.budget)
+            parsed = parse_budget("1 B" + device_budget[1])
+        preset = request.make_preset(parsed)
+        sublinear = _sublinear_config(args, request.sublinear_block())
+        request.check_preset(preset, sublinear=sublinear is not None)
+    except PlanRequestError as exc:
+        print(f"memoplan plan: error: {exc}", file=sys.stderr)
         return 2
-    if args.coverage is not None and args.budget is not None:
-        print("memoplan plan: error: --coverage and --budget are two budgets: give one", file=sys.stderr)
-        return 2
-    if args.coverage is None and args.budget is None and args.preset is None and (start is None or start.budget is None):
-        print("memoplan plan: error: give --budget B or --preset NAME (or both)", file=sys.stderr)
-        return 2
-    device_budget = device_budget_text(args.budget)
-    if device_budget is not None:  # bytes once the model is on the device: a placeholder until then
-        device_budget_refused(_device(args.device), args.budget)
-        budget, hard = parse_budget("1 B" + device_budget[1])
-    else:
-        budget, hard = parse_budget(args.budget) if args.budget is not None else (None, None)
-    if args.coverage is not None:
-        try:
-            budget = search.parse_coverage(args.coverage)
-        except ValueError as exc:
-            print(f"memoplan plan: error: {exc}", file=sys.stderr)
-            return 2
-    if args.budget is None and args.coverage is None and start is not None and start.budget is not None:
-        budget, hard = search.budget_from_ast(start.budget), start.budget.mode is not ast.BudgetMode.HINT
-    if args.hint:
-        hard = False
-    block = None if start is None else start.block(ast.BlockKind.SUBLINEAR)
-    planner = Planner(args.planner) if args.planner else (Planner.SUBLINEAR if block is not None else None)
-    preset = (PRESETS[args.preset] if args.preset else DEFAULT).with_overrides(planner=planner, budget=budget, hard=hard)
-    sublinear = _sublinear_config(args, block)
-    if sublinear is not None and preset.planner is not Planner.SUBLINEAR:
-        given = ", ".join(f"--{k.replace('_', '-')}" for k in SUBLINEAR_OPTIONS if getattr(args, k) is not None)
-        given = given or f"the `sublinear` block of {args.start}"
-        print(f"memoplan plan: error: {given} set the sublinear search: add --planner sublinear", file=sys.stderr)
-        return 2
-    if start is not None and preset.levels:
-        print(
-            f"memoplan plan: error: preset {preset.name} refines by measurement, which could edit the rules of "
-            f"{args.start}; complete a plan with --budget (and --planner) instead",
-            file=sys.stderr,
-        )
-        return 2
-    if args.dtr and start is not None:
-        print("memoplan plan: error: --dtr writes a new plan; it does not complete one", file=sys.stderr)
-        return 2
-    check_output(args.output, *(plan_inputs(start, args.start, args.model) if start is not None else ()), model_file(args.model), *(args.profile or ()))
-    if start is None:
-        model, example = _model_and_example(args)
-    else:
-        model, example = _start_model_and_example(start, args)
+    check_output(
+        args.output,
+        *(plan_inputs(start, args.start, args.model) if start is not None else ()),
+        model_file(args.model),
+        *(args.profile or ()),
+    )
+    model, example = _model_and_example(args) if start is None else _start_model_and_example(start, args)
     try:
         prof = merge([Profile.load(path) for path in args.profile]) if args.profile else None
     except ValueError as exc:  # profiles of different models
@@ -570,22 +538,15 @@ def _plan(args) -> int:
         return 1
     if args.preset:
         levels = ", ".join(level.value for level in preset.levels) or "none"
-        if isinstance(preset.budget, search.Preset):
-            how = f"coverage budget {preset.budget.name.lower()}"  # takes its share; no planner search
-        elif isinstance(preset.budget, search.Coverage):
-            how = "a coverage budget"
-        elif isinstance(preset.budget, search.LeastPeak):
-            how = "the least peak (every search measured)"
-        else:
-            how = f"planner {preset.planner.value}"
-        _progress(f"preset {preset.name}: {how}, refinement levels: {levels}")
-    if args.nested and (
-        preset.planner is not Planner.OPTIMAL or isinstance(preset.budget, (search.Coverage, search.Preset))
-    ):
-        print("memoplan plan: error: --nested needs the optimal planner and a byte budget (e.g. 50%)", file=sys.stderr)
+        _progress(f"preset {preset.name}: {_preset_how(preset)}, refinement levels: {levels}")
+    try:
+        request.check_nested(preset)
+    except PlanRequestError as exc:
+        print(f"memoplan plan: error: {exc}", file=sys.stderr)
         return 2
     if device_budget is not None:
-        preset = preset.with_overrides(planner=None, budget=device_budget_bytes(_device(args.device), args.budget, device_budget, _progress), hard=hard)
+        limit = device_budget_bytes(_device(args.device), args.budget, device_budget, _progress)
+        preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
     if prof is None:
         prof = _first_step(lambda: take_profile(model, example, method=args.method, note=_progress), "profile")
     if args.dtr:
@@ -597,6 +558,50 @@ def _plan(args) -> int:
         "planned",
         only_oom=True,
     )
+    _write_plan(args, start, preset, result, model, example, prof)
+    return 0
+
+
+def _plan_request(args, start):
+    """The options of `memoplan plan` as a PlanRequest (memoplan.planner.request)."""
+    from memoplan.planner.request import PlanRequest
+
+    given = tuple(f"--{k.replace('_', '-')}" for k in SUBLINEAR_OPTIONS if getattr(args, k) is not None)
+    return PlanRequest(
+        budget=args.budget,
+        coverage=args.coverage,
+        preset=args.preset,
+        planner=args.planner,
+        hint=args.hint,
+        nested=args.nested,
+        dtr=args.dtr,
+        sublinear_options=given,
+        start=start,
+        start_name=None if args.start is None else str(args.start),
+        sources=args.model is not None and args.example is not None,
+    )
+
+
+def _preset_how(preset) -> str:
+    """How a named preset plans, for its progress line."""
+    from memoplan.planner import search
+
+    if isinstance(preset.budget, search.Preset):
+        return f"coverage budget {preset.budget.name.lower()}"  # takes its share; no planner search
+    if isinstance(preset.budget, search.Coverage):
+        return "a coverage budget"
+    if isinstance(preset.budget, search.LeastPeak):
+        return "the least peak (every search measured)"
+    return f"planner {preset.planner.value}"
+
+
+def _write_plan(args, start, preset, result, model, example, prof) -> None:
+    """Write the plan ``memoplan plan`` made (its sources and budget stated) and say what it did."""
+    from memoplan.planner.plan import rebased, with_sources
+    from memoplan.planner.write import with_budget
+    from memoplan.resolver import resolve
+    from memoplan.syntax import format_plan, parse_example_spec
+
     plan = result.plan
     if start is not None and args.model is None and args.example is None and start.model is not None:
         plan = rebased(plan, args.start.parent, args.output.parent)  # its specs, seen from where it is written
@@ -626,7 +631,6 @@ def _plan(args) -> int:
         f"budget {verdict}{refined}",
         file=sys.stderr if shown else sys.stdout,
     )
-    return 0
 
 
 def _plan_dtr(args, model, example, prof, preset) -> int:
@@ -688,11 +692,11 @@ def _compile(args) -> int:
     source = args.plan.as_posix()
     if not args.check:
         with writing(args.output):
-            path = compile_plan(resolved, model, args.output, source=source)
+            path = compile_plan(model, resolved, args.output, source=source)
         print(f"wrote {path} ({len(resolved.modules)} modules, plan id {resolved.digest})")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = compile_plan(resolved, model, Path(tmp) / args.output.name, source=source).read_bytes()
+        fresh = compile_plan(model, resolved, Path(tmp) / args.output.name, source=source).read_bytes()
     return cli_output.compare_compiled(args.output, fresh)
 
 

@@ -18,7 +18,11 @@ def test_public_names_are_frozen():
     assert sorted(memoplan.__all__) == [
         "Diagnostic",
         "MemoplanWarning",
+        "Plan",
         "PlanError",
+        "PlanRequestError",
+        "PlanResult",
+        "ResolvedPlan",
         "__version__",
         "apply",
         "compile",
@@ -27,6 +31,7 @@ def test_public_names_are_frozen():
         "format_plan",
         "load",
         "parse",
+        "plan",
         "remove",
         "resolve",
     ]
@@ -84,3 +89,13 @@ def test_optimizer_built_before_apply_trains_the_same_parameters():
             opt.step()
     for p, q in zip(model.parameters(), twin.parameters()):
         assert torch.equal(p, q)
+
+
+def test_compile_takes_the_model_first_and_the_old_order_is_deprecated(tmp_path):
+    model = cnn.build()
+    new = memoplan.compile(model, PLAN, tmp_path / "new.py")
+    with pytest.warns(DeprecationWarning, match=r"pass the model first, memoplan.compile\(model, plan"):
+        old = memoplan.compile(PLAN, model, tmp_path / "old.py")
+    assert old.read_bytes().replace(b"old", b"new") == new.read_bytes().replace(b"old", b"new")
+    with pytest.raises(TypeError, match="the model .* comes first"):
+        memoplan.compile(PLAN, PLAN, tmp_path / "neither.py")

@@ -130,7 +130,7 @@ def test_api_compile_refuses_the_same_targets(folder) -> None:
     plan = memoplan.load(folder / "plan.memplan")
     for target in (folder / "plan.memplan", Path("/dev/null"), folder / "nodir" / "x.py"):
         with pytest.raises(PlanError) as info:
-            memoplan.compile(plan, model, target)
+            memoplan.compile(model, plan, target)
         assert info.value.codes == ["MP508"]
     assert (folder / "plan.memplan").read_text(encoding="utf-8") == PLAN
-    assert memoplan.compile(plan, model, folder / "ok.py") == folder / "ok.py"
+    assert memoplan.compile(model, plan, folder / "ok.py") == folder / "ok.py"
