@@ -26,8 +26,11 @@ class Meta:
         "container_line", "container_column", "container_end_line", "container_end_column",
     )  # fmt: skip
 
-    def __init__(self) -> None:
-        self.empty = True
+    def __init__(self, extent: tuple | None) -> None:
+        self.empty = extent is None
+        if extent is not None:
+            self.line, self.column, self.end_line, self.end_column = extent
+            self.container_line, self.container_column, self.container_end_line, self.container_end_column = extent
 
 
 class Node:
@@ -40,47 +43,31 @@ class Node:
         self.meta = meta
 
 
-def _first_meta(children):
+def _extent(children: list):
+    """(line, column, end line, end column) of a node's container, or None if it has no position:
+    from the first and last child that has one (a token, or a node that is not empty)."""
     for child in children:
         if child is None:
             continue
-        if isinstance(child, Token):
-            return child
+        if child.__class__ is Token:
+            line, column = child.line, child.column
+            break
         meta = child.meta
         if not meta.empty:
-            return meta
-    return None
-
-
-def _extent(children):
-    """(line, column, end line, end column) of a node's container, or None if it has no position."""
-    first = _first_meta(children)
-    if first is None:
+            line, column = meta.container_line, meta.container_column
+            break
+    else:
         return None
-    last = _first_meta(reversed(children))
-    if isinstance(first, Token):
-        line, column = first.line, first.column
-    else:
-        line, column = first.container_line, first.container_column
-    if isinstance(last, Token):
-        end_line, end_column = last.end_line, last.end_column
-    else:
-        end_line, end_column = last.container_end_line, last.container_end_column
-    return line, column, end_line, end_column
-
-
-def _positions(children) -> Meta:
-    meta = Meta()
-    extent = _extent(children)
-    if extent is not None:
-        meta.line, meta.column, meta.end_line, meta.end_column = extent
-        meta.container_line, meta.container_column, meta.container_end_line, meta.container_end_column = extent
-        meta.empty = False
-    return meta
-
-
-def _unwrap(items) -> list:
-    return [item.value if type(item) is Node else item for item in items]
+    for i in range(len(children) - 1, -1, -1):
+        child = children[i]
+        if child is None:
+            continue
+        if child.__class__ is Token:
+            return line, column, child.end_line, child.end_column
+        meta = child.meta
+        if not meta.empty:
+            return line, column, meta.container_end_line, meta.container_end_column
+    return None  # not reached: the first loop found a child with a position
 
 
 def _callback(inner, name: str, method, with_meta: bool):
@@ -89,17 +76,17 @@ def _callback(inner, name: str, method, with_meta: bool):
 
     def reduce(children):
         kept = inner(children)
-        if type(kept) is not list:  # a `?rule` with one child: that child, its container widened
-            if kept is not None and not isinstance(kept, Token):
+        if kept.__class__ is not list:  # a `?rule` with one child: that child, its container widened
+            if kept is not None and kept.__class__ is not Token:
                 extent = _extent(children)
                 if extent is not None:
                     meta = kept.meta
                     meta.container_line, meta.container_column, meta.container_end_line, meta.container_end_column = extent
             return kept
-        meta = _positions(children)
+        meta = Meta(_extent(children))
         if inlined:  # `_rule`: its parent takes its children as they are (no copy: `a: a _x` stays linear)
             return Tree(name, kept, meta)
-        values = _unwrap(kept)
+        values = [item.value if item.__class__ is Node else item for item in kept]
         if method is None:
             return Tree(name, values, meta)
         return Node(method(meta, values) if with_meta else method(values), meta)
