@@ -630,10 +630,13 @@ def _attach(nodes, comments: list[Token]):
         changes = {}
         if isinstance(node, (ast.ModuleRule, ast.ConfigBlock)):
             field_name = "policies" if isinstance(node, ast.ModuleRule) else "entries"
-            children, closing = _attach(getattr(node, field_name), inside)
-            changes = {field_name: tuple(children), "closing": tuple(_text(c) for c in closing)}
+            children, closing = _attach(getattr(node, field_name), inside) if inside else (getattr(node, field_name), ())
+            if inside:
+                changes = {field_name: tuple(children), "closing": tuple(_text(c) for c in closing)}
         else:
             trailing += inside
         text = " ".join(_text(c) for c in trailing) or None
-        out.append(replace(node, comments=ast.Comments(tuple(leading), text), **changes))
+        if leading or text or changes:  # else the node is as built (no comments): not copied
+            node = replace(node, comments=ast.Comments(tuple(leading), text), **changes)
+        out.append(node)
     return out, comments[i:]
