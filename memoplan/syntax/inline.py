@@ -77,7 +77,7 @@ def _callback(inner, name: str, method, with_meta: bool):
     def reduce(children):
         kept = inner(children)
         if kept.__class__ is not list:  # a `?rule` with one child: that child, its container widened
-            if kept is not None and kept.__class__ is not Token:
+            if len(children) > 1 and kept is not None and kept.__class__ is not Token:  # one child: its own extent
                 extent = _extent(children)
                 if extent is not None:
                     meta = kept.meta
