@@ -168,7 +168,11 @@ class _Checker:
 
 
 class Builder(Transformer):
-    """Lark transformer: parse tree -> AST nodes (without comments)."""
+    """Lark transformer: grammar rules -> AST nodes (without comments).
+
+    The parser runs its methods as each rule is reduced (:mod:`memoplan.syntax.inline`), so no
+    parse tree is built; ``Builder(file).transform(tree)`` of a parse tree gives the same nodes.
+    """
 
     def __init__(self, file: str):
         super().__init__(visit_tokens=False)

@@ -26,7 +26,7 @@ from lark.lexer import PatternRE, PatternStr
 
 from memoplan._resources import grammar_text
 from memoplan.diagnostics import Diagnostic, PlanError, Span, did_you_mean
-from memoplan.syntax import ast
+from memoplan.syntax import ast, inline
 from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES, Builder, unit_help
 
 MAX_ERRORS = 50
@@ -59,7 +59,8 @@ class _Comments:
 
 
 @cache
-def _lark() -> tuple[Lark, _Comments]:
+def _lark() -> tuple[Lark, _Comments, Builder]:
+    """The parser, its comment sink and the Builder it runs as it parses (all shared: :data:`_LOCK`)."""
     sink = _Comments()
     parser = Lark(
         grammar_text(),
@@ -70,12 +71,14 @@ def _lark() -> tuple[Lark, _Comments]:
         maybe_placeholders=True,
         lexer_callbacks={"COMMENT": sink},
     )
-    return parser, sink
+    builder = Builder("<memory>")
+    inline.install(parser, builder)  # the AST is built during the parse: no parse tree
+    return parser, sink, builder
 
 
 @cache
 def _terminal_words() -> dict[str, str]:
-    parser, _ = _lark()
+    parser, _, _ = _lark()
     words = dict(_TERMINAL_WORDS)
     for terminal in parser.terminals:
         if isinstance(terminal.pattern, PatternStr):
@@ -201,12 +204,9 @@ def _parse_with_diagnostics(text: str, file: str) -> tuple[ast.Plan | None, list
     missing = _missing_header(text, file)
     if missing:
         return None, [missing]
-    tree, comments, diagnostics = _parse_tree(text, file, "start")
-    if tree is None:
+    items, comments, diagnostics = _parse_tree(text, file, "start")
+    if items is None:
         return None, _in_order(diagnostics)
-    builder = Builder(file)
-    items = builder.transform(tree)
-    diagnostics.extend(builder.diagnostics)
     plan = _assemble(items, comments, file, text, diagnostics)
     return plan, _in_order(diagnostics)
 
@@ -224,12 +224,8 @@ def parse_example_spec(text: str, file: str = "<example>") -> ast.ExampleStmt:
     if ":" in stripped and "(" not in stripped and not stripped.startswith('"'):
         return ast.ExampleStmt(spec=stripped)
     source = f"example {stripped}"
-    tree, _, diagnostics = _parse_tree(source, file, "example_stmt", recover=False)
-    if tree is not None:
-        builder = Builder(file)
-        stmt = builder.transform(tree)
-        diagnostics.extend(builder.diagnostics)
-    if tree is None or any(d.is_error for d in diagnostics):
+    stmt, _, diagnostics = _parse_tree(source, file, "example_stmt", recover=False)
+    if stmt is None or any(d.is_error for d in diagnostics):
         raise PlanError(tuple(diagnostics), source)
     return stmt
 
@@ -262,13 +258,15 @@ _LOCK = threading.Lock()  # the parser and its comment sink are shared
 
 
 def _parse_tree(text: str, file: str, start: str, recover: bool = True):
+    """``(built items or None, comments, diagnostics)``: the syntax errors, or the value errors of the build."""
     with _LOCK:
         if start != "start" or not recover:
-            return _parse_tree_locked(text, file, start, recover)
-        tree, comments, diagnostics = _parse_tree_locked(text, file, start, False)
-        if tree is None:  # a syntax error: find every error statement by statement
+            built, comments, diagnostics, values = _parse_tree_locked(text, file, start, recover)
+            return built, comments, diagnostics + values
+        built, comments, diagnostics, values = _parse_tree_locked(text, file, start, False)
+        if built is None:  # a syntax error: find every error statement by statement
             return None, [], _errors_by_statement(text, file)
-        return tree, comments, diagnostics
+        return built, comments, diagnostics + values
 
 
 # ---------------------------------------------------------------- recovery, one statement at a time
@@ -291,12 +289,11 @@ def _errors_by_statement(text: str, file: str) -> list[Diagnostic]:
             break
         shift = 0 if first == 1 else first - 2
         found: list = []
-        tree, _, errors = _parse_tree_locked(chunk if first == 1 else "memplan 1\n" + chunk, file, "start", True, found, shift)
+        built, _, errors, values = _parse_tree_locked(chunk if first == 1 else "memplan 1\n" + chunk, file, "start", True, found, shift)
         syntax_errors += sum(d.code.startswith("MP1") for d in errors)
-        if tree is not None:  # no syntax error here: its values are still checked
-            builder = Builder(file)
-            _, *found = builder.transform(tree)
-            errors = errors + builder.diagnostics
+        if built is not None:  # no syntax error here: its values are still checked
+            _, *found = built
+            errors = errors + values
         diagnostics.extend(_shifted(d, shift) for d in errors)
         statements.extend((stmt, shift) for stmt in found if stmt is not None)
     _check_unique([_shifted_statement(stmt, shift) for stmt, shift in statements], diagnostics)
@@ -339,15 +336,18 @@ def _parse_tree_locked(text: str, file: str, start: str, recover: bool, statemen
     """Parse; after a syntax error blank out its line (or block) and go on, reporting each line once.
 
     ``statements``: a list that gets the statements of the text (errors elided) instead of
-    their ``MP208`` check, which the caller makes (:func:`_errors_by_statement`)."""
-    parser, sink = _lark()
+    their ``MP208`` check, which the caller makes (:func:`_errors_by_statement`).
+
+    Returns ``(built items or None, comments, diagnostics, value diagnostics of the built items)``."""
+    parser, sink, builder = _lark()
     diagnostics: list[Diagnostic] = []
     reported: set[int] = set()
     work = text
     for _ in range(MAX_ERRORS):
         sink.tokens = []
+        builder.file, builder.diagnostics = file, []  # a failed parse's value errors are dropped
         try:
-            tree = parser.parse(work, start=start)
+            node = parser.parse(work, start=start)
         except UnexpectedInput as error:
             line = _error_line(error, work)
             again = line in reported
@@ -356,26 +356,26 @@ def _parse_tree_locked(text: str, file: str, start: str, recover: bool, statemen
                 reported.add(line)
             work_next = _elide(work, error, again) if recover else None
             if work_next is None or work_next == work:
-                return None, [], diagnostics
+                return None, [], diagnostics, []
             work = work_next
             continue
+        built = node.value if type(node) is inline.Node else node
         if diagnostics:
-            # The tree of an elided text is only used to find more errors.
+            # The build of an elided text is only used to find more errors.
             sink.tokens = []
-            return _build_only_for_errors(tree, file, diagnostics, statements)
-        return tree, list(sink.tokens), diagnostics
-    return None, [], diagnostics
+            return _build_only_for_errors(built, builder.diagnostics, diagnostics, statements)
+        return built, list(sink.tokens), diagnostics, builder.diagnostics
+    return None, [], diagnostics, []
 
 
-def _build_only_for_errors(tree, file, diagnostics, collect: list | None = None):
-    builder = Builder(file)
-    _, *statements = builder.transform(tree)
-    diagnostics.extend(builder.diagnostics)
+def _build_only_for_errors(built, values: list[Diagnostic], diagnostics, collect: list | None = None):
+    _, *statements = built
+    diagnostics.extend(values)
     if collect is not None:
         collect.extend(statements)
     else:
         _check_unique([s for s in statements if s is not None], diagnostics)
-    return None, [], diagnostics
+    return None, [], diagnostics, []
 
 
 def _is_end(error: UnexpectedInput) -> bool:
@@ -630,10 +630,13 @@ def _attach(nodes, comments: list[Token]):
         changes = {}
         if isinstance(node, (ast.ModuleRule, ast.ConfigBlock)):
             field_name = "policies" if isinstance(node, ast.ModuleRule) else "entries"
-            children, closing = _attach(getattr(node, field_name), inside)
-            changes = {field_name: tuple(children), "closing": tuple(_text(c) for c in closing)}
+            children, closing = _attach(getattr(node, field_name), inside) if inside else (getattr(node, field_name), ())
+            if inside:
+                changes = {field_name: tuple(children), "closing": tuple(_text(c) for c in closing)}
         else:
             trailing += inside
         text = " ".join(_text(c) for c in trailing) or None
-        out.append(replace(node, comments=ast.Comments(tuple(leading), text), **changes))
+        if leading or text or changes:  # else the node is as built (no comments): not copied
+            node = replace(node, comments=ast.Comments(tuple(leading), text), **changes)
+        out.append(node)
     return out, comments[i:]
