@@ -36,6 +36,10 @@ def gpt2(layers: int, width: int, seq: int):
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=layers, n_embd=width, n_head=width // 64, vocab_size=512, n_positions=seq)
+    # No KV cache: PyTorch's selective checkpointing as the docs write it fails on a cache that
+    # grows between forward and recompute ("aten.slice.Tensor encountered during backward but not
+    # found in storage"); memoplan's regions restore the cache and run with it on.
+    config.use_cache = False
     return GPT2LMHeadModel(config)
 
 
@@ -88,7 +92,11 @@ def main(argv=None) -> int:
     for name, make in VARIANTS.items():
         model = make(copy.deepcopy(base))
         torch.manual_seed(1)
-        peak = measure_step(model, (ids,)).peak_bytes
+        try:
+            peak = measure_step(model, (ids,)).peak_bytes
+        except RuntimeError as exc:  # a variant that cannot run this model: said so in the table
+            print(f"| {name} | fails: {str(exc).splitlines()[0][:120]} |", flush=True)
+            continue
         torch.manual_seed(1)
         training_step(model, (ids,))
         grads = _grads(model)
