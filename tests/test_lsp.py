@@ -241,7 +241,7 @@ def test_completion_in_context(server) -> None:
     )
     _open(server, text)
     assert _labels(server.complete(URI, 1, 0)) == ["model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger"]
-    assert _labels(server.complete(URI, 3, 28)) == ["split", "rng", "impl", "nested"]
+    assert _labels(server.complete(URI, 3, 28)) == ["split", "rng", "impl", "nested", "save"]
     assert _labels(server.complete(URI, 4, 21)) == ["none", "bool", "uint8", "bit", "sparse", "auto", "int8"]
     assert _labels(server.complete(URI, 5, 4)) == ["temporal_chunk", "keep", "state", "buffers"]
     assert _labels(server.complete(URI, 9, 4)) == ["ordering", "peak_slack"]

@@ -358,7 +358,7 @@ def test_the_header_says_what_ran_and_what_the_refined_plan_recomputes(tmp_path,
 
 def test_one_checkpoint_is_singular(tmp_path, monkeypatch, capsys):
     def run(self, model, example, *, prof=None, progress=True, named=True, nested=False, sublinear=None, start=None):
-        plan = memoplan.parse("memplan 1\nmodule layers.0 { checkpoint }\n")
+        plan = memoplan.parse("memplan 1\nmodule blocks.0 { checkpoint }\n")
         return SimpleNamespace(plan=plan, met=True, refinement=None, regions=1, measured_before=2, measured_after=1)
 
     monkeypatch.setattr(PlannerPreset, "run", run)

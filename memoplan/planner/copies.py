@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-import memoplan
+from memoplan import api
 from memoplan.runtime.state import get_state, is_stateful, load_state
 
 
@@ -25,4 +25,4 @@ def unplanned_copy(model: nn.Module) -> nn.Module:
     finally:
         for m, state in states:
             load_state(m, state)
-    return memoplan.remove(clone)
+    return api.remove(clone)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-import memoplan
+from memoplan.resolver import resolve
+from memoplan.syntax import parse
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner.budgets import ByteBudget, Bytes, FractionOfPeak, byte_limit, format_duration, format_size
 from memoplan.planner.dtr_sim import Simulation, candidates_from_chain, parameter_bytes, simulate, threshold_for
@@ -51,8 +52,8 @@ class DtrPlanResult:
 
 def dtr_candidates(model: nn.Module) -> tuple[str, ...]:
     """The modules a ``dtr`` block with no rules beside it would evict (model order)."""
-    probe = memoplan.parse("memplan 1\ndtr { eviction_threshold = 1 B }\n", "<dtr candidates>")
-    return tuple(m.path for m in memoplan.resolve(probe, model).modules if m.evict is not None)
+    probe = parse("memplan 1\ndtr { eviction_threshold = 1 B }\n", "<dtr candidates>")
+    return tuple(m.path for m in resolve(probe, model).modules if m.evict is not None)
 
 
 def make_dtr_plan(

@@ -40,7 +40,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-import memoplan
+from memoplan.version import __version__
 from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, warm_up, step_device, training_step
 from memoplan.planner.profile import module_profile, as_example, input_metas, Probe, qualname, Record, Restored, tensor_bytes, unique_storages, profile
 from memoplan.planner.copies import unplanned_copy
@@ -329,7 +329,7 @@ def _assemble(
         inputs=input_metas(example),
         device=str(target),
         torch_version=torch.__version__,
-        memoplan_version=memoplan.__version__,
+        memoplan_version=__version__,
         repeats=small.repeats if small is not None else 0,
         method="estimated",
     )
@@ -354,7 +354,7 @@ def _throughput(device: torch.device) -> float:
 def estimate_plan(model: nn.Module, example: Example | torch.Tensor | Sequence[Any], plan: Any) -> int:
     """The peak of one training step of a copy of ``model`` with ``plan``, on fake tensors: what
     :func:`memoplan.planner.refine.measure_plan` measures, with nothing of the step allocated."""
-    import memoplan as api
+    from memoplan import api
 
     example = as_example(example)
     target = step_device(model, example.args, example.kwargs)

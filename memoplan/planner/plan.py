@@ -16,7 +16,6 @@ from pathlib import Path
 
 from torch import nn
 
-import memoplan
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner import search, segments
 from memoplan.planner.advice import recommendation
@@ -27,6 +26,7 @@ from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
 from memoplan.planner.write import comment_line, provenance
 from memoplan.planner.refine import refine as refine_plan
+from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
 from memoplan.syntax import ast
@@ -616,7 +616,7 @@ class Search:
 
 def _fixed_by(start: ast.Plan, model: nn.Module, how: Search) -> Search:
     """``how`` completing ``start``: which modules its rules fix (resolved against ``model``)."""
-    resolved = memoplan.resolve(start, model)
+    resolved = resolve(start, model)
     return replace(
         how,
         start=start,

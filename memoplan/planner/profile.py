@@ -70,7 +70,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-import memoplan
+from memoplan.version import __version__
 
 from memoplan.measure import LossFn, measure_step, step_device, training_step
 from memoplan.runtime import codecs
@@ -189,7 +189,7 @@ def profile(
         inputs=input_metas(example),
         device=str(target),
         torch_version=torch.__version__,
-        memoplan_version=memoplan.__version__,
+        memoplan_version=__version__,
         repeats=repeats,
     )
 

@@ -56,7 +56,8 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-import memoplan
+from memoplan import api
+from memoplan.resolver import resolve
 from memoplan.diagnostics import PlanError, printable
 from memoplan.measure import measure_step
 from memoplan.planner.config import ALL_LEVELS, Level, RefineOptions
@@ -128,7 +129,7 @@ def measure_plan(model: nn.Module, example: Example, plan: ast.Plan) -> int:
         return estimate_plan(model, example, plan)
     example = _as_example(example)
     with Snapshot(model, example):
-        clone = memoplan.apply(_copy(model), plan, warn=False)
+        clone = api.apply(_copy(model), plan, warn=False)
         return measure_step(clone, example.args, example.kwargs).peak_bytes
 
 
@@ -449,7 +450,7 @@ class _Refiner:
     def _resolves(self, level: Level, candidate: _Candidate) -> bool:
         """Whether the edited plan resolves; a refusal is recorded as a skipped trial (nothing measured)."""
         try:
-            memoplan.resolve(self._edited(candidate, None), self.model)
+            resolve(self._edited(candidate, None), self.model)
         except PlanError as error:
             first = error.errors[0] if error.errors else error.diagnostics[0]
             note = f"skipped: {first.code} {first.message}"

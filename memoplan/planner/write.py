@@ -32,11 +32,6 @@ def comment_line(text: str) -> str:
     return ("# " + "".join(out)).rstrip()
 
 
-def comment_line(text: str) -> str:
-    """One ``# ...`` comment line of a generated plan (whitespace folded, control characters escaped)."""
-    return _comment(text)
-
-
 def provenance(command: str, prof: Profile) -> dict[str, str]:
     """The header entries every written plan starts with: what wrote it, torch, the device, the inputs."""
     return {

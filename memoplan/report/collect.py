@@ -32,7 +32,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-import memoplan
+from memoplan import api
+from memoplan.runtime.dtr import dtr_stats
 from memoplan.diagnostics import PlanError
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import measure_step, timeline_step, training_step
@@ -122,12 +123,12 @@ def timelines(
     ``memoplan verify`` runs its steps); the RNG is restored afterwards.
     """
     out: dict[str, dict[str, Any]] = {}
-    stats_of = memoplan.dtr_stats if resolved.dtr is not None else None
+    stats_of = dtr_stats if resolved.dtr is not None else None
     with torch.random.fork_rng(devices=[]):
         for name in ("unplanned", "planned"):
             copied = copy.deepcopy(model)
             if name == "planned":
-                copied = memoplan.apply(copied, resolved, warn=False)
+                copied = api.apply(copied, resolved, warn=False)
             counts: list[list[int]] = []
             counting = stats_of if name == "planned" else None
 
@@ -168,7 +169,7 @@ def saved_bytes(
     """Saved-activation bytes of each shown module's subtree (the profiler's attribution),
     without and with the plan; their class names; and the unplanned profile."""
     before = profile(model, example, repeats=1, progress=False)
-    planned = memoplan.apply(copy.deepcopy(model), resolved, warn=False)
+    planned = api.apply(copy.deepcopy(model), resolved, warn=False)
     after = profile(planned, example, repeats=1, progress=False)
     classes = {m.name: m.type.rpartition(".")[2] for m in before.modules}
     return (
@@ -206,7 +207,7 @@ def step_seconds(model: nn.Module, example: Example, repeats: int, step: Callabl
 def _planned_point(
     model: nn.Module, plan: Any, example: Example, seed: int, repeats: int, **entry: Any
 ) -> dict[str, Any]:
-    planned = memoplan.apply(copy.deepcopy(model), plan, warn=False)
+    planned = api.apply(copy.deepcopy(model), plan, warn=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peak = measure_step(copy.deepcopy(planned), example.args, example.kwargs).peak_bytes
@@ -372,9 +373,9 @@ def dtr_statistics(model: nn.Module, resolved: ResolvedPlan, example: Example, s
     or None when the plan has no ``dtr`` block."""
     if resolved.dtr is None:
         return None
-    planned = memoplan.apply(copy.deepcopy(model), resolved, warn=False)
+    planned = api.apply(copy.deepcopy(model), resolved, warn=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         training_step(planned, example.args, example.kwargs)
-    as_dict = dataclasses.asdict(memoplan.dtr_stats(planned))
+    as_dict = dataclasses.asdict(dtr_stats(planned))
     return {"statistics": {str(k): v for k, v in as_dict.items()}}

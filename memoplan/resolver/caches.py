@@ -59,7 +59,9 @@ def returned_cache(
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             output = copied(*args, **kwargs)
-    except Exception:  # the model or example failed: `verify` reports it
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # the model or example failed (SystemExit too): the step reports it (MP504, MP411)
         return []
     finally:
         for handle in handles:
