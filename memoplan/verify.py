@@ -152,15 +152,7 @@ def verify(
     """
     if compile is not None:
         return _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, compile)
-    resolved = plan if isinstance(plan, ResolvedPlan) else resolve(api.as_plan(plan), model)
-    if rtol is None:
-        rtol = CHUNK_RTOL if any(m.temporal_chunk for m in resolved.modules) else 0.0
-    reference = copy.deepcopy(model)
-    if device is not None:
-        reference.to(device)
-        example = example.to(device)
-    planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
-    where = step_device(reference, example.args, example.kwargs)
+    resolved, rtol, reference, planned, example, where = _prepared(model, plan, example, rtol, device)
     if compare_example is not None:
         del reference, planned
         return _verify_smaller(model, device, resolved, example, compare_example, seed, loss_fn, rtol, where)
@@ -300,8 +292,10 @@ def _verify_smaller(
     )
 
 
-def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend: str) -> VerifyReport:
-    """:func:`verify` with both steps under ``torch.compile(backend=backend)``."""
+def _prepared(model: nn.Module, plan, example: Example, rtol: float | None, device):
+    """What both steps start from: the resolved plan, the tolerance (``rtol``, else the plan's
+    default), a copy of ``model`` on ``device`` and a planned copy of it, the example there, and
+    the device the step runs on."""
     resolved = plan if isinstance(plan, ResolvedPlan) else resolve(api.as_plan(plan), model)
     if rtol is None:
         rtol = CHUNK_RTOL if any(m.temporal_chunk for m in resolved.modules) else 0.0
@@ -310,7 +304,12 @@ def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend:
         reference.to(device)
         example = example.to(device)
     planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
-    where = step_device(reference, example.args, example.kwargs)
+    return resolved, rtol, reference, planned, example, step_device(reference, example.args, example.kwargs)
+
+
+def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend: str) -> VerifyReport:
+    """:func:`verify` with both steps under ``torch.compile(backend=backend)``."""
+    resolved, rtol, reference, planned, example, where = _prepared(model, plan, example, rtol, device)
     torch._dynamo.reset()
     with _reproducible(where) as nondeterministic:
         runs, captures = [], []

@@ -521,15 +521,7 @@ def _check_region_state(res: Resolution, path: str, module: nn.Module, recompute
             f"{type(res.index.modules[unmarked[0]]).__name__} {{ state = functional }}`)",
         )
     if isinstance(recompute, ast.Checkpoint) and recompute.save:
-        runs = [
-            word
-            for word, present in (
-                ("compress", compress is not None),
-                ("temporal_chunk", chunk is not None),
-                ("stateful modules", bool(_region_state(res, path, module))),
-            )
-            if present
-        ]
+        runs = _own_region_needs(res, path, module, compress, chunk)
         if runs:
             res.error(
                 "MP325",
@@ -539,15 +531,7 @@ def _check_region_state(res: Resolution, path: str, module: nn.Module, recompute
                 "drop `save` (a plain checkpoint), or the other policy",
             )
     if isinstance(recompute, ast.Checkpoint) and recompute.impl is ast.CheckpointImpl.TORCH:
-        needs = [
-            word
-            for word, present in (
-                ("compress", compress is not None),
-                ("temporal_chunk", chunk is not None),
-                ("stateful modules", bool(_region_state(res, path, module))),
-            )
-            if present
-        ]
+        needs = _own_region_needs(res, path, module, compress, chunk)
         if needs:
             res.error(
                 "MP317",
@@ -565,6 +549,19 @@ def _region_state(res: Resolution, path: str, module: nn.Module) -> tuple[str, .
         if isinstance(_winner(res, full, "state"), ast.State):
             found.append(name)
     return tuple(sorted(found, key=ir.path_key))
+
+
+def _own_region_needs(res: Resolution, path: str, module, compress, chunk) -> list[str]:
+    """What only memoplan's own region runs for ``path``: compression, time chunks, state."""
+    return [
+        word
+        for word, present in (
+            ("compress", compress is not None),
+            ("temporal_chunk", chunk is not None),
+            ("stateful modules", bool(_region_state(res, path, module))),
+        )
+        if present
+    ]
 
 
 def _check_model_checkpointing(res: Resolution) -> None:
