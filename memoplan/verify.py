@@ -336,17 +336,20 @@ def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend:
 
 def _timed(run: nn.Module, example: Example, loss_fn, where: torch.device) -> float:
     """The wall time of a compiled step: the second of two (a guard the first fails recompiles there)."""
-    times = []
     with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
-        for _ in range(2):
-            if where.type == "cuda":
-                torch.cuda.synchronize(where)
-            start = time.perf_counter()
-            training_step(run, example.args, example.kwargs, loss_fn)
-            if where.type == "cuda":
-                torch.cuda.synchronize(where)
-            times.append(time.perf_counter() - start)
+        times = [_wall_time(run, example, loss_fn, where) for _ in range(2)]
     return times[-1]
+
+
+def _wall_time(run: nn.Module, example: Example, loss_fn, where: torch.device) -> float:
+    """Seconds of one training step of ``run`` (on CUDA, from idle to finished)."""
+    if where.type == "cuda":
+        torch.cuda.synchronize(where)
+    start = time.perf_counter()
+    training_step(run, example.args, example.kwargs, loss_fn)
+    if where.type == "cuda":
+        torch.cuda.synchronize(where)
+    return time.perf_counter() - start
 
 
 def _step_times(
@@ -364,17 +367,8 @@ def _step_times(
     if device is not None:
         reference.to(device)
     planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
-    times = []
     with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
-        for copied in (reference, planned):
-            if where.type == "cuda":
-                torch.cuda.synchronize(where)
-            start = time.perf_counter()
-            training_step(copied, example.args, example.kwargs, loss_fn)
-            if where.type == "cuda":
-                torch.cuda.synchronize(where)
-            times.append(time.perf_counter() - start)
-    return times[0], times[1]
+        return _wall_time(reference, example, loss_fn, where), _wall_time(planned, example, loss_fn, where)
 
 
 @contextlib.contextmanager
