@@ -37,8 +37,12 @@ demo: $(STAMP)
 	mkdir -p build
 	$(VENV)/bin/memoplan report plans/cnn_bn_dropout.memplan -o build/cnn_bn_dropout.html
 
+# Tests run in JOBS processes (pytest-xdist; each gets its share of the cores for torch's
+# threads): 2 by default, as many as the 2-core machines CI runs on.
+JOBS ?= 2
+
 test: $(TEST_SETUP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(JOBS) --dist worksteal
 
 clients: $(CLIENTS)
 
@@ -52,7 +56,7 @@ $(CLIENTS): $(STAMP) editors/package-lock.json
 # The edit loop: everything but the `slow`, `dist` and `bench` tests, with the `dev` hypothesis
 # profile (few examples per property); docs/contributing.md says what each marker means.
 test-fast: $(STAMP)
-	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -m "not slow and not dist and not bench"
+	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -n $(JOBS) --dist worksteal -m "not slow and not dist and not bench"
 
 # Style and types (configured in pyproject.toml): ruff's lint (import order included), the
 # formatter's check, and mypy on syntax/, ir, resolver/, codegen/ and planner/.

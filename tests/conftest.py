@@ -14,6 +14,13 @@ from _profiles import PROFILE  # tests/_profiles.py
 
 settings.load_profile(PROFILE)
 
+# Under pytest-xdist (`make test` runs `-n 2`), each worker gets its share of the cores for
+# torch's intra-op threads: two workers with a thread pool of every core each would fight over
+# them.  Set before torch is first imported, so torch and every subprocess a test starts read it.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
+
 _CACHE: list[str] = []
 
 
