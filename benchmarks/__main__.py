@@ -23,7 +23,7 @@ and the plot files) and one SVG per plot.  ``--render`` measures nothing and dra
 the summary and the plots again from ``results.json``.
 ``--quick`` runs each script at small sizes (the CNN only, one budget, no compiled
 peer, one timed step): a check that everything runs and every figure is a number, not
-a measurement to quote (``tests/test_report.py`` checks the compiled peer).
+a measurement to quote (``tests/report/test_report.py`` checks the compiled peer).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One rank of the two-process CPU DDP and FSDP2 runs of tests/test_distributed.py (gloo backend).
+"""One rank of the two-process CPU DDP and FSDP2 runs of tests/runtime/test_distributed.py (gloo backend).
 
 Run as ``python tests/_ddp_worker.py RANK WORLD RENDEZVOUS_DIR OUT_DIR``.  Rank 0 opens a
 TCPStore on a port the OS picks (port 0, so no two runs race for a port) and writes the

@@ -1,5 +1,5 @@
 """Run a memoplan command in an address space too small for the unplanned step of a model
-(tests/test_oom.py): ``python _limited.py MARGIN_MIB memoplan-arguments...``.
+(tests/planner/test_oom.py): ``python _limited.py MARGIN_MIB memoplan-arguments...``.
 
 After the imports and one tiny training step (the autograd engine's and oneDNN's first-use
 costs), ``RLIMIT_AS`` is set to the address space in use plus the margin.  The caller sets

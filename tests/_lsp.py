@@ -7,6 +7,7 @@ document.
 
 from __future__ import annotations
 
+from _paths import ROOT
 import asyncio
 import sys
 import threading
@@ -16,7 +17,6 @@ from pathlib import Path
 from lsprotocol import types as lsp
 from pygls.lsp.client import LanguageClient
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Session:

@@ -1,4 +1,4 @@
-"""One rank of tests/test_memory_block.py's distributed case: `memory { atomic_clean_policy = 0 }`
+"""One rank of tests/runtime/test_memory_block.py's distributed case: `memory { atomic_clean_policy = 0 }`
 under DDP (gradient_as_bucket_view off: trained; on: refused) and FSDP2 (refused).
 
 Run as ``python _memory_worker.py RANK WORLD FOLDER``; writes ``FOLDER/rank{RANK}.pt``.

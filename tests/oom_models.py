@@ -1,4 +1,4 @@
-"""A model for the out-of-memory tests (tests/test_oom.py): the bundled transformer at a size whose
+"""A model for the out-of-memory tests (tests/planner/test_oom.py): the bundled transformer at a size whose
 unplanned step holds a few times what a checkpointed one does.  Plans name it by path,
 ``tests/oom_models.py:build``."""
 

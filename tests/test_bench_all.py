@@ -3,6 +3,7 @@ figure of the summary is a number."""
 
 from __future__ import annotations
 
+from _paths import ROOT
 import json
 import math
 import re
@@ -17,7 +18,6 @@ pytestmark = pytest.mark.bench
 pytest.importorskip("matplotlib")
 pytest.importorskip("spikingjelly")  # the spiking benchmark's peer
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_quick_benchmarks_write_every_plot_and_only_numbers(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _paths import ROOT
 import json
 import math
 import runpy
@@ -11,7 +12,6 @@ import pytest
 
 pytestmark = pytest.mark.bench
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "dtr.py"
 
 

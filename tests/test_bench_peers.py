@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _paths import ROOT
 import json
 import runpy
 from pathlib import Path
@@ -10,7 +11,6 @@ import pytest
 
 pytestmark = pytest.mark.bench
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "planner_vs_peers.py"
 TINY = ["--steps", "1", "--warmup", "0", "--profile-repeats", "1"]
 

@@ -6,6 +6,7 @@ Diagnostics go to stderr with code, ``file:line:col`` and a caret; results to st
 
 from __future__ import annotations
 
+from _paths import ROOT
 import argparse
 import os
 import re
@@ -20,7 +21,6 @@ from memoplan import cli
 
 from _cli import TRACEBACK, run, write
 
-ROOT = Path(__file__).resolve().parent.parent
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))
 assert PLANS, "plans/ holds the bundled example plans"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _paths import ROOT
 import re
 from pathlib import Path
 
@@ -9,7 +10,6 @@ import pytest
 
 from memoplan import cli
 
-ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
 COMMANDS = sorted({*cli.SUBCOMMANDS, "rule"})
 

@@ -7,6 +7,7 @@ ends, escape sequences, bidi overrides, NUL, lone surrogates, deep nesting, a lo
 
 from __future__ import annotations
 
+from _paths import TESTS
 import re
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from memoplan import cli
 
 from _profiles import n_examples
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hostile"
+FIXTURES = TESTS / "fixtures" / "hostile"
 TRACEBACK = "Traceback (most recent call last)"
 # A raw C0/C1 control (a line break aside) or a bidi override or separator in printed output.
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")

@@ -3,6 +3,7 @@ json|github`; distinct exit codes; -q/-v; `python -m memoplan`; `-o -`; `check -
 
 from __future__ import annotations
 
+from _paths import ROOT
 import io
 import json
 import os
@@ -14,7 +15,6 @@ import pytest
 
 from _cli import run, write
 
-ROOT = Path(__file__).resolve().parent.parent
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))
 BROKEN = "memplan 1\nmodule { keep\n"
 MESSY = "memplan 1\nmodule   fc {keep}\n"

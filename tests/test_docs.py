@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _paths import ROOT
 import re
 from pathlib import Path
 
@@ -9,7 +10,6 @@ import pytest
 
 import memoplan
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "grammar").glob("*.md"))]
 SNIPPETS = [
     (f"{path.name}:{text[: m.start()].count(chr(10)) + 2}", m.group(1))

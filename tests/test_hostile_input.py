@@ -7,6 +7,7 @@ the terminal's encoding or the process's umask is the point.
 
 from __future__ import annotations
 
+from _paths import ROOT
 import os
 import stat
 import subprocess
@@ -27,7 +28,6 @@ from memoplan.resolver import explain, render_explain
 from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 from memoplan.syntax import format_plan, parse, parse_example_spec
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)

@@ -13,10 +13,11 @@ The allowlists below are today's exceptions; each says why, and they are to shri
 
 from __future__ import annotations
 
+from _paths import ROOT
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "memoplan"
+PACKAGE = ROOT / "memoplan"
 MAX_LINES = 800
 
 # Modules over MAX_LINES today (none).  Remove an entry once its module is split.
@@ -183,3 +184,15 @@ def test_no_private_name_imported_across_modules():
     assert not offenders, "private names imported across modules (give them a public name where they live):\n" + "\n".join(
         offenders
     )
+
+
+def test_test_folders_mirror_the_package():
+    """tests/<name>/ holds the tests of memoplan/<name>/ (a subpackage); tests of memoplan's
+    top-level modules and of the project as a whole (packaging, docs, layout) stay in tests/.
+    Test file names are unique across folders (pytest imports them by base name)."""
+    tests = ROOT / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders <= subpackages, f"test folders that are no subpackage of memoplan: {sorted(folders - subpackages)}"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)

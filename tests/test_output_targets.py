@@ -6,6 +6,7 @@ commands run in-process."""
 
 from __future__ import annotations
 
+from _paths import ROOT
 import os
 import stat
 import subprocess
@@ -19,7 +20,6 @@ from memoplan.diagnostics import PlanError
 
 from _cli import run
 
-ROOT = Path(__file__).resolve().parent.parent
 
 MODEL_PY = """
 from torch import nn

@@ -11,6 +11,7 @@ tests, the docs and the licence.
 
 from __future__ import annotations
 
+from _paths import ROOT, TESTS
 import os
 import shutil
 import subprocess
@@ -24,7 +25,6 @@ import pytest
 
 from _lsp import Session
 
-ROOT = Path(__file__).resolve().parents[1]
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))
 TORCH = "torch==2.13.0"
 
@@ -188,7 +188,7 @@ def test_language_server_from_the_wheel(fresh_env):
 def test_user_script_type_checks_against_the_wheel(fresh_env, tmp_path):
     """`mypy --strict` on a user script sees the installed wheel's types (py.typed, __all__)."""
     pytest.importorskip("mypy", reason="mypy is in the test extra")
-    script = Path(__file__).resolve().parent / "fixtures" / "typing" / "user_script.py"
+    script = TESTS / "fixtures" / "typing" / "user_script.py"
     env = {k: v for k, v in fresh_env["env"].items() if k != "MYPYPATH"}
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(fresh_env["python"]),

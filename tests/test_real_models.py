@@ -15,6 +15,7 @@ installs them, and CI runs these tests.
 
 from __future__ import annotations
 
+from _paths import TESTS
 import copy
 import importlib.util
 from pathlib import Path
@@ -28,7 +29,7 @@ from memoplan.cli import main
 from memoplan.compare import compare
 from memoplan.syntax import parse_example_spec
 
-FACTORIES = Path(__file__).with_name("real_models.py")
+FACTORIES = TESTS / "real_models.py"
 
 # name -> example.  No plan here has temporal chunks, so every model is held bit for bit.
 MODELS = {

@@ -3,6 +3,7 @@ the reference's table generated from it, and `memoplan rule CODE`."""
 
 from __future__ import annotations
 
+from _paths import ROOT
 import re
 from pathlib import Path
 
@@ -11,7 +12,6 @@ import pytest
 from memoplan.cli import main
 from memoplan.rules import BEGIN, END, RULES, range_of, reference_block
 
-ROOT = Path(__file__).resolve().parents[1]
 CODE = re.compile(r"\bMP\d{3}\b")
 
 

@@ -7,6 +7,7 @@ package is not seen as ``Any``).
 
 from __future__ import annotations
 
+from _paths import ROOT, TESTS
 import ast
 import os
 import subprocess
@@ -17,8 +18,7 @@ import pytest
 
 import memoplan
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "typing"
+FIXTURES = TESTS / "fixtures" / "typing"
 
 
 def test_all_is_a_literal_list_of_the_exports():

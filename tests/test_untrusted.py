@@ -6,6 +6,7 @@ Every case runs ``python -m memoplan`` as a subprocess: the point is what happen
 
 from __future__ import annotations
 
+from _paths import ROOT
 import json
 import os
 import signal
@@ -17,7 +18,6 @@ import pytest
 
 from memoplan import isolate
 
-ROOT = Path(__file__).resolve().parent.parent
 TRACEBACK = "Traceback (most recent call last)"
 
 MODELS = """

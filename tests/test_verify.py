@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _paths import ROOT
 import dataclasses
 from pathlib import Path
 
@@ -14,7 +15,6 @@ from memoplan.examples import cnn, mlp
 from memoplan.specs import Example
 from memoplan.verify import render_report, verify
 
-ROOT = Path(__file__).resolve().parents[1]
 PER_LAYER = "memplan 1\nmodule layers { checkpoint segments = 20 }\n"
 ACTIVATION_BYTES = mlp.BATCH * mlp.WIDTH * 4  # one fp32 (batch, width) activation
 

@@ -1,7 +1,7 @@
 """Editor stage: the TextMate grammar of ``.memplan`` files, written from the Lark grammar's keywords.
 
 ``python -m memoplan.lsp.textmate`` writes ``editors/memplan.tmLanguage.json``; ``--check``
-exits 1 if the file differs from what would be written (``tests/test_textmate.py``
+exits 1 if the file differs from what would be written (``tests/lsp/test_textmate.py``
 runs the check, so the keywords, units and durations of ``grammar/memplan.lark`` and
 the highlighting cannot drift apart).  Every keyword terminal of the grammar
 (``/word(?!\\w)/``) is sorted into statements, config blocks, policies and the other

@@ -181,5 +181,5 @@ _eager = torch._dynamo.disable(_run_eagerly, recursive=False)
 #: Every frame skipped: the region and its module run eagerly.  For time chunks: with the chunks'
 #: frames compiled one by one (BatchNorm's whole-batch statistics measured chunk by chunk), the
 #: gradients came out wrong (input gradients off by more than their own magnitude on the bundled
-#: spiking CNN, tests/test_compile_policies.py), so chunked regions run wholly eagerly.
+#: spiking CNN, tests/runtime/test_compile_policies.py), so chunked regions run wholly eagerly.
 _all_eager = torch._dynamo.disable(_run_eagerly, recursive=True)

@@ -3,7 +3,7 @@
 The builder reads a policy's options from its :class:`PolicySpec` (unknown, repeated,
 mistyped and out-of-range options are reported from the table), the formatter writes them in
 the table's order, the resolver fills the options left out with :attr:`Option.default`, and
-the language server completes and explains them from it; ``tests/test_policy_specs.py``
+the language server completes and explains them from it; ``tests/syntax/test_policy_specs.py``
 checks the reference's option tables (``grammar/README.md``) against it.  This is the model of
 ``syntax/blocks.py``'s ``SCHEMA`` for config blocks.
 
