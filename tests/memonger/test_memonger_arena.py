@@ -290,7 +290,7 @@ class Scaled(nn.Module):
 def test_keyword_arguments_constants_and_structured_outputs():
     model = Scaled().eval()
     reference = copy.deepcopy(model)
-    memoplan.apply(model, 'memplan 1\nexample "tests.test_memonger_arena:scaled_example"\nmemonger { }\n')
+    memoplan.apply(model, 'memplan 1\nexample "tests.memonger.test_memonger_arena:scaled_example"\nmemonger { }\n')
     state = arena_state(model)
     x = torch.randn(2, 4)
     with torch.no_grad():

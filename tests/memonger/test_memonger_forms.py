@@ -147,7 +147,7 @@ def test_an_attention_model_on_the_arena_is_bit_for_bit_and_allocates_only_its_o
     model = Attention().eval()
     reference = Attention().eval()
     reference.load_state_dict(model.state_dict())
-    memoplan.apply(model, 'memplan 1\nexample "tests.test_memonger_forms:example"\nmemonger { peak_slack = 10 }\n')
+    memoplan.apply(model, 'memplan 1\nexample "tests.memonger.test_memonger_forms:example"\nmemonger { peak_slack = 10 }\n')
     with torch.no_grad():
         for _ in range(3):
             ids, mask = torch.randint(0, 50, (2, 6)), torch.rand(6, 6) > 0.5
