@@ -37,7 +37,8 @@ demo: $(STAMP)
 	mkdir -p build
 	$(VENV)/bin/memoplan report plans/cnn_bn_dropout.memplan -o build/cnn_bn_dropout.html
 
-test: $(TEST_SETUP)
+# Style and types first (the `lint` target below), then every test.
+test: $(TEST_SETUP) lint
 	$(PY) -m pytest
 
 clients: $(CLIENTS)
@@ -55,7 +56,8 @@ test-fast: $(STAMP)
 	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -m "not slow and not dist and not bench"
 
 # Style and types (configured in pyproject.toml): ruff's lint (import order included), the
-# formatter's check, and mypy on syntax/, ir, resolver/, codegen/ and planner/.
+# formatter's check, and mypy on syntax/, ir, resolver/, codegen/ and planner/.  `make test`
+# runs it first, so CI fails on a lint finding, an unformatted file or a type error.
 lint: $(STAMP)
 	$(PY) -m ruff check memoplan tests tools benchmarks
 	$(PY) -m ruff format --check memoplan tests tools benchmarks
