@@ -85,6 +85,7 @@ from memoplan.planner.schema import (
     chain,
     default_candidates,
     merge,
+    nested_candidates,
     some_names,
 )
 from memoplan.specs import Example
@@ -101,6 +102,7 @@ __all__ = [
     "chain",
     "default_candidates",
     "merge",
+    "nested_candidates",
     "profile",
 ]
 
