@@ -38,10 +38,11 @@ demo: $(STAMP)
 	$(VENV)/bin/memoplan report plans/cnn_bn_dropout.memplan -o build/cnn_bn_dropout.html
 
 # Tests run in JOBS processes (pytest-xdist; each gets its share of the cores for torch's
-# threads): 2 by default, as many as the 2-core machines CI runs on.
+# threads): 2 by default, as many as the 2-core machines CI runs on.  Style and types first
+# (the `lint` target below), then every test.
 JOBS ?= 2
 
-test: $(TEST_SETUP)
+test: $(TEST_SETUP) lint
 	$(PY) -m pytest -n $(JOBS) --dist worksteal
 
 clients: $(CLIENTS)
@@ -59,7 +60,8 @@ test-fast: $(STAMP)
 	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -n $(JOBS) --dist worksteal -m "not slow and not dist and not bench"
 
 # Style and types (configured in pyproject.toml): ruff's lint (import order included), the
-# formatter's check, and mypy on syntax/, ir, resolver/, codegen/ and planner/.
+# formatter's check, and mypy on syntax/, ir, resolver/, codegen/ and planner/.  `make test`
+# runs it first, so CI fails on a lint finding, an unformatted file or a type error.
 lint: $(STAMP)
 	$(PY) -m ruff check memoplan tests tools benchmarks
 	$(PY) -m ruff format --check memoplan tests tools benchmarks

@@ -30,6 +30,7 @@ import json
 import os
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,14 +83,14 @@ def run_gpu(sizes_mib: list[int], repeats: int, warmup: int, inner: int) -> list
             values = uint8.uint8_encode(x)
             dst = torch.empty_like(x)
             t = {
-                "copy": _median_ms(lambda: dst.copy_(x), repeats, warmup, inner),
-                "pack": _median_ms(lambda: bit.bit_pack(x), repeats, warmup, inner),
-                "unpack": _median_ms(lambda: bit.bit_unpack(packed, n, dtype), repeats, warmup, inner),
+                "copy": _median_ms(partial(dst.copy_, x), repeats, warmup, inner),
+                "pack": _median_ms(partial(bit.bit_pack, x), repeats, warmup, inner),
+                "unpack": _median_ms(partial(bit.bit_unpack, packed, n, dtype), repeats, warmup, inner),
                 # the flags without their host read, which codecs.py adds once per call
-                "checked_pack": _median_ms(lambda: bit.bit_pack_checked_autotuned(x), repeats, warmup, inner),
-                "uint8_encode": _median_ms(lambda: uint8.uint8_encode(x), repeats, warmup, inner),
-                "uint8_decode": _median_ms(lambda: uint8.uint8_decode(values, dtype), repeats, warmup, inner),
-                "torch_pack": _median_ms(lambda: codecs.encode(x, "bit", validate="off"), min(repeats, 5), 1, 1),
+                "checked_pack": _median_ms(partial(bit.bit_pack_checked_autotuned, x), repeats, warmup, inner),
+                "uint8_encode": _median_ms(partial(uint8.uint8_encode, x), repeats, warmup, inner),
+                "uint8_decode": _median_ms(partial(uint8.uint8_decode, values, dtype), repeats, warmup, inner),
+                "torch_pack": _median_ms(partial(codecs.encode, x, "bit", validate="off"), min(repeats, 5), 1, 1),
             }
             moved = {
                 "copy": 2 * in_bytes,
@@ -176,8 +177,8 @@ def run_cpu(numels: list[int], repeats: int, warmup: int) -> list[dict]:
         assert torch.equal(codecs.decode(payload), x)
         row = {"numel": numel, "threads": torch.get_num_threads()}
         for name, call in (
-            ("pack_ms", lambda: codecs.encode(x, "bit", validate="off")),
-            ("unpack_ms", lambda: codecs.decode(payload)),
+            ("pack_ms", partial(codecs.encode, x, "bit", validate="off")),
+            ("unpack_ms", partial(codecs.decode, payload)),
         ):
             for _ in range(warmup):
                 call()

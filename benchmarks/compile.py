@@ -31,7 +31,8 @@ import sys
 import time
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 

@@ -45,7 +45,7 @@ def bundled(name: str) -> tuple[list[Item], int]:
     model = specs.load_model(model_spec)
     example = specs.make_example(parse_example_spec(example_spec))
     prof = profile(model, example, progress=False)
-    items = [Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds) for l in chain(prof)]
+    items = [Item(link.name, link.saved_bytes, link.input_bytes + link.kept_bytes, link.forward_seconds) for link in chain(prof)]
     return items, unplanned_base(prof.peak_bytes, items)
 
 

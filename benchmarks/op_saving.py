@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         print(f"measured {name}", file=sys.stderr, flush=True)
     peak0, time0 = rows[0][1], rows[0][2]
     print(f"GPT-2 {args.layers} layers x {args.width} wide, batch {args.batch} x {args.seq}, torch {torch.__version__}")
-    print("| variant | peak (MiB) | peak / unplanned | step (ms, median of %d) | step / unplanned | gradients |" % args.steps)
+    print(f"| variant | peak (MiB) | peak / unplanned | step (ms, median of {args.steps}) | step / unplanned | gradients |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, peak, seconds, equal in rows:
         print(

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, 1-minute load {load:.1f}; best of {options.repeats}")
-    print(f"| plan | size | diagnostics | CPU s | wall s | rules/s (CPU) |")
+    print("| plan | size | diagnostics | CPU s | wall s | rules/s (CPU) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, text, rules in cases:
         cpu, wall, count = timed(text, options.repeats)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import weakref
 from pathlib import Path
 
 import torch

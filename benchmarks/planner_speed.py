@@ -40,6 +40,7 @@ import random
 import shlex
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -202,9 +203,9 @@ def main(argv=None) -> int:
             for level in LEVELS:
                 budget = Bytes(floor + int((top - floor) * level))
                 runs = {
-                    "optimal": lambda: optimal(items, budget, base_bytes=base),
-                    "greedy": lambda: greedy_bytes(items, budget, base_bytes=base),
-                    "sublinear": lambda: sublinear(items, budget, config, base_bytes=base, seed=0),
+                    "optimal": partial(optimal, items, budget, base_bytes=base),
+                    "greedy": partial(greedy_bytes, items, budget, base_bytes=base),
+                    "sublinear": partial(sublinear, items, budget, config, base_bytes=base, seed=0),
                 }
                 for planner, fn in runs.items():
                     seconds, result = timed(fn, args.repeat)
@@ -220,7 +221,7 @@ def main(argv=None) -> int:
                         gains.append(result.report.seconds_saved)
                     if level == 0.5:
                         mid[planner] = result
-            t_cov, _ = timed(lambda: greedy_coverage(items, Preset.BALANCED, base_bytes=base), args.repeat)
+            t_cov, _ = timed(partial(greedy_coverage, items, Preset.BALANCED, base_bytes=base), args.repeat)
             target = 1.0 if n <= 1000 else 60.0
             failed |= worst["optimal"] > target and name in REALISTIC
             opt, gr, sub = mid["optimal"], mid["greedy"], mid["sublinear"]
@@ -252,8 +253,8 @@ def nested_main(sizes: list[int], repeat: int) -> int:
         proven, ratio = 0, float("nan")
         for level in LEVELS:
             budget = Bytes(floor + int((top - floor) * level))
-            t_opt, opt = timed(lambda: optimal(items, budget, base_bytes=base), repeat)
-            t_gr, gr = timed(lambda: greedy_bytes(items, budget, base_bytes=base), repeat)
+            t_opt, opt = timed(partial(optimal, items, budget, base_bytes=base), repeat)
+            t_gr, gr = timed(partial(greedy_bytes, items, budget, base_bytes=base), repeat)
             if not opt.ok or opt.estimated_peak > opt.limit:
                 raise AssertionError("the exact planner missed a feasible budget")
             worst = {"optimal": max(worst["optimal"], t_opt), "greedy": max(worst["greedy"], t_gr)}

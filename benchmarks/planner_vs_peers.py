@@ -83,7 +83,8 @@ import sys
 import time
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -209,7 +210,6 @@ BUILDERS = {"gpt2": build_gpt2, "cnn": build_cnn}
 # Compiling with the CPU meter inside the graphs, and the steps, live in memoplan.report.peers
 # (`memoplan report --peers` measures the same peers); re-exported here under their old names.
 from memoplan.report.peers import (  # noqa: E402
-    aot_eager_decomp_partition_metered,
     compile_step,
     compiled_peak,
     compiled_step,
@@ -344,10 +344,10 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for mode in args.memoplan:
         nested = mode == "nested"
         links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
-        items = [Item(l.name, l.saved_bytes, l.input_bytes + l.kept_bytes, l.forward_seconds) for l in links]
+        items = [Item(link.name, link.saved_bytes, link.input_bytes + link.kept_bytes, link.forward_seconds) for link in links]
         base = unplanned_base(prof.peak_bytes, items)
         minimum_estimate = minimum_peak(items, base_bytes=base)[0]
-        candidates[mode] = [l.name for l in links]
+        candidates[mode] = [link.name for link in links]
         minimum_estimates[mode] = minimum_estimate
         for fraction in args.budgets:
             configs.append(

@@ -51,7 +51,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -434,8 +434,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["breakdown"][name] = {
                 "peak_bytes": peak,
                 "top": [
-                    {"bytes": b, "tensors": n, "phase": l[0], "op": l[1], "shape": l[2], "site": l[3]}
-                    for b, n, l in rows
+                    {"bytes": b, "tensors": n, "phase": where[0], "op": where[1], "shape": where[2], "site": where[3]}
+                    for b, n, where in rows
                 ],
             }
 

@@ -12,7 +12,7 @@ import contextlib
 import os
 import stat
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from memoplan.diagnostics import Diagnostic, PlanError
 

@@ -15,16 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from torch import nn
 
 import memoplan
-from memoplan import cli
 
 from _cli import TRACEBACK, run, write
 from memoplan import diagnostics
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.resolver import explain, render_explain
+from memoplan.resolver import explain
 from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 from memoplan.syntax import format_plan, parse, parse_example_spec
 

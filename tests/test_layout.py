@@ -27,6 +27,13 @@ LONG_ALLOWED: set[str] = set()
 # of the import graph must be one of these, or inside one).  Remove an entry once it is broken.
 CYCLES_ALLOWED: list[set[str]] = []
 
+# Functions over MAX_FUNCTION_LINES (def line to last line, docstring and decorators' def
+# included), as "module:qualified name", at most 3.  Each says why; remove an entry once split.
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTIONS_ALLOWED: dict[str, str] = {
+    "memoplan.planner.plan:_make_plan": "the planner's driver, being reworked in parallel; to split after the merge",
+}
+
 # Private names imported across modules today: (importing module, module imported from, name).
 PRIVATE_ALLOWED: set[tuple[str, str, str]] = set()
 
@@ -170,6 +177,47 @@ def test_no_module_over_800_lines():
         if lines > MAX_LINES and relative not in LONG_ALLOWED:
             long.append(f"{relative}: {lines} lines")
     assert not long, f"modules over {MAX_LINES} lines (split by idea, issue 18):\n" + "\n".join(long)
+
+
+def _long_functions(tree: ast.Module, limit: int) -> list[tuple[str, int, int]]:
+    """(qualified name, first line, length) of every function longer than ``limit`` lines,
+    methods and nested functions included."""
+    found = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    length = (child.end_lineno or child.lineno) - child.lineno + 1
+                    if length > limit:
+                        found.append((name, child.lineno, length))
+                visit(child, f"{name}.")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return found
+
+
+def test_the_function_check_sees_methods_and_nested_functions():
+    source = "class A:\n    def f(self):\n        def g():\n" + "            pass\n" * 3 + "async def h():\n    pass\n"
+    assert _long_functions(ast.parse(source), 2) == [("A.f", 2, 5), ("A.f.g", 3, 4)]
+    assert _long_functions(ast.parse(source), 1) == [("A.f", 2, 5), ("A.f.g", 3, 4), ("h", 7, 2)]
+
+
+def test_no_function_over_80_lines():
+    assert len(LONG_FUNCTIONS_ALLOWED) <= 3
+    long, seen = [], set()
+    for name, (path, _) in MODULES.items():
+        for function, line, length in _long_functions(ast.parse(path.read_text(encoding="utf-8")), MAX_FUNCTION_LINES):
+            key = f"{name}:{function}"
+            seen.add(key)
+            if key not in LONG_FUNCTIONS_ALLOWED:
+                long.append(f"{path.relative_to(PACKAGE.parent).as_posix()}:{line} {function}: {length} lines")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split into named helpers):\n" + "\n".join(long)
+    stale = sorted(set(LONG_FUNCTIONS_ALLOWED) - seen)
+    assert not stale, f"allowed long functions that are short now (drop them from the list): {stale}"
 
 
 def test_no_private_name_imported_across_modules():

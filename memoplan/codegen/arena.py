@@ -47,7 +47,9 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
         note = step.note
         buffer = made_by.get(index)
         if buffer in slot_of:
-            step = program.buffers[buffer].out_step
+            out_step = program.buffers[buffer].out_step
+            assert out_step is not None, "a buffer with an arena slot has its out= form"
+            step = out_step
         elif buffer is not None:
             note = plan.note(buffer)
         comment = None
@@ -142,6 +144,7 @@ def _call(step: Step, names: list[str], slot_of: dict[int, int]) -> str:
         if not form.isidentifier() or form not in {f.__name__ for f in FORMS.values()}:
             raise ValueError(f"form {step.op!r} is not one of memoplan.runtime.arena_into's")
         parts = args + [f"{k}={_arg(v, names)}" for k, v in step.kwargs if _keyword(k)]
+        assert step.buffer is not None, "an into. form writes into its buffer"
         parts.append(f"out=arena[{slot_of[step.buffer]}]")
         code = f"_arena.into.{form}({', '.join(parts)})"
     else:

@@ -129,6 +129,7 @@ def import_generated(code: GeneratedCode) -> ModuleType:
             (Diagnostic("MP410", f"cannot write generated code to {directory}: {exc.strerror or exc}"),)
         ) from None
     spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None, "a .py file always has a spec and a loader"
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:

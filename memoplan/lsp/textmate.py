@@ -73,12 +73,12 @@ def _words(words) -> str:
     return "|".join(sorted(words, key=lambda w: (-len(w), w)))
 
 
+def _keyword(words, scope: str, start: str = _START) -> dict:
+    return {"match": f"{start}({_words(words)})(?!\\w)", "captures": {"1": {"name": f"{scope}.memplan"}}}
+
+
 def grammar(vocab: Vocabulary) -> dict:
     """The TextMate grammar as a JSON-ready dict, deterministic for one vocabulary."""
-    def keyword(words, scope: str, start: str = _START) -> dict:
-        return {"match": f"{start}({_words(words)})(?!\\w)", "captures": {"1": {"name": f"{scope}.memplan"}}}
-
-    class_name = {"name": "entity.name.type.class.memplan"}
     # The words that are not statements, blocks or policies, each highlighted where it stands;
     # a word added to the grammar without a place here is a keyword wherever it appears.
     placed = {"class", "not", "input", "dim", "lossy"}
@@ -86,7 +86,7 @@ def grammar(vocab: Vocabulary) -> dict:
     if missing:
         raise ValueError(f"the Lark grammar has no keyword {', '.join(missing)}: update memoplan.lsp.textmate")
     generic = [w for w in vocab.others if w not in placed]
-    others = [keyword(generic, "keyword.other", r"(?<![\w.])")] if generic else []
+    others = [_keyword(generic, "keyword.other", r"(?<![\w.])")] if generic else []
     return {
         "$schema": "https://raw.githubusercontent.com/martinring/tmlanguage/master/tmlanguage.json",
         "name": "memplan",
@@ -113,7 +113,7 @@ def grammar(vocab: Vocabulary) -> dict:
                     {"match": r"\\.", "name": "invalid.illegal.escape.memplan"},
                 ],
             },
-            "statement": keyword(vocab.statements, "keyword.control.statement"),
+            "statement": _keyword(vocab.statements, "keyword.control.statement"),
             "rule": {
                 "begin": f"{_START}(module)(?!\\w)",
                 "beginCaptures": {"1": {"name": "keyword.control.statement.memplan"}},
@@ -127,58 +127,8 @@ def grammar(vocab: Vocabulary) -> dict:
                     {"include": "#selector"},
                 ],
             },
-            "selector": {
-                "patterns": [
-                    {
-                        "match": r"(?<![\w.])(class)(?!\w)[ \t]*([^\W\d][\w.]*)?",
-                        "captures": {"1": {"name": "keyword.operator.word.memplan"}, "2": class_name},
-                    },
-                    {
-                        "match": r"(:)[ \t]*([^\W\d][\w.]*)?",
-                        "captures": {"1": {"name": "punctuation.separator.class.memplan"}, "2": class_name},
-                    },
-                    {"match": r"(?<![\w.])not(?!\w)", "name": "keyword.operator.word.memplan"},
-                    {
-                        "match": r"(\[)([^\]\n]*)(\])",
-                        "captures": {
-                            "1": {"name": "punctuation.section.brackets.begin.memplan"},
-                            "2": {"name": "constant.numeric.index.memplan"},
-                            "3": {"name": "punctuation.section.brackets.end.memplan"},
-                        },
-                    },
-                    {"match": r"[\w*?]*[*?][\w*?]*", "name": "keyword.operator.glob.memplan"},
-                    {"match": r"\w+", "name": "entity.name.tag.path.memplan"},
-                ]
-            },
-            "rule-body": {
-                "begin": r"\{",
-                "beginCaptures": {"0": {"name": "punctuation.section.block.begin.memplan"}},
-                "end": r"(?=\})",
-                "patterns": [
-                    {"include": "#comment"},
-                    {"include": "#string"},
-                    {
-                        "match": f"{_POLICY_START}(compress)[ \\t]+(input)(?!\\w)",
-                        "captures": {
-                            "1": {"name": "keyword.other.policy.memplan"},
-                            "2": {"name": "keyword.other.memplan"},
-                        },
-                    },
-                    {
-                        "match": f"{_POLICY_START}(temporal_chunk)[ \\t]+({_NUMBER})[ \\t]+(dim)(?!\\w)",
-                        "captures": {
-                            "1": {"name": "keyword.other.policy.memplan"},
-                            "2": {"name": "constant.numeric.memplan"},
-                            "3": {"name": "keyword.other.memplan"},
-                        },
-                    },
-                    keyword(vocab.policies, "keyword.other.policy", _POLICY_START),
-                    {"match": r"(?<=\w[ \t])(lossy)(?!\w)", "captures": {"1": {"name": "keyword.other.memplan"}}},
-                    *others,
-                    {"include": "#key"},
-                    {"include": "#values"},
-                ],
-            },
+            "selector": _selector(),
+            "rule-body": _rule_body(vocab, others),
             "block": {
                 "begin": f"{_START}({_words(vocab.blocks)})(?!\\w)",
                 "beginCaptures": {"1": {"name": "keyword.control.block.memplan"}},
@@ -199,30 +149,96 @@ def grammar(vocab: Vocabulary) -> dict:
                     "2": {"name": "keyword.operator.assignment.memplan"},
                 },
             },
-            "values": {
-                "patterns": [
-                    {"include": "#string"},
-                    {
-                        "match": f"(?<![\\w.]){_NUMBER}[ \\t]*({_words(vocab.units)})(?!\\w)",
-                        "name": "constant.numeric.size.memplan",
-                        "captures": {"1": {"name": "keyword.other.unit.memplan"}},
-                    },
-                    {
-                        "match": f"(?<![\\w.]){_NUMBER}[ \\t]*({_words(vocab.durations)})(?!\\w)",
-                        "name": "constant.numeric.duration.memplan",
-                        "captures": {"1": {"name": "keyword.other.unit.memplan"}},
-                    },
-                    {"match": f"(?<![\\w.]){_NUMBER}%", "name": "constant.numeric.percent.memplan"},
-                    {"match": f"(?<![\\w.]){_NUMBER}(?!\\w)", "name": "constant.numeric.memplan"},
-                    {
-                        "match": r"([^\W\d]\w*)(?=[ \t]*\()",
-                        "captures": {"1": {"name": "support.function.memplan"}},
-                    },
-                    {"match": r"[^\W\d]\w*", "name": "constant.language.memplan"},
-                    {"match": r"[;,]", "name": "punctuation.separator.memplan"},
-                ]
-            },
+            "values": _values(vocab),
         },
+    }
+
+
+def _selector() -> dict:
+    """Selectors: paths, globs, `[...]` indices, `class` and `:` filters, `not`."""
+    class_name = {"name": "entity.name.type.class.memplan"}
+    return {
+        "patterns": [
+            {
+                "match": r"(?<![\w.])(class)(?!\w)[ \t]*([^\W\d][\w.]*)?",
+                "captures": {"1": {"name": "keyword.operator.word.memplan"}, "2": class_name},
+            },
+            {
+                "match": r"(:)[ \t]*([^\W\d][\w.]*)?",
+                "captures": {"1": {"name": "punctuation.separator.class.memplan"}, "2": class_name},
+            },
+            {"match": r"(?<![\w.])not(?!\w)", "name": "keyword.operator.word.memplan"},
+            {
+                "match": r"(\[)([^\]\n]*)(\])",
+                "captures": {
+                    "1": {"name": "punctuation.section.brackets.begin.memplan"},
+                    "2": {"name": "constant.numeric.index.memplan"},
+                    "3": {"name": "punctuation.section.brackets.end.memplan"},
+                },
+            },
+            {"match": r"[\w*?]*[*?][\w*?]*", "name": "keyword.operator.glob.memplan"},
+            {"match": r"\w+", "name": "entity.name.tag.path.memplan"},
+        ]
+    }
+
+
+def _rule_body(vocab: Vocabulary, others: list[dict]) -> dict:
+    """Inside a rule's braces: policies, their words and options."""
+    return {
+        "begin": r"\{",
+        "beginCaptures": {"0": {"name": "punctuation.section.block.begin.memplan"}},
+        "end": r"(?=\})",
+        "patterns": [
+            {"include": "#comment"},
+            {"include": "#string"},
+            {
+                "match": f"{_POLICY_START}(compress)[ \\t]+(input)(?!\\w)",
+                "captures": {
+                    "1": {"name": "keyword.other.policy.memplan"},
+                    "2": {"name": "keyword.other.memplan"},
+                },
+            },
+            {
+                "match": f"{_POLICY_START}(temporal_chunk)[ \\t]+({_NUMBER})[ \\t]+(dim)(?!\\w)",
+                "captures": {
+                    "1": {"name": "keyword.other.policy.memplan"},
+                    "2": {"name": "constant.numeric.memplan"},
+                    "3": {"name": "keyword.other.memplan"},
+                },
+            },
+            _keyword(vocab.policies, "keyword.other.policy", _POLICY_START),
+            {"match": r"(?<=\w[ \t])(lossy)(?!\w)", "captures": {"1": {"name": "keyword.other.memplan"}}},
+            *others,
+            {"include": "#key"},
+            {"include": "#values"},
+        ],
+    }
+
+
+def _values(vocab: Vocabulary) -> dict:
+    """Values: strings, sizes, durations, percentages, numbers, calls and words."""
+    return {
+        "patterns": [
+            {"include": "#string"},
+            {
+                "match": f"(?<![\\w.]){_NUMBER}[ \\t]*({_words(vocab.units)})(?!\\w)",
+                "name": "constant.numeric.size.memplan",
+                "captures": {"1": {"name": "keyword.other.unit.memplan"}},
+            },
+            {
+                "match": f"(?<![\\w.]){_NUMBER}[ \\t]*({_words(vocab.durations)})(?!\\w)",
+                "name": "constant.numeric.duration.memplan",
+                "captures": {"1": {"name": "keyword.other.unit.memplan"}},
+            },
+            {"match": f"(?<![\\w.]){_NUMBER}%", "name": "constant.numeric.percent.memplan"},
+            {"match": f"(?<![\\w.]){_NUMBER}(?!\\w)", "name": "constant.numeric.memplan"},
+            {
+                "match": r"([^\W\d]\w*)(?=[ \t]*\()",
+                "captures": {"1": {"name": "support.function.memplan"}},
+            },
+            {"match": r"[^\W\d]\w*", "name": "constant.language.memplan"},
+            {"match": r"[;,]", "name": "punctuation.separator.memplan"},
+        ]
     }
 
 

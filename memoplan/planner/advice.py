@@ -49,22 +49,22 @@ def recommendation(
 
 def _ideas(prof: Profile, model: nn.Module, regions: Sequence[str], nested: bool):
     whole = chain(prof)
-    items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in whole]
+    items = [search.Item(link.name, link.saved_bytes, link.input_bytes, link.forward_seconds) for link in whole]
     base = search.unplanned_base(prof.peak_bytes, items)
     least_whole = search.minimum_peak(items, base_bytes=base)[0] if items else prof.peak_bytes
     if not nested:
         parts = chain(prof, nested_candidates(prof), nested=True)
-        inner = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in parts]
+        inner = [search.Item(link.name, link.saved_bytes, link.input_bytes, link.forward_seconds) for link in parts]
         least = search.minimum_peak(inner, base_bytes=base)[0] if inner else least_whole
         if least < least_whole:
             yield f"`--nested` (parts of blocks) estimated {_gain(least_whole, least)}"
-    stateful = [l for l in whole if _holds_state(model, l.name)]
+    stateful = [link for link in whole if _holds_state(model, link.name)]
     if stateful:
-        transient = max(l.saved_bytes for l in stateful)
+        transient = max(link.saved_bytes for link in stateful)
         yield f"`temporal_chunk 4 dim 0` on the stateful regions estimated {_gain(transient, transient // 4)}"
-    binary = [l for l in whole if l.input_binary and l.packed_input_bytes < l.input_bytes and l.name not in regions]
+    binary = [link for link in whole if link.input_binary and link.packed_input_bytes < link.input_bytes and link.name not in regions]
     if binary:
-        saved = sum(l.input_bytes - l.packed_input_bytes for l in binary)
+        saved = sum(link.input_bytes - link.packed_input_bytes for link in binary)
         yield f"`compress input = bit` on {len(binary)} more checkpointed modules with binary inputs saves up to {format_size(saved)}"
     yield _segments_idea(prof, model, least_whole)
     yield "`--dtr` (eviction at run time under a threshold) where checkpoint regions cannot reach the limit"
@@ -79,8 +79,8 @@ def _segments_idea(prof: Profile, model: nn.Module, least_whole: int) -> str | N
     links = chain(prof, names)
     if len(links) < 3:
         return None
-    saved = [l.saved_bytes for l in links]
-    split = segments.least_peak_split(saved, [l.input_bytes for l in links])
+    saved = [link.saved_bytes for link in links]
+    split = segments.least_peak_split(saved, [link.input_bytes for link in links])
     estimate = prof.peak_bytes - sum(saved) + split.cost
     if estimate >= least_whole:
         return None

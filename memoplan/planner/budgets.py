@@ -9,7 +9,6 @@ import enum
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Union
 
 from memoplan.syntax import ast
 
@@ -178,8 +177,8 @@ class LeastPeak:
         return "the least peak the planner reaches (every search measured, the lowest kept)"
 
 
-ByteBudget = Union[Bytes, FractionOfPeak]
-Budget = Union[Bytes, FractionOfPeak, Coverage]
+ByteBudget = Bytes | FractionOfPeak
+Budget = Bytes | FractionOfPeak | Coverage
 
 
 def budget_from_ast(budget: ast.Budget) -> ByteBudget:
@@ -189,7 +188,7 @@ def budget_from_ast(budget: ast.Budget) -> ByteBudget:
         return Bytes(amount.bytes)
     if isinstance(amount, ast.Percent):
         return FractionOfPeak.percent(amount.value)
-    return FractionOfPeak(amount)
+    return FractionOfPeak(amount)  # type: ignore[arg-type]  # __post_init__ reads any finite number exactly
 
 
 def parse_coverage(text: str) -> Coverage:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["Chain", "Estimate", "Item", "estimate", "least_peak", "minimum_peak", "unplanned_base"]
 

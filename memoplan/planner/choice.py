@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from memoplan.planner.budgets import Budget, format_size
+from memoplan.planner.budgets import Budget, LeastPeak, format_size
 from memoplan.planner.chain import Chain, least_peak
 
 __all__ = ["BudgetError", "Choice", "Status", "make_choice", "settled_choice"]
@@ -25,7 +25,7 @@ class Choice:
     """A planner's decision and what the cost model expects of it."""
 
     planner: str
-    budget: Budget | None
+    budget: Budget | LeastPeak | None  # LeastPeak: the least-peak plan (`--budget least`)
     checkpointed: tuple[int, ...]  # indices into the chain, ascending
     names: tuple[str, ...]  # their module paths, in the same order
     estimated_peak: int  # bytes, for this set

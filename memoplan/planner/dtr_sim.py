@@ -27,7 +27,7 @@ threshold whose predicted peak fits a byte limit (the largest threshold evicts l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -93,6 +93,90 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params if p.requires_grad)
 
 
+class _Replay:
+    """The tracker's state while :func:`simulate` replays one step: which calls are alive (their
+    outputs still needed), which resident (not evicted), when each was last touched."""
+
+    def __init__(self, calls: Sequence[Candidate], threshold: int, minimum: int, memory_factor: float, time_factor: float):
+        self.calls, self.threshold, self.minimum = calls, threshold, minimum
+        self.memory_factor, self.time_factor = memory_factor, time_factor
+        n = len(calls)
+        self.resident = [False] * n
+        self.alive = [False] * n
+        self.last = [0] * n
+        self.clock = 0
+        self.evictions = self.tracked = self.working = self.over = 0
+
+    def total(self) -> int:
+        calls, resident = self.calls, self.resident
+        return sum(c.kept_bytes + (c.evictable_bytes if resident[i] else 0) for i, c in enumerate(calls) if self.alive[i])
+
+    def touch(self, i: int) -> None:
+        self.clock += 1
+        self.last[i] = self.clock
+
+    def _victims(self, keep: int | None) -> list[tuple[float, int, int]]:
+        """Resident calls that may be evicted, cheapest (seconds per byte, by staleness) first."""
+        calls, last, clock = self.calls, self.last, self.clock
+        return sorted(
+            (
+                max(calls[i].seconds, 1e-9) ** self.time_factor
+                / (calls[i].evictable_bytes**self.memory_factor * max(clock - last[i], 1)),
+                last[i],
+                i,
+            )
+            for i in range(len(calls))
+            if self.alive[i] and self.resident[i] and i != keep and calls[i].evictable_bytes
+            and calls[i].evictable_bytes >= self.minimum
+        )
+
+    def fit(self, room: int, keep: int | None) -> None:
+        """Evict until ``room`` more bytes fit under the threshold (never ``keep``)."""
+        calls = self.calls
+        limit = self.threshold - room
+        now = self.total()
+        if now > limit:
+            for _, _, i in self._victims(keep):
+                if now <= limit:
+                    break
+                self.resident[i] = False
+                self.evictions += 1
+                now -= calls[i].evictable_bytes
+        running = calls[keep].evictable_bytes if keep is not None and self.resident[keep] else 0
+        self.tracked = max(self.tracked, now - running)
+        self.working = max(self.working, now)
+        if room == 0 and now - running > limit:
+            self.over += 1
+
+    def forward(self) -> None:
+        seen: dict[str, int] = {}
+        for i, call in enumerate(self.calls):
+            self.touch(i)
+            # The room the tracker makes: this candidate's size on its previous call, on its first
+            # the largest seen so far (the simulation is of a first step, as `memoplan plan` measures).
+            self.fit(seen.get(call.name, max(seen.values(), default=0)), None)
+            seen[call.name] = call.evictable_bytes
+            self.alive[i] = self.resident[i] = True
+            self.working = max(self.working, self.total())
+            self.fit(0, None)
+
+    def backward(self, outside_grads: int) -> tuple[int, float]:
+        """Replay the backward (recomputing what was evicted); the recomputes and their seconds."""
+        calls = self.calls
+        recomputes, seconds = 0, 0.0
+        for i in reversed(range(len(calls))):
+            self.touch(i)
+            if not self.resident[i] and calls[i].evictable_bytes:
+                self.resident[i] = True
+                recomputes += 1
+                seconds += calls[i].seconds
+                self.fit(0, i)
+            grads = outside_grads + sum(c.param_bytes for c in calls[i:])
+            self.working = max(self.working, self.total() + calls[i].grad_bytes + grads)
+            self.alive[i] = False
+        return recomputes, seconds
+
+
 def simulate(
     calls: Sequence[Candidate],
     threshold: int,
@@ -106,74 +190,17 @@ def simulate(
 
     ``outside_grads``: the gradients of parameters outside every candidate, there before the
     candidates' backward starts."""
-    n = len(calls)
-    resident = [False] * n
-    alive = [False] * n
-    last = [0] * n
-    clock = 0
-    state = {"evictions": 0, "tracked": 0, "working": 0, "over": 0}
-
-    def total() -> int:
-        return sum(c.kept_bytes + (c.evictable_bytes if resident[i] else 0) for i, c in enumerate(calls) if alive[i])
-
-    def fit(room: int, keep: int | None) -> None:
-        limit = threshold - room
-        now = total()
-        if now > limit:
-            order = sorted(
-                (
-                    max(calls[i].seconds, 1e-9) ** time_factor
-                    / (calls[i].evictable_bytes**memory_factor * max(clock - last[i], 1)),
-                    last[i],
-                    i,
-                )
-                for i in range(n)
-                if alive[i] and resident[i] and i != keep and calls[i].evictable_bytes
-                and calls[i].evictable_bytes >= minimum
-            )
-            for _, _, i in order:
-                if now <= limit:
-                    break
-                resident[i] = False
-                state["evictions"] += 1
-                now -= calls[i].evictable_bytes
-        running = calls[keep].evictable_bytes if keep is not None and resident[keep] else 0
-        state["tracked"] = max(state["tracked"], now - running)
-        state["working"] = max(state["working"], now)
-        if room == 0 and now - running > limit:
-            state["over"] += 1
-
-    seen: dict[str, int] = {}
-    for i, call in enumerate(calls):
-        clock += 1
-        last[i] = clock
-        # The room the tracker makes: this candidate's size on its previous call, on its first
-        # the largest seen so far (the simulation is of a first step, as `memoplan plan` measures).
-        fit(seen.get(call.name, max(seen.values(), default=0)), None)
-        seen[call.name] = call.evictable_bytes
-        alive[i] = resident[i] = True
-        state["working"] = max(state["working"], total())
-        fit(0, None)
-    recomputes, seconds = 0, 0.0
-    for i in reversed(range(n)):
-        clock += 1
-        last[i] = clock
-        if not resident[i] and calls[i].evictable_bytes:
-            resident[i] = True
-            recomputes += 1
-            seconds += calls[i].seconds
-            fit(0, i)
-        grads = outside_grads + sum(c.param_bytes for c in calls[i:])
-        state["working"] = max(state["working"], total() + calls[i].grad_bytes + grads)
-        alive[i] = False
+    replay = _Replay(calls, threshold, minimum, memory_factor, time_factor)
+    replay.forward()
+    recomputes, seconds = replay.backward(outside_grads)
     return Simulation(
         threshold,
-        state["tracked"],
-        state["working"],
-        state["evictions"],
+        replay.tracked,
+        replay.working,
+        replay.evictions,
         recomputes,
         seconds,
-        state["over"],
+        replay.over,
         _unplanned_working(calls, outside_grads),
     )
 

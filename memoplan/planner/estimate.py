@@ -42,9 +42,9 @@ from torch.utils.flop_counter import flop_registry
 
 from memoplan.version import __version__
 from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, warm_up, step_device, training_step
-from memoplan.planner.profile import module_profile, as_example, input_metas, Probe, qualname, Record, Restored, tensor_bytes, unique_storages, profile
+from memoplan.planner.profile import module_profile, as_example, input_metas, Probe, Record, Restored, tensor_bytes, unique_storages, profile
 from memoplan.planner.copies import unplanned_copy
-from memoplan.planner.schema import ModuleProfile, Profile
+from memoplan.planner.schema import Profile
 from memoplan.planner.shrink import describe_example, is_out_of_memory, shrinking
 from memoplan.specs import Example
 
@@ -120,7 +120,7 @@ def estimate(
         example = example.to(target)
     note(f"estimating on fake tensors ({describe_example(example)})")
     full = fake_step(model, example, target, loss_fn)
-    options = {"repeats": repeats, "progress": progress, "loss_fn": loss_fn}
+    options: dict[str, Any] = {"repeats": repeats, "progress": progress, "loss_fn": loss_fn}
     small: Profile | None = None
     try:
         if calibration is not None:
@@ -251,7 +251,7 @@ def _as_real_data(*, hide_fakes: bool) -> Iterator[None]:
     # positions it makes itself (an arange) hold none, which is what the estimate assumes.
     masks = sys.modules.get("transformers.masking_utils") if hide_fakes else None
     packed = getattr(masks, "find_packed_sequence_indices", None)
-    torch.equal = fake_equal
+    torch.equal = fake_equal  # type: ignore[assignment]  # for the fake step only; put back after it
     if is_fake is not None:
         hf.is_fake_tensor = lambda x: False  # type: ignore[union-attr]
     if packed is not None:
@@ -269,7 +269,7 @@ def _as_real_data(*, hide_fakes: bool) -> Iterator[None]:
 def _fake_state(model: nn.Module, mode: Any) -> None:
     """Swap every parameter and buffer for a fake copy (shared ones stay shared); the caller's
     snapshot puts the real ones back."""
-    fakes: dict[int, torch.Tensor] = {}
+    fakes: dict[int, Any] = {}  # fake parameters (nn.Parameter) and buffers, by the real one's id
     for module in model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:

@@ -54,7 +54,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from memoplan.planner.budgets import ByteBudget, byte_limit
 from memoplan.planner.chain import Chain, Item

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from memoplan.planner.budgets import ByteBudget, Coverage, Preset, byte_limit
 from memoplan.planner.chain import Chain, Item

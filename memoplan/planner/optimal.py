@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
 from memoplan.planner.budgets import ByteBudget, byte_limit
 from memoplan.planner.chain import Chain, Item
@@ -106,7 +106,103 @@ def _interval(f, top: int, limit: float) -> range:
     return range(first, last + 1)
 
 
-def _solve_core(chain: Chain, order: list[int], need: int, incumbent: float, effort: list[int]):
+def _blocks(chain: Chain, order: list[int]) -> list[tuple[int, float, list[int]]]:
+    """Runs of identical modules (same bytes and seconds) in ``order``, as (d, t, members)."""
+    d, t = chain.d, chain.t
+    blocks: list[tuple[int, float, list[int]]] = []
+    for i in order:
+        if blocks and blocks[-1][0] == d[i] and blocks[-1][1] == t[i]:
+            blocks[-1][2].append(i)
+        else:
+            blocks.append((d[i], t[i], [i]))
+    return blocks
+
+
+def _lower_bound(bound: _Bound, need: int, lo: int, hi: int) -> Callable[[int, float], float]:
+    """The LP bound of a state (bytes, seconds) while the core is blocks ``lo..hi-1``."""
+    cum_d, cum_t, eff, lp = bound.cum_d, bound.cum_t, bound.eff, bound.lp
+
+    def lower(b: int, c: float) -> float:
+        if b < need:
+            return c + lp(hi, need - b)
+        # give back the dearest bytes before the core, fractionally, down to the need
+        target = cum_d[lo] - (b - need)
+        if target <= 0:
+            return c - cum_t[lo]
+        q = bisect_left(cum_d, target, 0, lo + 1) - 1  # cum_d[q] < target <= cum_d[q+1]
+        return c - (cum_t[lo] - cum_t[q + 1]) - (cum_d[q + 1] - target) * eff[q]
+
+    return lower
+
+
+# The best cover so far: (seconds, its node, the pruning limit).
+_Best = tuple[float, "tuple | None", float]
+_State = tuple[int, float, "tuple | None"]
+
+
+def _grow_single(states: list[_State], lower, k: int, sign: int, dk: int, tk: float, need: int, best: _Best):
+    """States after flipping block ``k`` of one module (the common case), or keeping it."""
+    seconds, best_node, limit = best
+    db, dc = sign * dk, sign * tk
+    grown = []
+    for b, c, node in states:
+        if lower(b, c) <= limit:
+            grown.append((b, c, node))
+        nb, nc = b + db, c + dc
+        if lower(nb, nc) <= limit:
+            grown.append((nb, nc, (k, sign, node)))
+            if nb >= need and nc < seconds:
+                seconds, best_node = nc, (k, sign, node)
+                limit = seconds + abs(seconds) * _SLACK
+    return grown, (seconds, best_node, limit)
+
+
+def _grow_block(states: list[_State], lower, k: int, sign: int, block: tuple, need: int, best: _Best):
+    """States after taking (``sign`` > 0) or giving back some of block ``k``'s modules."""
+    seconds, best_node, limit = best
+    dk, tk, members = block
+    count = len(members)
+    grown = []
+    for b, c, node in states:
+        if sign > 0:  # take j of block k; +inf (nothing left to add) only for small j
+            pick = _interval(lambda j, b=b, c=c: lower(b + j * dk, c + j * tk), count, limit)
+        else:  # give back count - x of block k; +inf only for small x
+            kept = _interval(lambda x, b=b, c=c: lower(b - (count - x) * dk, c - (count - x) * tk), count, limit)
+            pick = range(count - kept.stop + 1, count - kept.start + 1) if kept else kept
+        for j in pick:
+            state = (b + sign * j * dk, c + sign * j * tk, (k, sign * j, node) if j else node)
+            if state[0] >= need and state[1] < seconds:
+                seconds, best_node = state[1], state[2]
+                limit = seconds + abs(seconds) * _SLACK
+            grown.append(state)
+    return grown, (seconds, best_node, limit)
+
+
+def _pareto(grown: list[_State]) -> list[_State]:
+    """More bytes for no more seconds wins (for equal bytes the cheaper one is met first); the
+    stable sort keeps it deterministic."""
+    grown.sort(key=lambda state: (state[0], -state[1]))
+    states = []
+    cheapest = math.inf
+    for state in reversed(grown):
+        if state[1] < cheapest:
+            states.append(state)
+            cheapest = state[1]
+    states.reverse()
+    return states
+
+
+def _chosen(blocks: list[tuple[int, float, list[int]]], brk: int, node: tuple | None) -> list[int]:
+    """The modules of the cover: every block before the break, edited by the nodes' moves."""
+    chosen = set(i for _, _, m in blocks[:brk] for i in m)
+    while node is not None:
+        k, j, node = node
+        members = blocks[k][2]
+        chosen.update(members[:j]) if j > 0 else chosen.difference_update(members[len(members) + j :])
+    return sorted(chosen)
+
+
+def _solve_core(chain: Chain, order: list[int], need: int, incumbent: float, effort: list[float]):
     """Exact least-seconds cover of ``need`` bytes by an expanding core (Pisinger's minknap, covering form).
 
     ``order`` is by seconds per byte; runs of identical modules (same d and t) form one block
@@ -120,27 +216,19 @@ def _solve_core(chain: Chain, order: list[int], need: int, incumbent: float, eff
     stops early when that runs out.  Returns (seconds, chosen or None if nothing beat
     ``incumbent``, whether the search ran to the end).
     """
-    d, t = chain.d, chain.t
-    blocks: list[tuple[int, float, list[int]]] = []
-    for i in order:
-        if blocks and blocks[-1][0] == d[i] and blocks[-1][1] == t[i]:
-            blocks[-1][2].append(i)
-        else:
-            blocks.append((d[i], t[i], [i]))
+    blocks = _blocks(chain, order)
     n = len(blocks)
     bound = _Bound([bd * len(m) for bd, _, m in blocks], [bt * len(m) for _, bt, m in blocks])
-    cum_d, cum_t, eff = bound.cum_d, bound.cum_t, bound.eff
-    lp = bound.lp
+    cum_d, cum_t = bound.cum_d, bound.cum_t
     brk = bisect_left(cum_d, need) - 1  # blocks 0..brk-1 fall short, 0..brk cover
     if brk >= n:
         return incumbent, None, True
-    best, best_node = incumbent, None
-    limit = best + abs(best) * _SLACK
-    states: list[tuple[int, float, tuple | None]] = [(cum_d[brk], cum_t[brk], None)]
+    best: _Best = (incumbent, None, incumbent + abs(incumbent) * _SLACK)
+    states: list[_State] = [(cum_d[brk], cum_t[brk], None)]
     lo, hi = brk, brk  # the core is blocks lo..hi-1; blocks < lo are taken, >= hi are not
     grow_up = True
     complete = True
-    while states and best > 0 and (lo > 0 or hi < n):
+    while states and best[0] > 0 and (lo > 0 or hi < n):
         if effort[0] < 0:
             complete = False
             break
@@ -150,64 +238,17 @@ def _solve_core(chain: Chain, order: list[int], need: int, incumbent: float, eff
             lo -= 1
             k, sign = lo, -1
         grow_up = not grow_up
+        lower = _lower_bound(bound, need, lo, hi)
         dk, tk, members = blocks[k]
-        count = len(members)
-
-        def lower(b: int, c: float) -> float:
-            if b < need:
-                return c + lp(hi, need - b)
-            # give back the dearest bytes before the core, fractionally, down to the need
-            target = cum_d[lo] - (b - need)
-            if target <= 0:
-                return c - cum_t[lo]
-            q = bisect_left(cum_d, target, 0, lo + 1) - 1  # cum_d[q] < target <= cum_d[q+1]
-            return c - (cum_t[lo] - cum_t[q + 1]) - (cum_d[q + 1] - target) * eff[q]
-
-        grown = []
-        if count == 1:  # the common case: keep the state, and/or flip the one module
-            db, dc = sign * dk, sign * tk
-            for b, c, node in states:
-                if lower(b, c) <= limit:
-                    grown.append((b, c, node))
-                nb, nc = b + db, c + dc
-                if lower(nb, nc) <= limit:
-                    grown.append((nb, nc, (k, sign, node)))
-                    if nb >= need and nc < best:
-                        best, best_node = nc, (k, sign, node)
-                        limit = best + abs(best) * _SLACK
-            states = []  # (filtered below)
-        for b, c, node in states:
-            if sign > 0:  # take j of block k; +inf (nothing left to add) only for small j
-                pick = _interval(lambda j: lower(b + j * dk, c + j * tk), count, limit)
-            else:  # give back count - x of block k; +inf only for small x
-                kept = _interval(lambda x: lower(b - (count - x) * dk, c - (count - x) * tk), count, limit)
-                pick = range(count - kept.stop + 1, count - kept.start + 1) if kept else kept
-            for j in pick:
-                state = (b + sign * j * dk, c + sign * j * tk, (k, sign * j, node) if j else node)
-                if state[0] >= need and state[1] < best:
-                    best, best_node = state[1], state[2]
-                    limit = best + abs(best) * _SLACK
-                grown.append(state)
+        if len(members) == 1:
+            grown, best = _grow_single(states, lower, k, sign, dk, tk, need, best)
+        else:
+            grown, best = _grow_block(states, lower, k, sign, blocks[k], need, best)
         effort[0] -= len(grown)
-        # Pareto filter: more bytes for no more seconds wins (for equal bytes the cheaper one is
-        # met first); the stable sort keeps it deterministic.
-        grown.sort(key=lambda state: (state[0], -state[1]))
-        states = []
-        cheapest = math.inf
-        for state in reversed(grown):
-            if state[1] < cheapest:
-                states.append(state)
-                cheapest = state[1]
-        states.reverse()
-    if best_node is None:
+        states = _pareto(grown)
+    if best[1] is None:
         return incumbent, None, complete
-    chosen = set(i for _, _, m in blocks[:brk] for i in m)
-    node = best_node
-    while node is not None:
-        k, j, node = node
-        members = blocks[k][2]
-        chosen.update(members[:j]) if j > 0 else chosen.difference_update(members[len(members) + j :])
-    return best, sorted(chosen), complete
+    return best[0], _chosen(blocks, brk, best[1]), complete
 
 
 def optimal(

@@ -67,7 +67,7 @@ class PlanResult:
 def make_plan(
     model: nn.Module,
     example: Example,
-    budget: search.Budget,
+    budget: search.Budget | search.Preset | search.LeastPeak,
     *,
     planner: Planner = Planner.OPTIMAL,
     hard: bool = True,
@@ -235,8 +235,9 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
     once, so the lower measured peak wins; MP601 (``BudgetMissed``) when it is over the limit.
     """
     parent = _chain_container(model, prof, how)
+    assert parent is not None, "called only when there is a chain container"
     children = list(model.get_submodule(parent)._modules)
-    links = {l.name: l for l in chain(prof, [f"{parent}.{c}" for c in children])}
+    links = {link.name: link for link in chain(prof, [f"{parent}.{c}" for c in children])}
     saved = [links[f"{parent}.{c}"].saved_bytes if f"{parent}.{c}" in links else 0 for c in children]
     inputs = [links[f"{parent}.{c}"].input_bytes if f"{parent}.{c}" in links else 0 for c in children]
     rest = prof.peak_bytes - sum(saved)
@@ -258,6 +259,7 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
             print(f"memoplan: {what} of {parent}: {split.runs} regions, measured peak {peak} B", file=sys.stderr, flush=True)
         if best is None or peak < best[0]:
             best = (peak, split, rule, what)
+    assert best is not None, "options holds the least-peak split at least"
     peak, split, rule, what = best
     status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
     choice = search.Choice(
@@ -339,24 +341,25 @@ def _make_plan(
 ) -> PlanResult:
     """:func:`make_plan` over one set of candidates (``nested``: with their parts); ``widened``: why."""
     links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
-    links = [l for l in links if not planner.blocks(l.name)]
+    links = [link for link in links if not planner.blocks(link.name)]
     # A checkpoint keeps its input (bit-packed where the profile saw only 0 and 1 in it: the plan
     # then says `compress input = bit`), and what the model's output keeps of the region's bytes.
     planner = replace(planner, packed=_packed(links))
     items = [
         search.Item(
-            l.name,
-            l.saved_bytes,
-            (l.packed_input_bytes if l.name in planner.packed else l.input_bytes) + l.kept_bytes,
-            l.forward_seconds,
+            link.name,
+            link.saved_bytes,
+            (link.packed_input_bytes if link.name in planner.packed else link.input_bytes) + link.kept_bytes,
+            link.forward_seconds,
         )
-        for l in links
+        for link in links
     ]
     peak = prof.peak_bytes
     if planner.fixed:  # what the hand-written rules leave is what the search works from
         peak = _measure(model, example, _draft(None, items, model, {}, planner))
         if _within(budget, peak, prof.peak_bytes):
             limit = _limit(budget, prof.peak_bytes)
+            assert planner.start is not None, "fixed rules come from a start plan"
             return PlanResult(planner.start, _empty_choice(budget, peak, prof.peak_bytes), prof.peak_bytes, peak, limit, hard)
     base = search.unplanned_base(peak, items)
     choice = planner(items, budget, base)
@@ -428,6 +431,7 @@ def _settled(model, example, items, choice: search.Choice, planner: Search, base
         choice, searched = _least_peak_if_it_fits(model, example, items, choice, planner, base)
     after = _measure(model, example, _draft(choice, items, model, {}, planner))
     if hard and limit is not None:
+        assert searched is not None, "the limit, or the one the least-peak set was found with"
         choice, after = _calibrated(model, example, items, choice, after, limit, searched, planner, base)
     return choice, after
 
@@ -524,6 +528,7 @@ def _least_peak_if_it_fits(
     estimate's limit it was found with.
     """
     limit = choice.limit
+    assert limit is not None, "a hard budget in bytes has a limit"
     least, measured = _least_peak_within(
         limit, choice.minimum_peak, items, base, lambda c: _measure(model, example, _draft(c, items, model, {}, planner))
     )
@@ -721,13 +726,14 @@ def rebased(plan: ast.Plan, base: Path | str, folder: Path | str) -> ast.Plan:
     ``base`` (the folder it was read from), rewritten relative to ``folder`` (where it is written).
     Module specs, inline tensors, comments and the order of statements are kept."""
 
-    def move(spec: str | None) -> str | None:
-        return None if spec is None else _relative_spec(spec, folder, base)
+    def move(s: ast.Statement) -> ast.Statement:
+        if isinstance(s, ast.ModelStmt):
+            return replace(s, spec=_relative_spec(s.spec, folder, base))
+        if isinstance(s, ast.ExampleStmt) and s.spec is not None:
+            return replace(s, spec=_relative_spec(s.spec, folder, base))
+        return s
 
-    statements = tuple(
-        replace(s, spec=move(s.spec)) if isinstance(s, (ast.ModelStmt, ast.ExampleStmt)) else s
-        for s in plan.statements
-    )
+    statements = tuple(move(s) for s in plan.statements)
     return replace(plan, statements=statements)
 
 
@@ -747,7 +753,7 @@ def _relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str
 
 def _packed(links) -> frozenset[str]:
     """The candidates whose inputs the profile proves binary, where bit-packing them saves bytes."""
-    return frozenset(l.name for l in links if l.input_binary and l.packed_input_bytes < l.input_bytes)
+    return frozenset(link.name for link in links if link.input_binary and link.packed_input_bytes < link.input_bytes)
 
 
 def _compressed(plan: ast.Plan, packed: frozenset[str]) -> ast.Plan:
@@ -773,7 +779,7 @@ def _compressed(plan: ast.Plan, packed: frozenset[str]) -> ast.Plan:
 
 def _with_state_rules(plan: ast.Plan, model: nn.Module, skip: frozenset[str] = frozenset()) -> ast.Plan:
     """Mark every stateful module `state = functional` (but those in ``skip``), so regions around it are legal."""
-    rules = []
+    rules: list[ast.ModuleRule] = []
     for path, module in model.named_modules():
         if path and path not in skip and is_stateful(module):
             term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in path.split("."))))

@@ -197,5 +197,6 @@ def parse_budget(text: str) -> tuple[BudgetLike, bool | None]:
         if coverage.name.lower() == word:
             return coverage, None
     stmt = parse(f"memplan 1\nbudget {text}\n", "--budget").budget
+    assert stmt is not None, "parse raises PlanError on a budget it cannot read"
     hard = None if stmt.mode is None else stmt.mode is ast.BudgetMode.HARD
     return budget_from_ast(stmt), hard

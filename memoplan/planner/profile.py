@@ -102,11 +102,27 @@ __all__ = [
     "chain",
     "default_candidates",
     "merge",
+    "nested_candidates",
     "profile",
 ]
 
 
 # ---------------------------------------------------------------- profile()
+
+
+def _on_device(
+    model: nn.Module, example: Example, device: torch.device | str | None
+) -> tuple[nn.Module, Example, torch.device]:
+    """``model`` and ``example`` on ``device`` (default: where the step runs now), as deep copies
+    when it is another device, and that device (a CUDA one with its index)."""
+    here = step_device(model, example.args, example.kwargs)
+    target = torch.device(device) if device is not None else here
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    if target != here:
+        model = copy.deepcopy(model).to(target)
+        example = example.to(target)
+    return model, example, target
 
 
 def profile(
@@ -129,14 +145,7 @@ def profile(
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, not {repeats!r}")
-    example = as_example(example)
-    here = step_device(model, example.args, example.kwargs)
-    target = torch.device(device) if device is not None else here
-    if target.type == "cuda" and target.index is None:
-        target = torch.device("cuda", torch.cuda.current_device())
-    if target != here:
-        model = copy.deepcopy(model).to(target)
-        example = example.to(target)
+    model, example, target = _on_device(model, as_example(example), device)
 
     # On CUDA a process's first steps allocate what then stays (cuBLAS workspaces, compiled
     # and autotuned kernels): measured cold, the unplanned peak would carry them, and every
@@ -490,7 +499,7 @@ class Snapshot:
             m._parameters[name] = p
             if p is not None:
                 p.grad = grad
-                p.requires_grad_(requires_grad)
+                p.requires_grad_(bool(requires_grad))  # a parameter's flag, never None
         with torch.no_grad():
             for m, name, b, saved in self.buffers:
                 m._buffers[name] = b

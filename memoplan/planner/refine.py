@@ -46,12 +46,11 @@ the same random state as the first (:class:`memoplan.planner.profile.Snapshot`).
 
 from __future__ import annotations
 
-import copy
 import sys
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import torch
 from torch import nn
@@ -63,7 +62,7 @@ from memoplan.measure import measure_step
 from memoplan.planner.config import ALL_LEVELS, Level, RefineOptions
 from memoplan.planner.copies import unplanned_copy
 from memoplan.planner.profile import Snapshot
-from memoplan.runtime.state import get_state, is_stateful, load_state
+from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
 from memoplan.syntax import ast
 
@@ -149,12 +148,16 @@ def _literal_path(rule: ast.ModuleRule) -> str | None:
     term = rule.selector.include
     if rule.selector.exclude or term.class_name is not None or term.path is None:
         return None
-    if not all(isinstance(s, ast.Name) for s in term.path.segments):
+    names = [s.text for s in term.path.segments if isinstance(s, ast.Name)]
+    if len(names) != len(term.path.segments):
         return None
-    return ".".join(s.text for s in term.path.segments)
+    return ".".join(names)
 
 
-def _policy(rule: ast.ModuleRule, kind: type) -> Any:
+_P = TypeVar("_P")
+
+
+def _policy(rule: ast.ModuleRule, kind: type[_P]) -> _P | None:
     return next((p for p in rule.policies if isinstance(p, kind)), None)
 
 
@@ -212,12 +215,14 @@ def _savable(rule: ast.ModuleRule, module: nn.Module) -> bool:
 
 def _with_save(rule: ast.ModuleRule) -> ast.ModuleRule:
     check = _policy(rule, ast.Checkpoint)
+    assert check is not None, "only checkpoint regions are edited"
     policies = tuple(replace(check, save=SAVED_OPS) if p is check else p for p in rule.policies)
     return replace(rule, policies=policies)
 
 
 def _with_segments(rule: ast.ModuleRule, n: int) -> ast.ModuleRule:
     check = _policy(rule, ast.Checkpoint)
+    assert check is not None, "only checkpoint regions are edited"
     policies = tuple(replace(check, segments=n, split=None) if p is check else p for p in rule.policies)
     return replace(rule, policies=policies)
 
@@ -430,20 +435,28 @@ class _Refiner:
         return out
 
     def _changes(self, candidate: _Candidate) -> bool:
-        statements = self.plan.statements
         indices = self._indices(candidate)
         if not indices:
             return False
-        return candidate.drops or any(candidate.change(statements[i]) != statements[i] for i in indices)
+        change = candidate.change
+        if change is None:  # it drops the rules
+            return True
+        return any(change(rule) != rule for rule in (self._rule(i) for i in indices))
+
+    def _rule(self, index: int) -> ast.ModuleRule:
+        rule = self.plan.statements[index]
+        assert isinstance(rule, ast.ModuleRule), "_indices finds module rules"
+        return rule
 
     def _edited(self, candidate: _Candidate, note: str | None) -> ast.Plan:
         """The current plan with the candidate's edit; ``note`` becomes the edited rules' comment."""
         statements: list[ast.Statement | None] = list(self.plan.statements)
+        change = candidate.change
         for i in self._indices(candidate):
-            if candidate.drops:
+            if change is None:  # it drops the rules
                 statements[i] = None
             else:
-                new = candidate.change(statements[i])
+                new = change(self._rule(i))
                 statements[i] = new if note is None else _noted(new, note)
         return replace(self.plan, statements=tuple(s for s in statements if s is not None))
 

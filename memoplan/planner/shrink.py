@@ -13,7 +13,7 @@ import contextvars
 import gc
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
@@ -159,7 +159,7 @@ class out_of_memory_as:  # noqa: N801 - used as a context manager, like contextl
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is None or isinstance(exc, StepOutOfMemory) or not is_out_of_memory(exc):
             return False
         text = str(exc).strip()

@@ -9,7 +9,7 @@ import random
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 from itertools import compress
-from typing import Sequence
+from collections.abc import Sequence
 
 from memoplan.planner.budgets import ByteBudget, byte_limit
 from memoplan.planner.chain import Chain, Estimate, Item
@@ -137,6 +137,60 @@ def _thresholds(sizes: Sequence[int], tries: int, lb: int) -> list[int]:
     return sorted({levels[math.ceil((k + 1) * len(levels) / tries) - 1] for k in range(tries)})
 
 
+def _spawn_pool(workers: int) -> concurrent.futures.Executor:
+    # spawn: safe whatever threads the caller (torch) started; the evaluation is plain data.
+    return concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _columns(chain: Chain, genes: list[int], lb: int, limit: int | None) -> tuple:
+    """What :class:`_Evaluator` scores a genome with: the genes' bytes, seconds and sizes, the
+    unplanned peak, ``lb``, the limit (0: none) and the genes cheapest seconds per byte first and last."""
+    gd = [chain.d[i] for i in genes]
+    gs = [chain.s[i] for i in genes]
+    gt = [chain.t[i] for i in genes]
+    best_first = sorted(range(len(genes)), key=lambda g: (gt[g] / gd[g], -gd[g], g))
+    return (gd, gt, gs, chain.unplanned, lb, 0 if limit is None else limit, best_first, best_first[::-1])
+
+
+def _mutate(genome: bytes, rng: random.Random, n: int) -> bytes:
+    """Flip one to three random genes."""
+    child = bytearray(genome)
+    for g in rng.sample(range(n), min(n, rng.randint(1, 3))):
+        child[g] ^= 1
+    return bytes(child)
+
+
+def _breed(population: list[bytes], scored: dict, rng: random.Random, n: int, pool_size: int) -> list[bytes]:
+    """One generation's children: tournament selection (of 3), two-point crossover along the
+    chain (nine times in ten) and bit-flip mutation."""
+    children = []
+    for _ in range(pool_size):
+        a = min((population[rng.randrange(len(population))] for _ in range(3)), key=lambda g: (scored[g], g))
+        b = min((population[rng.randrange(len(population))] for _ in range(3)), key=lambda g: (scored[g], g))
+        if n > 1 and rng.random() < 0.9:
+            lo, hi = sorted(rng.sample(range(n + 1), 2))
+            a = a[:lo] + b[lo:hi] + a[hi:]
+        children.append(_mutate(a, rng, n))
+    return children
+
+
+def _evolve(evaluate, firsts: list[bytes], scored: dict, rng: random.Random, n: int, pool_size: int, generations: int):
+    """The genetic algorithm from the threshold candidates ``firsts``; its final population,
+    best first (``scored`` gains every repaired child's fitness)."""
+
+    def rank(genomes) -> list[bytes]:
+        return sorted(set(genomes), key=lambda g: (scored[g], g))[:pool_size]
+
+    population = rank(firsts)
+    for _ in range(generations):
+        repaired = []
+        for genome, key in evaluate(_breed(population, scored, rng, n, pool_size), True):
+            scored.setdefault(genome, key)
+            repaired.append(genome)
+        population = rank(population + repaired)
+    return population
+
+
 def sublinear(
     items: Sequence[Item],
     budget: ByteBudget | None = None,
@@ -171,22 +225,15 @@ def sublinear(
     lb = config.lb_memory
     genes = [i for i in range(chain.n) if chain.d[i] > 0]
     n = len(genes)
-    gd = [chain.d[i] for i in genes]
     gs = [chain.s[i] for i in genes]
-    gt = [chain.t[i] for i in genes]
-    best_first = sorted(range(n), key=lambda g: (gt[g] / gd[g], -gd[g], g))
-    columns = (gd, gt, gs, chain.unplanned, lb, 0 if limit is None else limit, best_first, best_first[::-1])
-
+    columns = _columns(chain, genes, lb, limit)
     thresholds = _thresholds(gs, config.thresh_nr_try, lb)
     seeds = [bytes(1 if gs[g] <= b else 0 for g in range(n)) for b in thresholds] or [bytes(n)]
 
-    own_pool = None
     workers = config.workers
+    own_pool = None
     if executor is None and workers > 1 and n and config.genetic_nr_iter:
-        # spawn: safe whatever threads the caller (torch) started; the evaluation is plain data.
-        own_pool = executor = concurrent.futures.ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn")
-        )
+        own_pool = executor = _spawn_pool(workers)
     try:
         evaluate = _Evaluator(columns, workers, executor)
         scored: dict[bytes, tuple[int, float, int]] = {}
@@ -196,34 +243,8 @@ def sublinear(
             firsts.append(genome)
         best_index = min(range(len(firsts)), key=lambda k: (scored[firsts[k]], firsts[k]))
         threshold_best = firsts[best_index]
-        rng = random.Random(seed)
-        pool_size = config.genetic_pool_size
         generations = config.genetic_nr_iter if n else 0
-
-        def rank(genomes) -> list[bytes]:
-            return sorted(set(genomes), key=lambda g: (scored[g], g))[:pool_size]
-
-        def mutate(genome: bytes) -> bytes:
-            child = bytearray(genome)
-            for g in rng.sample(range(n), min(n, rng.randint(1, 3))):
-                child[g] ^= 1
-            return bytes(child)
-
-        population = rank(firsts)
-        for _ in range(generations):
-            children = []
-            for _ in range(pool_size):
-                a = min((population[rng.randrange(len(population))] for _ in range(3)), key=lambda g: (scored[g], g))
-                b = min((population[rng.randrange(len(population))] for _ in range(3)), key=lambda g: (scored[g], g))
-                if n > 1 and rng.random() < 0.9:
-                    lo, hi = sorted(rng.sample(range(n + 1), 2))
-                    a = a[:lo] + b[lo:hi] + a[hi:]
-                children.append(mutate(a))
-            repaired = []
-            for genome, key in evaluate(children, True):
-                scored.setdefault(genome, key)
-                repaired.append(genome)
-            population = rank(population + repaired)
+        population = _evolve(evaluate, firsts, scored, random.Random(seed), n, config.genetic_pool_size, generations)
         evaluations = evaluate.count
     finally:
         if own_pool is not None:

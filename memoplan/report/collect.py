@@ -132,13 +132,20 @@ def timelines(
             counts: list[list[int]] = []
             counting = stats_of if name == "planned" else None
 
-            def marks(mark: Callable[[str], None], m: nn.Module = copied) -> Any:
+            def marks(
+                mark: Callable[[str], None],
+                m: nn.Module = copied,
+                counting: Callable[[nn.Module], Any] | None = counting,
+                counts: list[list[int]] = counts,
+            ) -> Any:
                 if counting is None:
                     return module_marks(m, shown, mark)
 
+                tally = counting
+
                 def counted(label: str) -> None:  # the dtr block's counters at every module boundary
                     mark(label)
-                    stats = counting(m)
+                    stats = tally(m)
                     counts.append([stats.evictions, stats.recomputes, stats.tracked_now])
 
                 return module_marks(m, shown, counted)

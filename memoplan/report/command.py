@@ -141,7 +141,7 @@ def write_report(
     """
     import copy
 
-    from memoplan.report import collect, draw
+    from memoplan.report import collect
     from memoplan.verify import budget_check, render_report, verify
 
     require_matplotlib()
@@ -185,13 +185,26 @@ def write_report(
     dtr = collect.dtr_statistics(model, resolved, example, options.seed)
 
     progress("drawing")
-    svgs = {
+    sections = _sections(resolved, report, render_report(report), budget_line, plots, _svgs(plots), dtr)
+    text = _page(resolved, report, options, sections)
+    written = _write(path, text, plots, options.json)
+    return ReportResult(path, tuple(written), tuple(s.id for s in sections), plots, peaks)
+
+
+def _svgs(plots: dict[str, Any]) -> dict[str, str | None]:
+    """Each plot drawn as SVG (None where the plot was not measured)."""
+    from memoplan.report import draw
+
+    return {
         "memory": draw.memory_svg(plots["memory"]) if "memory" in plots else None,
         "saved": draw.saved_svg(plots["saved"]),
         "sweep": draw.sweep_svg(plots["sweep"]) if "sweep" in plots else None,
         "dtr": draw.dtr_svg(plots["memory"]) if "memory" in plots and "dtr" in plots["memory"]["runs"]["planned"] else None,
     }
-    sections = _sections(resolved, report, render_report(report), budget_line, plots, svgs, dtr)
+
+
+def _page(resolved: Any, report: Any, options: ReportOptions, sections: list[page.Section]) -> str:
+    """The whole HTML page: title, the plan's one-line summary and the sections."""
     title = f"memoplan report: {resolved.file}"
     intro = [
         page.paragraph(
@@ -201,16 +214,19 @@ def write_report(
     ]
     if options.command:
         intro.append(page.paragraph(f"Made by: {options.command}", "note"))
-    text = page.render(title, intro, sections)
+    return page.render(title, intro, sections)
 
+
+def _write(path: Path, text: str, plots: dict[str, Any], with_json: bool) -> list[Path]:
+    """Write the page (and, with ``with_json``, each plot's data next to it); the paths written."""
     written = []
-    if options.json:
+    if with_json:
         for name, target in json_paths(path, list(plots)).items():
             target.write_text(json.dumps(plots[name], indent=1, sort_keys=True) + "\n", encoding="utf-8")
             written.append(target)
     path.write_text(text, encoding="utf-8")
     written.append(path)
-    return ReportResult(path, tuple(written), tuple(s.id for s in sections), plots, peaks)
+    return written
 
 
 def plan_rows(resolved: Any) -> list[tuple[str, str, str, str]]:
@@ -224,8 +240,19 @@ def plan_rows(resolved: Any) -> list[tuple[str, str, str, str]]:
 
 
 def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> list[page.Section]:
-    sections = []
+    sections = [
+        _plan_section(resolved, report, verify_text, budget_line),
+        _memory_section(report, plots, svgs),
+        _saved_section(resolved, plots, svgs),
+    ]
+    if "sweep" in plots:
+        sections.append(_sweep_section(plots, svgs))
+    if dtr is not None:
+        sections.append(_dtr_section(svgs, dtr))
+    return sections
 
+
+def _plan_section(resolved, report, verify_text: str, budget_line: str | None) -> page.Section:
     rows = plan_rows(resolved)
     plan_section = page.Section("plan", "Resolved plan and verification")
     if rows:
@@ -238,8 +265,10 @@ def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> l
         + f" peak {report.unplanned.peak_bytes:,} B unplanned, {report.planned.peak_bytes:,} B planned</p>"
     )
     plan_section.add(page.preformatted(verify_text + (f"\n{budget_line}" if budget_line else "")))
-    sections.append(plan_section)
+    return plan_section
 
+
+def _memory_section(report, plots, svgs) -> page.Section:
     memory = page.Section("memory", "Memory over one training step")
     if "memory" in plots:
         runs = plots["memory"]["runs"]
@@ -275,8 +304,10 @@ def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> l
                 "note",
             )
         )
-    sections.append(memory)
+    return memory
 
+
+def _saved_section(resolved, plots, svgs) -> page.Section:
     saved = page.Section("saved", "Saved bytes per module")
     s = plots["saved"]
     saved.add(
@@ -300,50 +331,51 @@ def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> l
             numeric=(2, 3),
         )
     )
-    sections.append(saved)
+    return saved
 
-    if "sweep" in plots:
-        sweep = page.Section("sweep", "Budget sweep")
-        sw = plots["sweep"]
-        sweep.add(
-            page.figure(
-                "sweep",
-                svgs["sweep"],
-                "Peak memory of one step against the median step time: memoplan's optimal planner at each budget "
-                "(a hard budget, a share of the unplanned peak; where it is out of reach, the least-peak plan), checkpointing every block, the unplanned step and this plan"
-                + (", and torch.compile at each activation_memory_budget." if any(k == "torch.compile" for k in sw["series"]) else "."),
-            )
+
+def _sweep_section(plots, svgs) -> page.Section:
+    sweep = page.Section("sweep", "Budget sweep")
+    sw = plots["sweep"]
+    sweep.add(
+        page.figure(
+            "sweep",
+            svgs["sweep"],
+            "Peak memory of one step against the median step time: memoplan's optimal planner at each budget "
+            "(a hard budget, a share of the unplanned peak; where it is out of reach, the least-peak plan), checkpointing every block, the unplanned step and this plan"
+            + (", and torch.compile at each activation_memory_budget." if any(k == "torch.compile" for k in sw["series"]) else "."),
         )
-        rows = [
-            (q["label"], kind, f"{q['peak_bytes']:,}", f"{q['ratio']:.3f}", f"{q['step_seconds'] * 1e3:.1f}")
-            for kind, points in sw["series"].items()
-            for q in points
-        ]
-        rows += [(f["label"], f["kind"], "-", "-", f"failed: {f['error']}") for f in sw["failed"]]
-        sweep.add(page.table(("configuration", "kind", "peak (B)", "x unplanned", "step (ms)"), rows, numeric=(2, 3, 4)))
-        sections.append(sweep)
+    )
+    rows = [
+        (q["label"], kind, f"{q['peak_bytes']:,}", f"{q['ratio']:.3f}", f"{q['step_seconds'] * 1e3:.1f}")
+        for kind, points in sw["series"].items()
+        for q in points
+    ]
+    rows += [(f["label"], f["kind"], "-", "-", f"failed: {f['error']}") for f in sw["failed"]]
+    sweep.add(page.table(("configuration", "kind", "peak (B)", "x unplanned", "step (ms)"), rows, numeric=(2, 3, 4)))
+    return sweep
 
-    if dtr is not None:
-        section = page.Section("dtr", "Dynamic tensor rematerialisation")
-        if svgs.get("dtr"):
-            section.add(
-                page.figure(
-                    "dtr",
-                    svgs["dtr"],
-                    "The dtr block's tracker at every module boundary of the planned step above (memoplan.dtr_stats): "
-                    "evictions and recomputes so far, and the bytes it holds.",
-                )
-            )
-        section.add(page.paragraph("What the dtr block's tracker did over one training step of a planned copy (memoplan.dtr_stats):"))
+
+def _dtr_section(svgs, dtr) -> page.Section:
+    section = page.Section("dtr", "Dynamic tensor rematerialisation")
+    if svgs.get("dtr"):
         section.add(
-            page.table(
-                ("statistic", "value"),
-                [(k, f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else v) for k, v in sorted(dtr["statistics"].items())],
-                numeric=(1,),
+            page.figure(
+                "dtr",
+                svgs["dtr"],
+                "The dtr block's tracker at every module boundary of the planned step above (memoplan.dtr_stats): "
+                "evictions and recomputes so far, and the bytes it holds.",
             )
         )
-        sections.append(section)
-    return sections
+    section.add(page.paragraph("What the dtr block's tracker did over one training step of a planned copy (memoplan.dtr_stats):"))
+    section.add(
+        page.table(
+            ("statistic", "value"),
+            [(k, f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else v) for k, v in sorted(dtr["statistics"].items())],
+            numeric=(1,),
+        )
+    )
+    return section
 
 
 def draw_mib(n: int) -> str:

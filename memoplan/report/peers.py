@@ -14,7 +14,8 @@ backward graphs while :func:`compiled_peak` measures a step.  Used by ``memoplan
 from __future__ import annotations
 
 import gc
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn

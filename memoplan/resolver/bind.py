@@ -46,7 +46,7 @@ class Candidate:
     def line(self) -> int:
         return self.rule.span.line
 
-    def same_as(self, other: "Candidate") -> bool:
+    def same_as(self, other: Candidate) -> bool:
         return _bare(self.policy) == _bare(other.policy)
 
 
@@ -140,6 +140,7 @@ def _choose_evictable(res: Resolution, model: nn.Module) -> None:
 
 def _named_candidates(res: Resolution, entry: ast.ConfigEntry) -> list[str] | None:
     """The modules the `dtr` block's `modules` key selects, or None after an MP232 error."""
+    assert isinstance(entry.value, ast.Text), "check_block reads `modules` as a string"
     text = entry.value.value
     rule, problems = parse_with_diagnostics(f"memplan 1\nmodule {text} {{ keep }}\n", "<modules>")
     errors = [d for d in problems if d.is_error]
@@ -313,7 +314,7 @@ def _check_regions(res: Resolution) -> None:
                 "backward would use one chunk's; drop the inner rule, or chunk the modules inside instead",
                 notes=(("time chunks", outer_policy.span),),
             )
-    for path, aspects in res.decisions.items():
+    for path in res.decisions:
         keep = _winner(res, path, RECOMPUTE)
         outer = res.inside_region.get(path)
         if isinstance(keep, ast.Keep) and outer is not None:
@@ -352,7 +353,7 @@ def _batch_norm_in(module: nn.Module, path: str) -> str | None:
 
 def _check_policies(res: Resolution) -> None:
     _check_model_checkpointing(res)
-    for path, aspects in sorted(res.decisions.items(), key=lambda kv: ir.path_key(kv[0])):
+    for path in sorted(res.decisions, key=ir.path_key):
         module = res.index.modules[path]
         recompute = _winner(res, path, RECOMPUTE)
         if isinstance(recompute, ast.Checkpoint):
@@ -695,8 +696,8 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
         aspects = res.decisions[path]
         module = res.index.modules[path]
         cls = type(module)
-        fields: dict[str, object] = {}
-        for aspect, decision in aspects.items():
+        fields: dict[str, Any] = {}  # ModulePlan's optional fields, by name
+        for decision in aspects.values():
             policy, origin = decision.winner.policy, _origin(res, decision.winner)
             if isinstance(policy, ast.Checkpoint):
                 fields["checkpoint"] = ir.CheckpointAction(
@@ -732,6 +733,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
     dtr_block = plan.block(ast.BlockKind.DTR)
     at = {m.path: i for i, m in enumerate(modules)}
     for path in res.evictable:
+        assert dtr_block is not None, "only a dtr block makes modules evictable"
         origin = ir.Origin(plan.file, dtr_block.span.line, "dtr", "dtr")
         if path in at:  # a block with a `state` or `buffers` rule only: it is evicted too
             modules[at[path]] = replace(modules[at[path]], evict=origin)

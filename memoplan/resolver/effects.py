@@ -15,7 +15,7 @@ import torch
 
 from memoplan.diagnostics import Diagnostic, Severity
 from memoplan.syntax import ast
-from memoplan.syntax.blocks import config_of
+from memoplan.syntax.blocks import MemoryConfig, config_of
 
 # Config blocks this version parses and validates but cannot carry out yet: each one is
 # refused with its reason and what to write instead, never accepted and dropped.
@@ -91,6 +91,7 @@ def _memonger_effects(plan: ast.Plan, block: ast.ConfigBlock, checking: bool) ->
 def _memory_effects(plan: ast.Plan, block: ast.ConfigBlock) -> list[Diagnostic]:
     """``static_memory_policy`` needs CUDA, and policies 2 and 4 a budget in bytes to reserve."""
     config = config_of(block)
+    assert isinstance(config, MemoryConfig), block.kind
     policy = config.static_memory_policy
     entry = next((e for e in block.entries if e.key == "static_memory_policy"), None)
     if policy == 0 or entry is None:

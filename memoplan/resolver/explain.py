@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from memoplan.diagnostics import printable
-from memoplan.resolver.bind import Decision, Resolution, analyse, chunked_ancestor
+from memoplan.resolver.bind import Decision, analyse, chunked_ancestor
 from memoplan.syntax import ast
 from memoplan.syntax.formatter import format_policy, format_selector
 
@@ -53,7 +53,9 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
                 )
             )
         if path in resolution.evictable:
-            line = resolution.plan.block(ast.BlockKind.DTR).span.line
+            dtr_block = resolution.plan.block(ast.BlockKind.DTR)
+            assert dtr_block is not None, "only a dtr block makes modules evictable"
+            line = dtr_block.span.line
             decisions.append(("dtr candidate", f"line {line} `dtr`: {resolution.evictable[path]}"))
         elif path in resolution.not_evictable:
             decisions.append(("not a dtr candidate", resolution.not_evictable[path]))

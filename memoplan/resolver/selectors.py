@@ -25,7 +25,9 @@ from torch import nn
 from memoplan.diagnostics import did_you_mean
 from memoplan.ir import path_key
 from memoplan.syntax import ast
-from memoplan.syntax.specificity import Specificity, specificity  # re-exported: the resolver's names
+# re-exported: the resolver's names
+from memoplan.syntax.specificity import Specificity as Specificity
+from memoplan.syntax.specificity import specificity as specificity
 
 
 class ModelIndex:
@@ -183,7 +185,7 @@ def no_match_help(index: ModelIndex, term: ast.SelectorTerm) -> str | None:
     model's classes."""
     help_ = None
     if term.path is not None:
-        guess = _nearest_paths(index, term)
+        guess = _nearest_paths(index, term.path)
         if guess:
             help_ = "nearest paths: " + ", ".join(f"`{p}`" for p in guess)
         if any(isinstance(s, (ast.Index, ast.Slice)) for s in term.path.segments) and not help_:
@@ -196,13 +198,13 @@ def no_match_help(index: ModelIndex, term: ast.SelectorTerm) -> str | None:
     return help_
 
 
-def _nearest_paths(index: ModelIndex, term: ast.SelectorTerm) -> list[str]:
+def _nearest_paths(index: ModelIndex, path: ast.PathPattern) -> list[str]:
     import difflib
 
     from memoplan.syntax.formatter import format_path
 
-    wanted = format_path(term.path)
-    literal = ".".join(s.text for s in term.path.segments if isinstance(s, ast.Name))
+    wanted = format_path(path)
+    literal = ".".join(s.text for s in path.segments if isinstance(s, ast.Name))
     found = difflib.get_close_matches(wanted, index.paths, n=3, cutoff=0.5)
     if not found and literal:
         found = difflib.get_close_matches(literal, index.paths, n=3, cutoff=0.5)

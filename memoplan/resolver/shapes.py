@@ -36,11 +36,12 @@ def check_example(plan: ast.Plan, model: nn.Module, args: Sequence[Any], kwargs:
     here (``verify`` reports it).
     """
     res = analyse(plan, model)
-    chunks = {
-        path: decisions["temporal_chunk"].winner.policy
-        for path, decisions in res.decisions.items()
-        if "temporal_chunk" in decisions
-    }
+    chunks: dict[str, ast.TemporalChunk] = {}
+    for path, decisions in res.decisions.items():
+        if "temporal_chunk" in decisions:
+            policy = decisions["temporal_chunk"].winner.policy
+            assert isinstance(policy, ast.TemporalChunk), "the temporal_chunk aspect's winner is one"
+            chunks[path] = policy
     if not chunks:
         return []
     found: list[Diagnostic] = []

@@ -490,7 +490,8 @@ class Tracker:
             call.versions = [t._version for t in call.inputs]
         self.count += 1
         calls = self.calls
-        calls[id(call)] = weakref.ref(call, lambda _, key=id(call): calls.pop(key, None))
+        key = id(call)
+        calls[key] = weakref.ref(call, lambda _, key=key: calls.pop(key, None))
         self.size[where] = call.evictable_bytes()
         self.fit(keep=None)
         return out

@@ -649,7 +649,7 @@ class _RegionFunction(torch.autograd.Function):
         del entry
         detached: list[torch.Tensor | None] = []
         decoded = None
-        for n, t in enumerate(args):
+        for t in args:
             if t is None:  # the compressed input
                 decoded = codecs.decode(ctx.payload)
                 if ctx.primary_requires_grad:

@@ -20,7 +20,7 @@ The families (``memoplan.syntax.ast.SAVEABLE_OPS``), as the aten ops autograd se
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -44,7 +44,7 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def saved_ops(families: tuple[str, ...]) -> frozenset:
     """The aten overload packets of ``families`` (``ValueError`` for a name not in :data:`OP_FAMILIES`)."""
     found = set()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
 
 from memoplan.diagnostics import Span
 from memoplan.enums import Boundaries as Boundaries  # values that cross stages: the shared leaf's
@@ -104,10 +103,10 @@ class Text:
 
 @dataclass(frozen=True)
 class ValueList:
-    items: tuple["Value", ...]
+    items: tuple[Value, ...]
 
 
-Value = Union[int, float, Size, Percent, Duration, Word, Text, ValueList]
+Value = int | float | Size | Percent | Duration | Word | Text | ValueList
 
 
 # ---------------------------------------------------------------- selectors
@@ -155,7 +154,7 @@ class Index:
     value: int
 
 
-Segment = Union[Name, Glob, Star, DoubleStar, Slice, Index]
+Segment = Name | Glob | Star | DoubleStar | Slice | Index
 
 
 @dataclass(frozen=True)
@@ -256,7 +255,7 @@ class Buffers:
     span: Span = _span()
 
 
-Policy = Union[Checkpoint, Compress, TemporalChunk, Keep, State, Buffers]
+Policy = Checkpoint | Compress | TemporalChunk | Keep | State | Buffers
 
 
 # ---------------------------------------------------------------- statements
@@ -345,7 +344,7 @@ class ConfigBlock:
     span: Span = _span()
 
 
-Statement = Union[ModelStmt, ExampleStmt, ModuleRule, Budget, ConfigBlock]
+Statement = ModelStmt | ExampleStmt | ModuleRule | Budget | ConfigBlock
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from memoplan.diagnostics import Diagnostic, Severity, Span, did_you_mean
 from memoplan.syntax.ast import BlockKind, ConfigBlock, Size, Text, Word
@@ -68,7 +69,7 @@ class Key:
     """One key of a block: how to read its value and what values are allowed."""
 
     kind: str  # "size" | "int" | "float" | "choice"
-    check: Callable[[object], bool] = lambda v: True
+    check: Callable[[Any], bool] = lambda v: True  # called with the parsed number
     rule: str = ""  # the allowed range, in words, for the diagnostic
     choices: tuple = ()  # for "choice": the allowed integers or words
     required: bool = False

@@ -10,6 +10,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from lark import Token, Transformer, v_args
 
@@ -24,6 +25,13 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 DTYPES = FLOAT_DTYPES + ("int64", "int32", "int16", "int8", "uint8", "bool")
 
 _UNIT_RE = re.compile(r"(.*?)[ \t]*([A-Za-z]+)")  # "6 GiB" -> ("6", "GiB"), "10ms" -> ("10", "ms")
+
+
+def _unit_parts(text: str) -> tuple[str, str]:
+    """A SIZE or DURATION token's amount and unit (the grammar's token always has both)."""
+    match = _UNIT_RE.fullmatch(text)
+    assert match is not None, text
+    return match.group(1), match.group(2)
 _INT_RE = re.compile(r"[+-]?\d+")
 # One JSON string escape, or a backslash that does not start one.
 _ESCAPE_RE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})|(\\)')
@@ -75,7 +83,7 @@ class _Option:
 class _Checker:
     """Reads ``key = value`` options of one policy, reporting unknown, repeated and mistyped ones."""
 
-    builder: "Builder"
+    builder: Builder
     policy: str
     options: list[_Option]
     allowed: tuple[str, ...]
@@ -213,6 +221,7 @@ class Builder(Transformer):
         offset = bad_escape(str(token))
         if offset is None:
             return unquote(token)
+        assert token.line is not None and token.column is not None, "the parser keeps positions"
         column = token.column + offset
         self.error(
             "MP108",
@@ -238,7 +247,7 @@ class Builder(Transformer):
     def size(self, children):
         """A size; wherever it stands, its byte count must fit in 64 bits (one rule for all)."""
         token = children[0]
-        amount, symbol = _UNIT_RE.fullmatch(str(token)).groups()
+        amount, symbol = _unit_parts(str(token))
         unit = ast.Unit[symbol]
         value = number(amount)
         if not (is_finite(value * unit.factor) and abs(value * unit.factor) <= MAX_SIZE_BYTES):
@@ -253,7 +262,7 @@ class Builder(Transformer):
         return None if value is None else ast.Percent(value)
 
     def duration(self, children):
-        amount, unit = _UNIT_RE.fullmatch(str(children[0])).groups()
+        amount, unit = _unit_parts(str(children[0]))
         value = self.finite(number(amount), children[0])
         return None if value is None else ast.Duration(value, unit)
 
@@ -314,7 +323,7 @@ class Builder(Transformer):
         span = self.span(meta)
         fn = self.enum_value(ast.TensorFn, str(name_token), self.span(name_token), "an example tensor")
         shape: list[int] = []
-        options: dict[str, object] = {}
+        options: dict[str, Any] = {}  # low and high: int; dtype: str
         seen: dict[str, Token] = {}
         for key, value, token in args:
             if key is not None and key in seen:
@@ -556,7 +565,8 @@ class Builder(Transformer):
         chunks_token, dim_token, *options = children
         span = self.span(meta)
         c = _Checker(self, "temporal_chunk", options, POLICIES["temporal_chunk"].keys)
-        chunks, dim = number(chunks_token), number(dim_token)
+        chunks: int | float | None = number(chunks_token)
+        dim: int | float | None = number(dim_token)
         if not isinstance(chunks, int) or chunks < 1:
             self.error(
                 "MP203", "the chunk count must be an integer >= 1", self.span(chunks_token), "e.g. `temporal_chunk 4 dim 0`"
@@ -569,7 +579,8 @@ class Builder(Transformer):
         if c.get("args"):
             opt = c.seen["args"]
             items = opt.value.items if isinstance(opt.value, ast.ValueList) else (opt.value,)
-            converted = []
+            converted: list[int | str] = []
+            bad = False
             for item in items:
                 if isinstance(item, int) and item >= 0:
                     converted.append(item)
@@ -582,10 +593,10 @@ class Builder(Transformer):
                         opt.span,
                         "e.g. `args = [0, \"state\"]`",
                     )
-                    converted = None
+                    bad = True
                     break
-            args = tuple(converted) if converted else None
-            if converted == []:
+            args = tuple(converted) if converted and not bad else None
+            if not converted and not bad:
                 self.error("MP203", "`args` cannot be empty", opt.span, "leave `args` out to chunk the first argument")
         values = c.values()
         if chunks is None or dim is None:

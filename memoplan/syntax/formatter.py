@@ -124,10 +124,13 @@ def format_path(path: ast.PathPattern) -> str:
         if isinstance(segment, (ast.Slice, ast.Index)):
             parts.append(_bracket(segment))
             continue
-        text = {ast.Star: "*", ast.DoubleStar: "**"}.get(type(segment))
-        if isinstance(segment, ast.Glob):
+        if isinstance(segment, ast.Star):
+            text = "*"
+        elif isinstance(segment, ast.DoubleStar):
+            text = "**"
+        elif isinstance(segment, ast.Glob):
             text = segment.pattern
-        elif text is None:
+        else:
             text = _segment_name(segment.text)
         parts.append(("." if parts else "") + text)
     return "".join(parts)

@@ -85,10 +85,10 @@ def _callback(inner, name: str, method, with_meta: bool):
             return kept
         meta = Meta(_extent(children))
         if inlined:  # `_rule`: its parent takes its children as they are (no copy: `a: a _x` stays linear)
-            return Tree(name, kept, meta)
+            return Tree(name, kept, meta)  # type: ignore[arg-type]  # a lighter Meta, the fields memoplan reads
         values = [item.value if item.__class__ is Node else item for item in kept]
         if method is None:
-            return Tree(name, values, meta)
+            return Tree(name, values, meta)  # type: ignore[arg-type]  # a lighter Meta, the fields memoplan reads
         return Node(method(meta, values) if with_meta else method(values), meta)
 
     return reduce
@@ -109,7 +109,7 @@ def install(parser: Lark, transformer) -> None:
         name = rule.alias or rule.options.template_source or rule.origin.name
         method = getattr(transformer, name, None)
         with_meta = getattr(method, "visit_wrapper", None) is not None  # v_args(meta=True)
-        if with_meta:
+        if method is not None and with_meta:
             method = method.base_func  # already bound to the transformer
         callbacks[rule] = _callback(inner, name, method, with_meta)
     parser._callbacks.update(callbacks)

@@ -19,6 +19,7 @@ import threading
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
+from typing import Any, overload
 
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
@@ -324,6 +325,12 @@ def _shifted(diagnostic: Diagnostic, lines: int) -> Diagnostic:
     return replace(diagnostic, span=_shift_span(diagnostic.span, lines), notes=notes)
 
 
+@overload
+def _shift_span(span: Span, lines: int) -> Span: ...
+@overload
+def _shift_span(span: None, lines: int) -> None: ...
+@overload
+def _shift_span(span: Span | None, lines: int) -> Span | None: ...
 def _shift_span(span: Span | None, lines: int) -> Span | None:
     return None if span is None else replace(span, line=span.line + lines, end_line=span.end_line + lines)
 
@@ -463,7 +470,8 @@ def _diagnose(error: UnexpectedInput, text: str, file: str, shift: int = 0) -> D
     """The diagnostic of a syntax error; ``shift``: lines before ``text`` in the file (messages name file lines)."""
     words = _terminal_words()
     if isinstance(error, UnexpectedCharacters):
-        char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
+        pos = error.pos_in_stream
+        char = text[pos] if pos is not None and pos < len(text) else ""
         span = Span(file, error.line, error.column, error.line, error.column + 1)
         help_ = _expected_help(sorted(error.allowed or ()), words)
         if char == "'":
@@ -545,6 +553,7 @@ def _open_before_statement(error: UnexpectedInput, text: str) -> tuple[int, int,
     lines = text.split("\n")
     line = lines[error.line - 1]
     word = re.match(r"[ \t\f;]*(\w*)", line)
+    assert word is not None, "every part of the pattern matches the empty string"
     if word.group(1) not in STATEMENT_NAMES:
         return None
     opened = _unclosed_block("\n".join(lines[: error.line - 1]))
@@ -586,15 +595,14 @@ def _assemble(items, comments: list[Token], file: str, text: str, diagnostics: l
 
 
 def _check_unique(statements, diagnostics: list[Diagnostic]) -> None:
-    first: dict[object, object] = {}
+    first: dict[object, Any] = {}  # the first statement of each kind
     for stmt in statements:
         if isinstance(stmt, ast.ModuleRule):
             continue
         key = stmt.kind if isinstance(stmt, ast.ConfigBlock) else type(stmt)
         if key in first:
-            name = {ast.ModelStmt: "model", ast.ExampleStmt: "example", ast.Budget: "budget"}.get(
-                key, getattr(key, "value", "")
-            )
+            names: dict[object, str] = {ast.ModelStmt: "model", ast.ExampleStmt: "example", ast.Budget: "budget"}
+            name = names[key] if key in names else getattr(key, "value", "")
             diagnostics.append(
                 Diagnostic(
                     "MP208",

@@ -33,7 +33,6 @@ from memoplan.codegen import emit, import_generated, write_files
 from memoplan.codegen.emit import RESERVED
 from memoplan.codegen.names import MAX_LENGTH, NameAllocator, identifier
 from memoplan.codegen.render import comment_safe, pyrepr
-from memoplan.diagnostics import PlanError
 from memoplan.examples import cnn, spiking, transformer
 from memoplan.runtime import PlanMismatchError, installed_plan
 from memoplan.syntax import format_plan

@@ -251,7 +251,7 @@ def test_hard_budgets_are_settled_by_measurement_in_either_direction(monkeypatch
     torch.manual_seed(0)
     model, example = transformer.build(), transformer.example()
     prof = profile(model, example, progress=False)
-    items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in chain(prof)]
+    items = [search.Item(link.name, link.saved_bytes, link.input_bytes, link.forward_seconds) for link in chain(prof)]
     base = search.unplanned_base(prof.peak_bytes, items)
     offset = int(offset_share * prof.peak_bytes)
     seen = _fake_meter(monkeypatch, items, base, offset)
@@ -286,7 +286,7 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
     torch.manual_seed(0)
     model, example = transformer.build(), transformer.example()
     prof = profile(model, example, progress=False)
-    items = [search.Item(l.name, l.saved_bytes, l.input_bytes, l.forward_seconds) for l in chain(prof)]
+    items = [search.Item(link.name, link.saved_bytes, link.input_bytes, link.forward_seconds) for link in chain(prof)]
     base = search.unplanned_base(prof.peak_bytes, items)
     budget = search.FractionOfPeak(Fraction(7, 10))
     least = search.optimal(items, search.Bytes(search.optimal(items, budget, base_bytes=base).minimum_peak), base_bytes=base)

@@ -70,7 +70,7 @@ def test_the_sublinear_block_sets_the_search_and_options_override_it(tmp_path, t
     start.write_text(START.replace("budget 65%\n", "budget 70%\n\n" + block))
     out = tmp_path / "done.memplan"
     assert main(["plan", str(start), "--profile", transformer_profile, "--thresh-nr-try", "5", "-o", str(out)]) == 0
-    (line,) = [l for l in out.read_text().splitlines() if l.startswith("# planner:")]
+    (line,) = [line_ for line_ in out.read_text().splitlines() if line_.startswith("# planner:")]
     assert (
         "sublinear (thresh_nr_try 5, genetic_nr_iter 2, genetic_pool_size 3, lb_memory 1024 B, num_worker 1)" in line
     )

@@ -31,14 +31,14 @@ def test_the_settings_reach_the_search_and_the_header_says_what_the_genetic_sear
         tmp_path, transformer_profile, "a.memplan", "--thresh-nr-try", "3", "--genetic-nr-iter", "4",
         "--genetic-pool-size", "5", "--lb-memory", "64 KiB", "--num-worker", "1",
     )
-    (line,) = [l for l in text.splitlines() if l.startswith("# planner:")]
+    (line,) = [line_ for line_ in text.splitlines() if line_.startswith("# planner:")]
     assert (
         "sublinear (thresh_nr_try 3, genetic_nr_iter 4, genetic_pool_size 5, lb_memory 65536 B, num_worker 1)"
         in line
     )
     assert "the genetic refinement" in line and "candidates evaluated" in line
     plain = _plan(tmp_path, transformer_profile, "b.memplan", "--num-worker", "1")
-    (line,) = [l for l in plain.splitlines() if l.startswith("# planner:")]
+    (line,) = [line_ for line_ in plain.splitlines() if line_.startswith("# planner:")]
     assert "genetic_nr_iter 0" in line and "no genetic refinement" in line
 
 
@@ -82,7 +82,7 @@ def test_megengine_environment_variables_are_the_blocks_defaults(tmp_path, trans
     monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_LOWER_BOUND_MB", "1")
     monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_THRESH_NR_TRY", "4")
     text = _plan(tmp_path, transformer_profile, "env.memplan", "--thresh-nr-try", "3", "--num-worker", "1")
-    (line,) = [l for l in text.splitlines() if l.startswith("# planner:")]
+    (line,) = [line_ for line_ in text.splitlines() if line_.startswith("# planner:")]
     assert "thresh_nr_try 3, genetic_nr_iter 2, genetic_pool_size 20, lb_memory 1048576 B" in line
     err = capsys.readouterr().err
     assert "MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER read as the sublinear search's default genetic_nr_iter = 2" in err

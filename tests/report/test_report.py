@@ -87,7 +87,7 @@ def test_report_sections_plots_and_peaks_equal_verify(cnn_report, capsys):
 
 def test_sweep_for_a_plan_with_a_budget(tmp_path, capsys):
     plan = write(tmp_path, "budget.memplan", CNN_PLAN.read_text(encoding="utf-8").replace(
-        'model "memoplan.examples.cnn:build"', f'model "memoplan.examples.cnn:build"\nbudget 90% hint'
+        'model "memoplan.examples.cnn:build"', 'model "memoplan.examples.cnn:build"\nbudget 90% hint'
     ))
     out = tmp_path / "r.html"
     code, stdout, err = run(

@@ -137,7 +137,7 @@ def train_compiled(model: nn.Module, example: tuple[torch.Tensor, ...]) -> tuple
     return backend.capture, record, ours
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def unplanned(build) -> tuple[nn.Module, Capture, dict]:
     torch.manual_seed(0)
     model = build()

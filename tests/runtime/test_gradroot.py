@@ -200,7 +200,7 @@ def test_a_gradient_a_hook_kept_is_not_written_over(keep, plan):
         reset(net)
         kept = []
         y = net(x.clone().requires_grad_())
-        y.register_hook(lambda g: kept.append(keep(g)))
+        y.register_hook(lambda g, kept=kept: kept.append(keep(g)))
         (y * weight).sum().backward()
         assert torch.equal(kept[0], keep(weight))
 
