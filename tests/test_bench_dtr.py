@@ -6,7 +6,6 @@ from _paths import ROOT
 import json
 import math
 import runpy
-from pathlib import Path
 
 import pytest
 

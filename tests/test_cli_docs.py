@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from _paths import ROOT
 import re
-from pathlib import Path
 
 import pytest
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from _paths import ROOT
 import importlib
-from pathlib import Path
 
 import pytest
 import torch

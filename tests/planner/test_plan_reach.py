@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from _paths import ROOT
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import torch

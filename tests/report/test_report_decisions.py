@@ -4,7 +4,6 @@ and the report, and the report's page from its Jinja template."""
 from __future__ import annotations
 
 from _paths import ROOT
-from pathlib import Path
 
 from memoplan import load, resolve
 from memoplan.codegen.emit import plan_table

@@ -4,7 +4,6 @@ memoplan/runtime/codecs.py for the runtime), and everything else derived from it
 from __future__ import annotations
 
 from _paths import ROOT
-from pathlib import Path
 
 import pytest
 import torch

@@ -42,7 +42,6 @@ from _tolerance import assert_within_chunk_tolerance  # tests/_tolerance.py
 WORLD = 2
 TIMEOUT_S = 120  # whole run; each collective inside is bounded at 60 s by the worker
 WORKER = TESTS / "_ddp_worker.py"
-ROOT = WORKER.parent.parent
 CHUNK_RTOL = 1e-5  # max |difference| <= CHUNK_RTOL * max |gradient|, per tensor
 
 pytestmark = [

@@ -9,7 +9,6 @@ import io
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -7,7 +7,6 @@ from __future__ import annotations
 from _paths import ROOT
 import dataclasses
 import re
-from pathlib import Path
 
 import pytest
 from torch import nn

@@ -5,7 +5,6 @@ from __future__ import annotations
 from _paths import TESTS
 import string
 from dataclasses import replace
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
