@@ -59,6 +59,7 @@ class Simulation:
     recompute_seconds: float
     over_threshold: int
     unplanned_working: int  # the same replay with nothing evicted
+    evicted: tuple[str, ...] = ()  # the candidates evicted at least once (forward or backward), in call order
 
     def predicted_peak(self, unplanned_peak: int) -> int:
         """The step's peak: the unplanned peak, less the replay's peak without eviction, plus this one's."""
@@ -112,6 +113,7 @@ def simulate(
     last = [0] * n
     clock = 0
     state = {"evictions": 0, "tracked": 0, "working": 0, "over": 0}
+    ever = [False] * n
 
     def total() -> int:
         return sum(c.kept_bytes + (c.evictable_bytes if resident[i] else 0) for i, c in enumerate(calls) if alive[i])
@@ -135,6 +137,7 @@ def simulate(
                 if now <= limit:
                     break
                 resident[i] = False
+                ever[i] = True
                 state["evictions"] += 1
                 now -= calls[i].evictable_bytes
         running = calls[keep].evictable_bytes if keep is not None and resident[keep] else 0
@@ -175,6 +178,7 @@ def simulate(
         seconds,
         state["over"],
         _unplanned_working(calls, outside_grads),
+        tuple(c.name for i, c in enumerate(calls) if ever[i]),
     )
 
 

@@ -47,12 +47,10 @@ the total is at most the threshold plus that candidate's own saved bytes.
 the tracked peak.
 
 Under ``torch.compile`` a traced graph saves its activations itself and saved-tensor
-hooks are not called (pytorch/pytorch#148222); a candidate traced into a graph would
-lose its gradients.  So :func:`run_evictable` is excluded from compilation
-(``torch.compiler.disable``): each candidate is a graph break and runs eagerly, with
-eviction as without compile.  Dynamo cannot resume after a graph break inside a loop, so
-where the candidates are called in a loop over layers (every transformer), that loop's
-function runs eagerly too and only the code around it is compiled (docs/compile.md).
+hooks are not called (pytorch/pytorch#148222): a compiled graph cannot evict at run time.
+:func:`memoplan.runtime.evictable.run_evictable` (what generated code calls) then lowers the
+candidates to a static checkpoint choice made by the dtr simulator from what this tracker
+measured in eager steps (:attr:`Tracker.measured`), see that module and docs/compile.md.
 """
 
 from __future__ import annotations
@@ -74,7 +72,7 @@ from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.recompute import as_in_forward, autocast_state, recomputing
 from memoplan.runtime.state import get_state, is_stateful, load_state
 
-__all__ = ["DTR_ATTR", "DtrSettings", "DtrStats", "Tracker", "dtr_stats", "run_evictable"]
+__all__ = ["DTR_ATTR", "DtrSettings", "DtrStats", "Tracker", "dtr_stats"]
 
 #: The key in the ``__dict__`` of the root model and of every candidate under which the tracker lives.
 DTR_ATTR = "_memoplan_dtr"
@@ -232,11 +230,13 @@ class _Call:
         """Whether a saved tensor counts in the tracked bytes (parameters and buffers do not)."""
         return _key(tensor) not in self.weights
 
-    def hold_kept(self) -> None:
-        """Count what the call keeps until its backward: inputs, entry state, RNG states."""
+    def hold_kept(self) -> int:
+        """Count what the call keeps until its backward: inputs, entry state, RNG states; return their bytes."""
         kept = [*self.inputs, *_state_tensors(self.entry_states), self.cpu_rng, *self.device_rng]
-        refs = self.tracker.ledger.hold([t for t in kept if self.counts(t)], 0)
-        weakref.finalize(self, self.tracker.ledger.release, refs)
+        ledger = self.tracker.ledger
+        refs = ledger.hold([t for t in kept if self.counts(t)], 0)
+        weakref.finalize(self, ledger.release, refs)
+        return sum(ledger.entries[key][0] for key in {key for key, _ in refs})
 
     # -- the forward
     def pack(self, tensor: torch.Tensor) -> _Slot:
@@ -344,6 +344,9 @@ class Tracker:
         self.clock = 0
         self.cost: dict[str, float] = {}  # where -> smoothed recompute seconds
         self.size: dict[str, int] = {}  # where -> saved bytes on its last call
+        # where -> (evictable bytes, kept bytes, forward seconds) of its last eager call, in the order of
+        # the first calls: what the dtr simulator chooses from under torch.compile (memoplan.runtime.evictable).
+        self.measured: dict[str, tuple[int, int, float]] = {}
         self.warned = False
         self.paths: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self.ledger = _Ledger()
@@ -462,7 +465,7 @@ class Tracker:
     def run(self, module: nn.Module, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         where = self.paths.get(module, type(module).__qualname__)
         call = _Call(self, module, where, fn, args, kwargs)
-        call.hold_kept()
+        kept = call.hold_kept()
         self.clock += 1
         call.last_used = self.clock
         # Make room first, from its size on its previous call (on its first call, the largest
@@ -492,6 +495,7 @@ class Tracker:
         calls = self.calls
         calls[id(call)] = weakref.ref(call, lambda _, key=id(call): calls.pop(key, None))
         self.size[where] = call.evictable_bytes()
+        self.measured[where] = (self.size[where], kept, call.forward_seconds)
         self.fit(keep=None)
         return out
 
@@ -524,16 +528,3 @@ def _restore(settings: DtrSettings, paths: list[tuple[nn.Module, str]]) -> Track
     for module, path in paths:
         tracker.paths[module] = path
     return tracker
-
-
-@torch.compiler.disable
-def run_evictable(module: nn.Module, forward_fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """``forward_fn(module, *args, **kwargs)`` as a candidate of the model's ``dtr`` tracker (what generated code calls).
-
-    Never compiled: under ``torch.compile`` it runs eagerly (see the module's docstring)."""
-    if not torch.is_grad_enabled():
-        return forward_fn(module, *args, **kwargs)
-    tracker = module.__dict__.get(DTR_ATTR)
-    if not isinstance(tracker, Tracker):
-        raise RuntimeError(f"memoplan: a {type(module).__qualname__} has a dtr forward but no tracker")
-    return tracker.run(module, lambda *a, **k: forward_fn(module, *a, **k), args, kwargs)
