@@ -55,6 +55,7 @@ measured in eager steps (:attr:`Tracker.measured`), see that module and docs/com
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 import weakref
@@ -136,23 +137,23 @@ class _Slot:
 
     __slots__ = ("__weakref__", "call", "index", "pinned", "shape", "dtype", "tensor", "version", "held")
 
-    def __init__(self, call: _Call, index: int, tensor: torch.Tensor, pinned: bool) -> None:
+    def __init__(self, call: _Call, index: int, tensor: torch.Tensor, pinned: bool, key: int) -> None:
         self.call, self.index, self.pinned = call, index, pinned
         self.shape, self.dtype = tensor.shape, tensor.dtype
         self.tensor: torch.Tensor | None = None
         self.version = 0
         # What the ledger counts for this slot; released when the slot is emptied or dies.
         self.held: list[tuple[int, int]] = []
-        self.fill(tensor)
+        self.fill(tensor, key)
 
     def __del__(self) -> None:
         if self.held:
             self.call.tracker.ledger.release(self.held)
 
-    def fill(self, tensor: torch.Tensor) -> None:
+    def fill(self, tensor: torch.Tensor, key: int | None = None) -> None:
         self.tensor = tensor
         self.version = tensor._version  # autograd's own check, which saved-tensor hooks turn off
-        if self.call.counts(tensor):
+        if (_key(tensor) if key is None else key) not in self.call.weights:
             self.held.extend(self.call.tracker.ledger.hold([tensor], 0 if self.pinned else id(self.call)))
 
     def empty(self) -> None:
@@ -224,7 +225,9 @@ class _Call:
         self.forward_seconds = 0.0
         self.versions: list[int] = []
         self.cpu_rng = torch.get_rng_state()
-        self.devices, self.device_rng = get_device_states(*self.inputs)
+        # CPU tensors have no device RNG state to replay (get_device_states walks its arguments with pytree).
+        on_device = any(t.device.type not in ("cpu", "meta") for t in self.inputs)
+        self.devices, self.device_rng = get_device_states(*self.inputs) if on_device else ([], [])
 
     def counts(self, tensor: torch.Tensor) -> bool:
         """Whether a saved tensor counts in the tracked bytes (parameters and buffers do not)."""
@@ -242,7 +245,7 @@ class _Call:
     def pack(self, tensor: torch.Tensor) -> _Slot:
         key = _key(tensor)
         pinned = key in self.weights or key in self.held
-        slot = _Slot(self, len(self.slots), tensor.detach(), pinned)
+        slot = _Slot(self, len(self.slots), tensor.detach(), pinned, key)
         self.slots.append(weakref.ref(slot))
         return slot
 
@@ -352,6 +355,7 @@ class Tracker:
         self.ledger = _Ledger()
         self.stateful: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
         self.weights: weakref.WeakKeyDictionary[nn.Module, list[torch.Tensor]] = weakref.WeakKeyDictionary()
+        self.buffered: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
         self._reset()
 
     def __reduce__(self) -> Any:
@@ -365,6 +369,16 @@ class Tracker:
         found = self.weights.get(module)
         if found is None:
             found = self.weights[module] = [*module.parameters(), *module.buffers()]
+        return found
+
+    def has_buffers(self, module: nn.Module, *, remember: bool = False) -> bool:
+        """Whether ``module`` has buffers: remembered after its first call (``remember``: a module
+        that registers buffers in its first forward is seen), as :meth:`weights_of` is."""
+        found = self.buffered.get(module)
+        if found is None:
+            found = any(True for _ in module.buffers())
+            if remember:
+                self.buffered[module] = found
         return found
 
     def stateful_in(self, module: nn.Module) -> list[nn.Module]:
@@ -474,7 +488,10 @@ class Tracker:
         if estimate:
             self.fit(estimate)
         call.autocast = autocast_state()
-        forward_context, call.recompute_context = BufferGuard((module,)).contexts()
+        if self.has_buffers(module):
+            forward_context, call.recompute_context = BufferGuard((module,)).contexts()
+        else:  # nothing to commit once or to put back for a recompute
+            forward_context = call.recompute_context = contextlib.nullcontext()
         arguments = ArgumentGuard(call.leaves)
         arguments_forward, call.arguments_recompute = arguments.contexts()
         call.versions = [t._version for t in call.inputs]
@@ -486,6 +503,7 @@ class Tracker:
         with forward_context, arguments_forward, torch.autograd.graph.saved_tensors_hooks(call.pack, unpack):
             out = fn(*args, **kwargs)
         call.forward_seconds = time.perf_counter() - start
+        self.has_buffers(module, remember=True)
         if [t._version for t in call.inputs] != call.versions:
             # The forward changed its own input in place: a recompute would start from the
             # changed value.  Such a call is kept whole (never evicted).
