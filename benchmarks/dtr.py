@@ -131,6 +131,45 @@ def overhead(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class _Tiny(torch.nn.Module):
+    """12 blocks of two 16-wide Linears on a 4 x 16 batch: a step of almost nothing but calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16)) for _ in range(12)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def per_call(rounds: int, steps: int = 50) -> dict[str, float]:
+    """The tracker's own cost per candidate call, evicting nothing: (dtr step - unplanned step) / 12,
+    each the best of ``rounds`` rounds of ``steps`` steps in CPU time of the process (one torch
+    thread: time spent waiting for a core on a loaded machine is not counted; the minimum is what
+    such a machine disturbs least)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, x = _Tiny(), torch.randn(4, 16)
+    planned = memoplan.apply(copy.deepcopy(model), 'memplan 1\ndtr { eviction_threshold = 1 TiB; modules = "blocks.*" }\n')
+    best = {"unplanned": float("inf"), "dtr": float("inf")}
+    try:
+        for _ in range(rounds + 1):  # the first round warms up
+            for name, m in (("unplanned", model), ("dtr", planned)):
+                start = time.process_time()
+                for _ in range(steps):
+                    m.zero_grad(set_to_none=True)
+                    m(x).sum().backward()
+                best[name] = min(best[name], (time.process_time() - start) / steps)
+    finally:
+        torch.set_num_threads(threads)
+    return {**best, "per_call": (best["dtr"] - best["unplanned"]) / len(model.blocks)}
+
+
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     built = BUILDERS[name](args)
     model, example = built["model"], _as_example(built["example"])
@@ -275,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
             action.choices, action.default = MODELS, list(MODELS)
     parser.add_argument("--shares", nargs="+", type=float, default=list(SHARES), help="shares of the unplanned peak")
     parser.add_argument(
+        "--per-call", type=int, metavar="ROUNDS", help="only the tracker's cost per candidate call on a tiny model (best of ROUNDS)"
+    )
+    parser.add_argument(
         "--overhead", type=int, metavar="ROUNDS", help="only time unplanned against dtr evicting nothing, over ROUNDS rounds"
     )
     return parser
@@ -287,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     command = " ".join([".venv/bin/python benchmarks/dtr.py", *argv])
+    if args.per_call:
+        got = per_call(args.per_call)
+        print(
+            f"Command: `{command}`\n\nunplanned step {got['unplanned'] * 1e6:.0f} us, dtr evicting nothing "
+            f"{got['dtr'] * 1e6:.0f} us (CPU time, best of {args.per_call} rounds): {got['per_call'] * 1e6:.1f} us per candidate call"
+        )
+        return 0
     if args.overhead:
         rows = [overhead(name, args) for name in args.models]
         print(f"Command: `{command}`\n\n| model | unplanned ms | dtr, nothing evicted ms | overhead (medians) | minimums |")
