@@ -153,8 +153,12 @@ class _Slot:
     def fill(self, tensor: torch.Tensor, key: int | None = None) -> None:
         self.tensor = tensor
         self.version = tensor._version  # autograd's own check, which saved-tensor hooks turn off
-        if (_key(tensor) if key is None else key) not in self.call.weights:
-            self.held.extend(self.call.tracker.ledger.hold([tensor], 0 if self.pinned else id(self.call)))
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr() if key is None else key
+        if key not in self.call.weights:
+            ref = self.call.tracker.ledger.hold_one(key, storage.nbytes(), 0 if self.pinned else id(self.call))
+            if ref is not None:
+                self.held.append(ref)
 
     def empty(self) -> None:
         self.tensor = None
@@ -189,6 +193,18 @@ class _Ledger:
             refs.append((key, holder))
         return refs
 
+    def hold_one(self, key: int, size: int, holder: int) -> tuple[int, int] | None:
+        """:meth:`hold` for one storage already looked up (a saved tensor's, the hot path)."""
+        if not size:
+            return None
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = [size, {}]
+            self.total += size
+        holders = entry[1]
+        holders[holder] = holders.get(holder, 0) + 1
+        return (key, holder)
+
     def release(self, refs: list[tuple[int, int]]) -> None:
         for key, holder in refs:
             entry = self.entries[key]
@@ -211,7 +227,10 @@ class _Call:
 
     def __init__(self, tracker: Tracker, module: nn.Module, where: str, fn, args, kwargs) -> None:
         self.tracker, self.module, self.where, self.fn = tracker, module, where, fn
-        leaves, self.spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if not kwargs and all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
+            leaves, self.spec = list(args), None  # the common call: tensors only (no pytree walk)
+        else:
+            leaves, self.spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         self.tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
         self.leaves = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         self.inputs: list[torch.Tensor] = [leaves[i] for i in self.tensor_at]
@@ -275,7 +294,7 @@ class _Call:
         leaves = list(self.leaves)
         for i, tensor in zip(self.tensor_at, self.inputs):
             leaves[i] = tensor.detach().requires_grad_(tensor.requires_grad)
-        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        args, kwargs = (tuple(leaves), {}) if self.spec is None else pytree.tree_unflatten(leaves, self.spec)
         entry = [dict(s) for s in self.entry_states]
         for state in entry:
             for name, value in state.items():
