@@ -153,10 +153,14 @@ class _Slot:
     def fill(self, tensor: torch.Tensor, key: int | None = None) -> None:
         self.tensor = tensor
         self.version = tensor._version  # autograd's own check, which saved-tensor hooks turn off
+        if self.pinned:
+            # A parameter's or buffer's (never counted), or an input's, entry state's: the call holds
+            # those itself until it dies, and it outlives its slots; nothing more to count.
+            return
         storage = tensor.untyped_storage()
         key = storage.data_ptr() if key is None else key
         if key not in self.call.weights:
-            ref = self.call.tracker.ledger.hold_one(key, storage.nbytes(), 0 if self.pinned else id(self.call))
+            ref = self.call.tracker.ledger.hold_one(key, storage.nbytes(), id(self.call))
             if ref is not None:
                 self.held.append(ref)
 
