@@ -375,3 +375,24 @@ def test_the_modules_key_names_the_candidates():
         (error,) = caught.value.errors
         assert error.code == "MP232" and words in error.message and error.span.line == 4
         assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_tensor_only_candidates_without_buffers_evict_and_recompute_bit_for_bit():
+    """The eager fast paths (no pytree walk for tensor-only calls, no buffer snapshot for a
+    candidate without buffers, pinned saved tensors not counted twice) keep dropout's masks,
+    the gradients and the tracked bytes those of the full bookkeeping."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Dropout(0.3)) for _ in range(3)))
+    planned = memoplan.apply(copy.deepcopy(model), _plan(1, memory=1.0) .replace("dtr {", 'dtr { modules = "*";'))
+    x = torch.randn(BATCH, WIDTH)
+    grads = []
+    for m in (model, planned):
+        torch.manual_seed(3)
+        xi = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            m(xi).square().sum().backward()
+        grads.append([xi.grad, *(p.grad for p in m.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    stats = memoplan.dtr_stats(planned)
+    assert stats.recomputes == stats.evictions > 0 and stats.tracked_now == 0
