@@ -281,3 +281,29 @@ def test_dtr_under_compile_is_traced_as_a_static_checkpoint_choice(name, measure
     assert len(ours) == 1 and ours[0].startswith("memoplan: MP418:"), ours
     assert f"{len(chosen)} of {len(everyone)} checkpointed" in ours[0]
     _same(ref, got, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    __import__("os").environ.get("MEMOPLAN_TEST_INDUCTOR") != "1",
+    reason="Inductor compiles C++ kernels: about 2 minutes here; set MEMOPLAN_TEST_INDUCTOR=1",
+)
+def test_dtr_under_inductor_gives_the_compiled_unplanned_models_gradients(monkeypatch):
+    """With ``fallback_random`` (eager's dropout masks), the dtr transformer compiled by Inductor
+    trains bit for bit as the unplanned transformer compiled by Inductor."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "fallback_random", True)
+    torch.manual_seed(0)
+    model = _transformer()
+    planned = memoplan.apply(copy.deepcopy(model), "memplan 1\n" + DTR + "\n")
+    results = []
+    for m in (model, planned):
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(7)
+            loss = _loss(torch.compile(m, backend="inductor")(*_ids()))
+            loss.backward()
+        results.append([loss.detach(), *(p.grad for p in m.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
