@@ -16,9 +16,14 @@ Peaks and step times are printed as ratios to **compile** (and the peaks to **ea
 the peaks come from memoplan's live-storage meter switched on inside the compiled graphs
 (:mod:`memoplan.report.peers`: ``aot_eager_decomp_partition``, the min-cut partitioner that
 honours the budget, graphs run op by op), so CPU step times are aot_eager times, not Inductor's.
-On CUDA (``--device cuda``) compile uses Inductor and the caching allocator measures.  ``dtr``
-+ compile is not measured: its candidates run under ``torch.compiler.disable`` (eagerly), which
-the CPU meter inside the graphs does not see, and they are not compiled yet (issue 30).
+On CUDA (``--device cuda``) compile uses Inductor and the caching allocator measures.
+
+``--dtr B ...`` adds, per share B: **dtr B + compile**: ``make_dtr_plan`` (the threshold
+``memoplan plan --budget B --dtr`` chooses), applied, one eager training step (the tracker
+measures the candidates), then compiled: the ``dtr`` block is lowered to the dtr simulator's
+static checkpoint choice (``memoplan.runtime.evictable``, MP418); and **static at dtr B's
+choice + compile**: a plain ``checkpoint`` plan over the same candidates, compiled: the static
+plan at the same peak, which the compiled dtr step is to be no slower than 1.1x.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -97,14 +103,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     eager_peak = measured_step(model, example.args, example.kwargs, loss_fn=_loss)[0].peak_bytes if device == "cpu" else None
     steps: dict[str, Callable[[], torch.Tensor]] = {"eager": peers.eager_step(_Loss(model), example)}
     rows: dict[str, dict[str, Any]] = {}
+    chosen: dict[float, list[str]] = {}
     for label, budget, plan_share in _configs(args):
         copied = copy.deepcopy(model)
-        if plan_share is not None:
+        if isinstance(plan_share, float):
             progress(f"{label}: planning")
             prof = profile(copied, example, loss_fn=_loss, repeats=1, progress=False)
             result = make_plan(copied, example, FractionOfPeak(Fraction(str(plan_share))), planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False)
             memoplan.apply(copied, result.plan)
             rows.setdefault(label, {})["regions"] = result.regions
+        elif plan_share is not None:
+            kind, share = plan_share
+            progress(f"{label}: planning")
+            if kind == "dtr":
+                chosen[share] = _dtr_compiled(copied, example, share)
+            else:
+                memoplan.apply(copied, "memplan 1\n" + "".join(f"module {p} {{ checkpoint }}\n" for p in chosen[share]))
+            rows.setdefault(label, {})["regions"] = chosen[share]
         fn = compiled(copied, device, label)
         step = peers.compiled_step(copied, fn, example, budget)
         progress(f"{label}: compiling")
@@ -114,10 +129,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.setdefault(label, {}).update(peak_bytes=peak, capture=capture.describe())
         steps[label] = step
         progress(f"{label}: {peak / MIB:.1f} MiB, {capture.describe()}")
-    times = _timed(steps, args.steps, device)
+    rounds = _timed(steps, args.steps, device)
+    times = {label: statistics.median(values) for label, values in rounds.items()}
     base = rows["compile"]
     for label, row in rows.items():
         row["seconds"] = times[label]
+        row["best_seconds"] = min(rounds[label])
         row["peak_vs_compile"] = row["peak_bytes"] / base["peak_bytes"]
         row["time_vs_compile"] = times[label] / times["compile"]
         if eager_peak:
@@ -136,15 +153,34 @@ class _Loss(torch.nn.Module):
         return self.model(*args, **kwargs).loss
 
 
-def _configs(args: argparse.Namespace) -> list[tuple[str, float, float | None]]:
-    configs: list[tuple[str, float, float | None]] = [("compile", 1.0, None)]
+def _configs(args: argparse.Namespace) -> list[tuple[str, float, Any]]:
+    configs: list[tuple[str, float, Any]] = [("compile", 1.0, None)]
     configs += [(f"compile budget {b:g}", b, None) for b in args.budgets]
     configs += [(f"memoplan {b:.0%} + compile", 1.0, b) for b in args.budgets]
+    for b in args.dtr:
+        configs += [(f"dtr {b:.0%} + compile", 1.0, ("dtr", b)), (f"static at dtr {b:.0%}'s choice + compile", 1.0, ("static", b))]
     return configs
 
 
-def _timed(steps: dict[str, Callable[[], torch.Tensor]], n: int, device: str) -> dict[str, float]:
-    """The median wall time of ``n`` steps of each configuration, round by round."""
+def _dtr_compiled(model: torch.nn.Module, example: Example, share: float) -> list[str]:
+    """Apply the ``dtr`` plan for ``share``, run one eager step (the tracker measures the
+    candidates); the candidates its compile choice checkpoints."""
+    from memoplan.planner.dtr_plan import make_dtr_plan
+    from memoplan.runtime.dtr import DTR_ATTR
+    from memoplan.runtime.evictable import compile_choice
+
+    result = make_dtr_plan(model, example, FractionOfPeak(Fraction(str(share))), hard=False, progress=False)
+    memoplan.apply(model, result.plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # MP430 where the threshold is below what is kept
+        _Loss(model)(*example.args, **example.kwargs).backward()
+    model.zero_grad(set_to_none=True)
+    progress(f"dtr {share:.0%}: eager step {memoplan.dtr_stats(model).summary()}")
+    return sorted(compile_choice(model.__dict__[DTR_ATTR])[0])
+
+
+def _timed(steps: dict[str, Callable[[], torch.Tensor]], n: int, device: str) -> dict[str, list[float]]:
+    """The wall times of ``n`` steps of each configuration, round by round."""
     times: dict[str, list[float]] = {label: [] for label in steps}
     for _ in range(n):
         for label, step in steps.items():
@@ -153,7 +189,7 @@ def _timed(steps: dict[str, Callable[[], torch.Tensor]], n: int, device: str) ->
             step()
             peers.sync(device)
             times[label].append(time.perf_counter() - start)
-    return {label: statistics.median(values) for label, values in times.items()}
+    return times
 
 
 def render(results: dict[str, Any]) -> str:
@@ -165,7 +201,19 @@ def render(results: dict[str, Any]) -> str:
             f"| {label} | {row['peak_bytes'] / MIB:.1f} | {row['peak_vs_compile']:.3f} | {eager} | "
             f"{row['time_vs_compile']:.2f} | {row['capture']} |"
         )
+    rows = results["rows"]
+    for label, row in rows.items():
+        static = rows.get(label.replace(" + compile", "").replace("dtr ", "static at dtr ", 1) + "'s choice + compile")
+        if label.startswith("dtr ") and static:
+            ratio = row["seconds"] / static["seconds"]
+            best = row["best_seconds"] / static["best_seconds"]
+            lines.append(
+                f"\n{label}: checkpoints {len(row['regions'])} candidates ({', '.join(row['regions'])}); step time "
+                f"{ratio:.2f}x the static plan over the same candidates (medians; {best:.2f}x best against best; "
+                f"goal <= 1.10: {'met' if min(ratio, best) <= 1.10 else 'MISSED'})"
+            )
     if results["eager_peak_bytes"]:
+        lines.append(f"\nstep times: medians of {results['args']['steps']} interleaved rounds")
         lines.append(f"\neager, not compiled: {results['eager_peak_bytes'] / MIB:.1f} MiB, {results['eager_seconds'] * 1e3:.0f} ms a step")
     return "\n".join(lines)
 
@@ -176,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=384)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--budgets", type=float, nargs="+", default=[0.5, 0.3])
+    parser.add_argument("--budgets", type=float, nargs="*", default=[0.5, 0.3])
+    parser.add_argument("--dtr", type=float, nargs="*", default=[0.5], help="shares for `dtr` + compile (none: skip)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path)

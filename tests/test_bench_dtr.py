@@ -34,3 +34,14 @@ def test_dtr_benchmark_measures_every_configuration(tmp_path, capsys):
     assert dtr["dtr"]["evictions"] > 0 and dtr["dtr"]["over_threshold"] == 0
     assert dtr["peak_bytes"] < result["unplanned_peak_bytes"]
     assert "dtr/static step time" in capsys.readouterr().out
+
+
+def test_dtr_benchmark_overhead_and_per_call_modes(capsys):
+    bench = runpy.run_path(str(SCRIPT))
+    got = bench["per_call"](1, steps=2)
+    assert 0 < got["unplanned"] < got["dtr"] and got["per_call"] > 0  # the tracker's bookkeeping costs something
+    assert bench["main"](["--per-call", "1"]) == 0
+    assert "us per candidate call" in capsys.readouterr().out
+    assert bench["main"](["--models", "transformer", "--overhead", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "overhead (CPU time, best)" in out and "| transformer |" in out

@@ -59,6 +59,7 @@ class Simulation:
     recompute_seconds: float
     over_threshold: int
     unplanned_working: int  # the same replay with nothing evicted
+    evicted: tuple[str, ...] = ()  # the candidates evicted at least once (forward or backward), in call order
 
     def predicted_peak(self, unplanned_peak: int) -> int:
         """The step's peak: the unplanned peak, less the replay's peak without eviction, plus this one's."""
@@ -102,6 +103,7 @@ class _Replay:
         self.memory_factor, self.time_factor = memory_factor, time_factor
         n = len(calls)
         self.resident = [False] * n
+        self.ever = [False] * n  # evicted at least once
         self.alive = [False] * n
         self.last = [0] * n
         self.clock = 0
@@ -140,6 +142,7 @@ class _Replay:
                 if now <= limit:
                     break
                 self.resident[i] = False
+                self.ever[i] = True
                 self.evictions += 1
                 now -= calls[i].evictable_bytes
         running = calls[keep].evictable_bytes if keep is not None and self.resident[keep] else 0
@@ -202,6 +205,7 @@ def simulate(
         seconds,
         replay.over,
         _unplanned_working(calls, outside_grads),
+        tuple(c.name for i, c in enumerate(calls) if replay.ever[i]),
     )
 
 

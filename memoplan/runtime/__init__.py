@@ -8,7 +8,8 @@ temporal chunks), :func:`run_evictable` and :class:`DtrSettings` (the ``dtr`` bl
 from :mod:`memoplan.runtime.arena` ``ArenaSpec``, ``run``, ``install`` and ``uninstall`` (the
 ``memonger`` block).  This
 package imports only ``torch``, the standard library and
-:mod:`memoplan.diagnostics`, never the parser, resolver or planner.
+:mod:`memoplan.diagnostics`, never the parser or resolver; of the planner only its ``dtr``
+simulator (pure Python), when a ``dtr`` block is traced by ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from memoplan.runtime.abi import ABI, require_abi
 from memoplan.runtime.checkpoint import run_checkpointed, run_segmented
 from memoplan.runtime.region import RegionOptions, run_chunked, run_planned, run_region
 from memoplan.runtime.memory import MemorySettings
-from memoplan.runtime.dtr import DtrSettings, DtrStats, dtr_stats, run_evictable
+from memoplan.runtime.dtr import DtrSettings, DtrStats, dtr_stats
+from memoplan.runtime.evictable import run_evictable
 from memoplan.runtime.install import (
     InstalledPlan,
     PlanMismatchError,

@@ -47,16 +47,15 @@ the total is at most the threshold plus that candidate's own saved bytes.
 the tracked peak.
 
 Under ``torch.compile`` a traced graph saves its activations itself and saved-tensor
-hooks are not called (pytorch/pytorch#148222); a candidate traced into a graph would
-lose its gradients.  So :func:`run_evictable` is excluded from compilation
-(``torch.compiler.disable``): each candidate is a graph break and runs eagerly, with
-eviction as without compile.  Dynamo cannot resume after a graph break inside a loop, so
-where the candidates are called in a loop over layers (every transformer), that loop's
-function runs eagerly too and only the code around it is compiled (docs/compile.md).
+hooks are not called (pytorch/pytorch#148222): a compiled graph cannot evict at run time.
+:func:`memoplan.runtime.evictable.run_evictable` (what generated code calls) then lowers the
+candidates to a static checkpoint choice made by the dtr simulator from what this tracker
+measured in eager steps (:attr:`Tracker.measured`), see that module and docs/compile.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 import weakref
@@ -74,7 +73,7 @@ from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.recompute import as_in_forward, autocast_state, recomputing
 from memoplan.runtime.state import get_state, is_stateful, load_state
 
-__all__ = ["DTR_ATTR", "DtrSettings", "DtrStats", "Tracker", "dtr_stats", "run_evictable"]
+__all__ = ["DTR_ATTR", "DtrSettings", "DtrStats", "Tracker", "dtr_stats"]
 
 #: The key in the ``__dict__`` of the root model and of every candidate under which the tracker lives.
 DTR_ATTR = "_memoplan_dtr"
@@ -138,24 +137,32 @@ class _Slot:
 
     __slots__ = ("__weakref__", "call", "index", "pinned", "shape", "dtype", "tensor", "version", "held")
 
-    def __init__(self, call: _Call, index: int, tensor: torch.Tensor, pinned: bool) -> None:
+    def __init__(self, call: _Call, index: int, tensor: torch.Tensor, pinned: bool, key: int) -> None:
         self.call, self.index, self.pinned = call, index, pinned
         self.shape, self.dtype = tensor.shape, tensor.dtype
         self.tensor: torch.Tensor | None = None
         self.version = 0
         # What the ledger counts for this slot; released when the slot is emptied or dies.
         self.held: list[tuple[int, int]] = []
-        self.fill(tensor)
+        self.fill(tensor, key)
 
     def __del__(self) -> None:
         if self.held:
             self.call.tracker.ledger.release(self.held)
 
-    def fill(self, tensor: torch.Tensor) -> None:
+    def fill(self, tensor: torch.Tensor, key: int | None = None) -> None:
         self.tensor = tensor
         self.version = tensor._version  # autograd's own check, which saved-tensor hooks turn off
-        if self.call.counts(tensor):
-            self.held.extend(self.call.tracker.ledger.hold([tensor], 0 if self.pinned else id(self.call)))
+        if self.pinned:
+            # A parameter's or buffer's (never counted), or an input's, entry state's: the call holds
+            # those itself until it dies, and it outlives its slots; nothing more to count.
+            return
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr() if key is None else key
+        if key not in self.call.weights:
+            ref = self.call.tracker.ledger.hold_one(key, storage.nbytes(), id(self.call))
+            if ref is not None:
+                self.held.append(ref)
 
     def empty(self) -> None:
         self.tensor = None
@@ -190,6 +197,18 @@ class _Ledger:
             refs.append((key, holder))
         return refs
 
+    def hold_one(self, key: int, size: int, holder: int) -> tuple[int, int] | None:
+        """:meth:`hold` for one storage already looked up (a saved tensor's, the hot path)."""
+        if not size:
+            return None
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = [size, {}]
+            self.total += size
+        holders = entry[1]
+        holders[holder] = holders.get(holder, 0) + 1
+        return (key, holder)
+
     def release(self, refs: list[tuple[int, int]]) -> None:
         for key, holder in refs:
             entry = self.entries[key]
@@ -212,7 +231,10 @@ class _Call:
 
     def __init__(self, tracker: Tracker, module: nn.Module, where: str, fn, args, kwargs) -> None:
         self.tracker, self.module, self.where, self.fn = tracker, module, where, fn
-        leaves, self.spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if not kwargs and all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
+            leaves, self.spec = list(args), None  # the common call: tensors only (no pytree walk)
+        else:
+            leaves, self.spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         self.tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
         self.leaves = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         self.inputs: list[torch.Tensor] = [leaves[i] for i in self.tensor_at]
@@ -226,23 +248,27 @@ class _Call:
         self.forward_seconds = 0.0
         self.versions: list[int] = []
         self.cpu_rng = torch.get_rng_state()
-        self.devices, self.device_rng = get_device_states(*self.inputs)
+        # CPU tensors have no device RNG state to replay (get_device_states walks its arguments with pytree).
+        on_device = any(t.device.type not in ("cpu", "meta") for t in self.inputs)
+        self.devices, self.device_rng = get_device_states(*self.inputs) if on_device else ([], [])
 
     def counts(self, tensor: torch.Tensor) -> bool:
         """Whether a saved tensor counts in the tracked bytes (parameters and buffers do not)."""
         return _key(tensor) not in self.weights
 
-    def hold_kept(self) -> None:
-        """Count what the call keeps until its backward: inputs, entry state, RNG states."""
+    def hold_kept(self) -> int:
+        """Count what the call keeps until its backward: inputs, entry state, RNG states; return their bytes."""
         kept = [*self.inputs, *_state_tensors(self.entry_states), self.cpu_rng, *self.device_rng]
-        refs = self.tracker.ledger.hold([t for t in kept if self.counts(t)], 0)
-        weakref.finalize(self, self.tracker.ledger.release, refs)
+        ledger = self.tracker.ledger
+        refs = ledger.hold([t for t in kept if self.counts(t)], 0)
+        weakref.finalize(self, ledger.release, refs)
+        return sum(ledger.entries[key][0] for key in {key for key, _ in refs})
 
     # -- the forward
     def pack(self, tensor: torch.Tensor) -> _Slot:
         key = _key(tensor)
         pinned = key in self.weights or key in self.held
-        slot = _Slot(self, len(self.slots), tensor.detach(), pinned)
+        slot = _Slot(self, len(self.slots), tensor.detach(), pinned, key)
         self.slots.append(weakref.ref(slot))
         return slot
 
@@ -272,7 +298,7 @@ class _Call:
         leaves = list(self.leaves)
         for i, tensor in zip(self.tensor_at, self.inputs):
             leaves[i] = tensor.detach().requires_grad_(tensor.requires_grad)
-        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        args, kwargs = (tuple(leaves), {}) if self.spec is None else pytree.tree_unflatten(leaves, self.spec)
         entry = [dict(s) for s in self.entry_states]
         for state in entry:
             for name, value in state.items():
@@ -344,11 +370,15 @@ class Tracker:
         self.clock = 0
         self.cost: dict[str, float] = {}  # where -> smoothed recompute seconds
         self.size: dict[str, int] = {}  # where -> saved bytes on its last call
+        # where -> (evictable bytes, kept bytes, forward seconds) of its last eager call, in the order of
+        # the first calls: what the dtr simulator chooses from under torch.compile (memoplan.runtime.evictable).
+        self.measured: dict[str, tuple[int, int, float]] = {}
         self.warned = False
         self.paths: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self.ledger = _Ledger()
         self.stateful: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
         self.weights: weakref.WeakKeyDictionary[nn.Module, list[torch.Tensor]] = weakref.WeakKeyDictionary()
+        self.buffered: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
         self._reset()
 
     def __reduce__(self) -> Any:
@@ -362,6 +392,16 @@ class Tracker:
         found = self.weights.get(module)
         if found is None:
             found = self.weights[module] = [*module.parameters(), *module.buffers()]
+        return found
+
+    def has_buffers(self, module: nn.Module, *, remember: bool = False) -> bool:
+        """Whether ``module`` has buffers: remembered after its first call (``remember``: a module
+        that registers buffers in its first forward is seen), as :meth:`weights_of` is."""
+        found = self.buffered.get(module)
+        if found is None:
+            found = any(True for _ in module.buffers())
+            if remember:
+                self.buffered[module] = found
         return found
 
     def stateful_in(self, module: nn.Module) -> list[nn.Module]:
@@ -462,7 +502,7 @@ class Tracker:
     def run(self, module: nn.Module, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         where = self.paths.get(module, type(module).__qualname__)
         call = _Call(self, module, where, fn, args, kwargs)
-        call.hold_kept()
+        kept = call.hold_kept()
         self.clock += 1
         call.last_used = self.clock
         # Make room first, from its size on its previous call (on its first call, the largest
@@ -471,7 +511,10 @@ class Tracker:
         if estimate:
             self.fit(estimate)
         call.autocast = autocast_state()
-        forward_context, call.recompute_context = BufferGuard((module,)).contexts()
+        if self.has_buffers(module):
+            forward_context, call.recompute_context = BufferGuard((module,)).contexts()
+        else:  # nothing to commit once or to put back for a recompute
+            forward_context = call.recompute_context = contextlib.nullcontext()
         arguments = ArgumentGuard(call.leaves)
         arguments_forward, call.arguments_recompute = arguments.contexts()
         call.versions = [t._version for t in call.inputs]
@@ -483,6 +526,7 @@ class Tracker:
         with forward_context, arguments_forward, torch.autograd.graph.saved_tensors_hooks(call.pack, unpack):
             out = fn(*args, **kwargs)
         call.forward_seconds = time.perf_counter() - start
+        self.has_buffers(module, remember=True)
         if [t._version for t in call.inputs] != call.versions:
             # The forward changed its own input in place: a recompute would start from the
             # changed value.  Such a call is kept whole (never evicted).
@@ -493,6 +537,7 @@ class Tracker:
         key = id(call)
         calls[key] = weakref.ref(call, lambda _, key=key: calls.pop(key, None))
         self.size[where] = call.evictable_bytes()
+        self.measured[where] = (self.size[where], kept, call.forward_seconds)
         self.fit(keep=None)
         return out
 
@@ -525,16 +570,3 @@ def _restore(settings: DtrSettings, paths: list[tuple[nn.Module, str]]) -> Track
     for module, path in paths:
         tracker.paths[module] = path
     return tracker
-
-
-@torch.compiler.disable
-def run_evictable(module: nn.Module, forward_fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """``forward_fn(module, *args, **kwargs)`` as a candidate of the model's ``dtr`` tracker (what generated code calls).
-
-    Never compiled: under ``torch.compile`` it runs eagerly (see the module's docstring)."""
-    if not torch.is_grad_enabled():
-        return forward_fn(module, *args, **kwargs)
-    tracker = module.__dict__.get(DTR_ATTR)
-    if not isinstance(tracker, Tracker):
-        raise RuntimeError(f"memoplan: a {type(module).__qualname__} has a dtr forward but no tracker")
-    return tracker.run(module, lambda *a, **k: forward_fn(module, *a, **k), args, kwargs)

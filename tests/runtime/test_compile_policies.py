@@ -244,3 +244,66 @@ def test_counting_backend_counts_ops_inside_a_checkpoint_subgraph():
     hops = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
     assert len(hops) == 1  # the checkpoint
     assert count_ops(gm) == 4  # linear, tanh, linear inside it; sum outside
+
+
+DTR = "dtr { eviction_threshold = 256 KiB; evictee_minimum_size = 1 KiB }"
+DTR_CASES = {"transformer": _transformer, "gpt2": _hf("gpt2")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("measured", [False, True], ids=["compiled-first", "eager-step-first"])
+@pytest.mark.parametrize("name", list(DTR_CASES))
+def test_dtr_under_compile_is_traced_as_a_static_checkpoint_choice(name, measured):
+    """``dtr`` compiles with the model (one graph, no break, the unplanned model's ops), its
+    candidates checkpointed as the dtr simulator chooses (every one before an eager step), said
+    once (MP418); gradients bit for bit those of the compiled unplanned model."""
+    from memoplan.runtime.dtr import DTR_ATTR
+    from memoplan.runtime.evictable import compile_choice
+
+    build = DTR_CASES[name]
+    if build not in EXAMPLES:
+        EXAMPLES[build] = _ids
+    model, base, ref = unplanned(build)
+    planned = memoplan.apply(copy.deepcopy(model), "memplan 1\n" + DTR + "\n")
+    tracker = planned.__dict__[DTR_ATTR]
+    if measured:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            _loss(planned(*_ids())).backward()
+        planned.zero_grad(set_to_none=True)
+        assert memoplan.dtr_stats(planned).evictions > 0  # the threshold makes the eager tracker evict
+    chosen, _ = compile_choice(tracker)
+    everyone = set(tracker.paths.values())
+    assert chosen == everyone if not measured else 0 < len(chosen) < len(everyone)  # measured: 1 of 2
+    capture, got, ours = train_compiled(planned, _ids())
+    assert (capture.graphs, capture.break_count) == (base.graphs, base.break_count) == (1, 0), capture.describe()
+    assert capture.ops >= base.ops, (capture.ops, base.ops)  # the goal was 80% of them
+    assert len(ours) == 1 and ours[0].startswith("memoplan: MP418:"), ours
+    assert f"{len(chosen)} of {len(everyone)} checkpointed" in ours[0]
+    _same(ref, got, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    __import__("os").environ.get("MEMOPLAN_TEST_INDUCTOR") != "1",
+    reason="Inductor compiles C++ kernels: about 2 minutes here; set MEMOPLAN_TEST_INDUCTOR=1",
+)
+def test_dtr_under_inductor_gives_the_compiled_unplanned_models_gradients(monkeypatch):
+    """With ``fallback_random`` (eager's dropout masks), the dtr transformer compiled by Inductor
+    trains bit for bit as the unplanned transformer compiled by Inductor."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "fallback_random", True)
+    torch.manual_seed(0)
+    model = _transformer()
+    planned = memoplan.apply(copy.deepcopy(model), "memplan 1\n" + DTR + "\n")
+    results = []
+    for m in (model, planned):
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(7)
+            loss = _loss(torch.compile(m, backend="inductor")(*_ids()))
+            loss.backward()
+        results.append([loss.detach(), *(p.grad for p in m.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*results))

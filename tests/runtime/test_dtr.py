@@ -295,18 +295,42 @@ def test_an_input_changed_in_place_after_the_forward_is_an_error_not_a_wrong_gra
                 y.sum().backward()
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_under_torch_compile_candidates_run_eagerly_and_still_evict(backend):
-    """A candidate traced into a compiled graph would keep no saved tensors for the hooks and
-    lose its gradients; memoplan excludes candidates from compilation instead."""
+def test_under_torch_compile_candidates_become_a_static_checkpoint_choice():
+    """A compiled graph calls no saved-tensor hook: the candidates are traced, checkpointed as the
+    dtr simulator chooses (every one before an eager step measured them), said once (MP418).
+
+    ``aot_eager``: PyTorch's ``backend="eager"`` gets checkpoint over BatchNorm and Dropout wrong,
+    plan or not (tests/test_compile.py pins it); a checkpointed candidate inherits that."""
+    backend = "aot_eager"
     torch.manual_seed(0)
     model = Net(["dense", "dense"], False)
     planned = memoplan.apply(copy.deepcopy(model), _plan(64))
     torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         _same(copy.deepcopy(model), torch.compile(planned, backend=backend), steps=2, seed=1)
-    assert memoplan.dtr_stats(planned).recomputes > 0
+    said = [str(w.message) for w in caught if "MP418" in str(w.message)]
+    assert len(said) == 1 and "2 of 2 checkpointed (`blocks.0`, `blocks.1`)" in said[0], said
+    assert "no eager training step has measured them" in said[0]
+    assert memoplan.dtr_stats(planned).candidates == 0  # nothing ran through the tracker
+    torch._dynamo.reset()
+
+
+def test_under_torch_compile_an_eager_step_first_gives_the_simulators_choice():
+    from memoplan.runtime.evictable import compile_choice
+
+    torch.manual_seed(0)
+    model = Net(["dense", "dense", "dense"], False)
+    x = torch.randn(BATCH, WIDTH)
+    for threshold, expected in ((1 << 40, set()), (1, {"blocks.0", "blocks.1", "blocks.2"})):
+        planned = memoplan.apply(copy.deepcopy(model), _plan(threshold))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            planned(x.clone().requires_grad_()).sum().backward()
+        stats = memoplan.dtr_stats(planned)
+        chosen, reason = compile_choice(planned.__dict__[DTR_ATTR])
+        assert set(chosen) == expected and "the last eager step measured" in reason
+        assert (stats.evictions > 0) == bool(expected)
 
 
 def test_a_recompute_that_saves_different_tensors_is_an_error():
@@ -351,3 +375,24 @@ def test_the_modules_key_names_the_candidates():
         (error,) = caught.value.errors
         assert error.code == "MP232" and words in error.message and error.span.line == 4
         assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_tensor_only_candidates_without_buffers_evict_and_recompute_bit_for_bit():
+    """The eager fast paths (no pytree walk for tensor-only calls, no buffer snapshot for a
+    candidate without buffers, pinned saved tensors not counted twice) keep dropout's masks,
+    the gradients and the tracked bytes those of the full bookkeeping."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Dropout(0.3)) for _ in range(3)))
+    planned = memoplan.apply(copy.deepcopy(model), _plan(1, memory=1.0) .replace("dtr {", 'dtr { modules = "*";'))
+    x = torch.randn(BATCH, WIDTH)
+    grads = []
+    for m in (model, planned):
+        torch.manual_seed(3)
+        xi = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            m(xi).square().sum().backward()
+        grads.append([xi.grad, *(p.grad for p in m.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    stats = memoplan.dtr_stats(planned)
+    assert stats.recomputes == stats.evictions > 0 and stats.tracked_now == 0
