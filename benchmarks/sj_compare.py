@@ -83,7 +83,8 @@ def _row(name: str, model: nn.Module, x: torch.Tensor, steps: int, reference):
 
     functional.reset_net(model)
     peak = measure_step(model, (x,)).peak_bytes
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    # SpikingJelly's checkpoint wrappers add a segment to the names: the same parameters otherwise.
+    grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     times = []
     for _ in range(steps + 1):
         functional.reset_net(model)

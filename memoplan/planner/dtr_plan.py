@@ -196,7 +196,7 @@ def _plan(
 
 
 def _missed(limit: int, peak: int, *, measured: bool) -> PlanError:
-    what = "measured" if measured else "predicted"
+    what = "measured (the larger of a sum loss's step and a mean-square loss's)" if measured else "predicted"
     return PlanError(
         (
             Diagnostic(
