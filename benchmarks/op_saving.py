@@ -2,6 +2,7 @@
 checkpointing and PyTorch's selective activation checkpointing with a matmul-saving policy.
 
     .venv/bin/python benchmarks/op_saving.py [--layers 12] [--width 384] [--batch 4] [--seq 256] [--steps 3]
+    .venv/bin/python benchmarks/op_saving.py --quick     # 4 layers x 128 wide, batch 2 x 64, 1 step
 
 ``GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=384, n_head=6, vocab_size=512, n_positions=256))``
 (random weights, dropout 0.1) on ``randint(4, 256, high=512)``.  Every variant is one deep copy of
@@ -85,7 +86,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a small size for a first look: 4 layers x 128 wide, batch 2 x 64, 1 step")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.layers, args.width, args.batch, args.seq, args.steps = 4, 128, 2, 64, 1
     base = gpt2(args.layers, args.width, args.seq)
     ids = torch.randint(0, 512, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
     rows, reference = [], None

@@ -106,7 +106,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP102", _S.SYNTAX, E, "unknown policy in a rule, with a did-you-mean (`checkpointing` -> `checkpoint`)", "use one of the policies of section 4"),
     ("MP103", _S.SYNTAX, E, "unsupported version in the header", "write `memplan 1`"),
     ("MP104", _S.SYNTAX, E, "no `memplan 1` header (or an empty file)", "start the file with `memplan 1`"),
-    ("MP105", _S.SYNTAX, E, "a quoted path segment that is empty or contains `.`", "quote one segment at a time: `\"a\".\"b\"`"),
+    ("MP105", _S.SYNTAX, E, "a quoted path segment that contains `.`, or is empty inside a longer path (`\"\"` alone is the root)", "quote one segment at a time: `\"a\".\"b\"`"),
     ("MP106", _S.SYNTAX, E, "a block not closed: at the end of the file, or before the next statement", "close the block with `}` before the next statement"),
     ("MP107", _S.SYNTAX, E, "the plan file cannot be read, is not a regular file (a folder, a device, a pipe), or is not UTF-8", "check the path and save the file as UTF-8"),
     ("MP108", _S.SYNTAX, E, "an invalid escape in a string", "use one of `\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX`"),

@@ -211,15 +211,16 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
 def _chain_container(model: nn.Module, prof: Profile, how: Search) -> str | None:
     """The ``nn.Sequential`` whose children are the candidates, when runs of them may be regions.
 
-    That is the default candidates' parent, when it is not the root (which no rule selects), is
-    an ``nn.Sequential`` that ``segments``/``split`` may cut (MP306), has at least 3 children
-    and is not fixed by a completed plan.
+    That is the default candidates' parent (the root too, for a model that is itself an
+    ``nn.Sequential``: ``module ""`` selects it), when it is an ``nn.Sequential`` that
+    ``segments``/``split`` may cut (MP306), has at least 3 children and is not fixed by a
+    completed plan.
     """
     names = default_candidates(prof)
     if not names:
         return None
     parent = names[0].rpartition(".")[0]
-    if not parent or how.blocks(parent):
+    if how.blocks(parent):
         return None
     module = model.get_submodule(parent)
     if type(module).forward is not nn.Sequential.forward or len(module._modules) < 3:
@@ -237,9 +238,10 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
     parent = _chain_container(model, prof, how)
     assert parent is not None, "called only when there is a chain container"
     children = list(model.get_submodule(parent)._modules)
-    links = {link.name: link for link in chain(prof, [f"{parent}.{c}" for c in children])}
-    saved = [links[f"{parent}.{c}"].saved_bytes if f"{parent}.{c}" in links else 0 for c in children]
-    inputs = [links[f"{parent}.{c}"].input_bytes if f"{parent}.{c}" in links else 0 for c in children]
+    paths = [f"{parent}.{c}" if parent else c for c in children]
+    links = {link.name: link for link in chain(prof, paths)}
+    saved = [links[p].saved_bytes if p in links else 0 for p in paths]
+    inputs = [links[p].input_bytes if p in links else 0 for p in paths]
     rest = prof.peak_bytes - sum(saved)
     least = segments.least_peak_split(saved, inputs)
     chen = segments.split_cost(saved, inputs, segments.sqrt_split(len(children)))
@@ -248,6 +250,7 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         options.append((chen, ast.Checkpoint(segments=chen.runs), "Chen et al.'s sqrt(n) segments"))
     limit = _limit(budget, prof.peak_bytes)
     seconds = prof[parent].forward_seconds
+    shown = parent or "the model itself"
     best = None
     for split, policy, what in options:
         term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in parent.split("."))))
@@ -256,18 +259,18 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         plan = _draft(None, [], model, {}, how, rules=(rule,))
         peak = _measure(model, example, plan)
         if progress:
-            print(f"memoplan: {what} of {parent}: {split.runs} regions, measured peak {peak} B", file=sys.stderr, flush=True)
+            print(f"memoplan: {what} of {shown}: {split.runs} regions, measured peak {peak} B", file=sys.stderr, flush=True)
         if best is None or peak < best[0]:
             best = (peak, split, rule, what)
     assert best is not None, "options holds the least-peak split at least"
     peak, split, rule, what = best
     status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
     choice = search.Choice(
-        f"segments ({what} of {parent}, the least of {len(options)} measured)", budget, (0,), (parent,),
+        f"segments ({what} of {shown}, the least of {len(options)} measured)", budget, (0,), (parent,),
         rest + split.cost, prof.peak_bytes, seconds, limit, status, rest + least.cost, proven_optimal=False,
     )
     widened = (
-        f"runs of the children of {parent} offered: whole candidates measure {missed.peak} B at the least, "
+        f"runs of the children of {shown} offered: whole candidates measure {missed.peak} B at the least, "
         f"over the limit {missed.limit} B"
     )
     header = {

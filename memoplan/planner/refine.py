@@ -113,8 +113,10 @@ class Refinement:
 _copy = unplanned_copy
 
 
-def measure_plan(model: nn.Module, example: Example, plan: ast.Plan) -> int:
+def measure_plan(model: nn.Module, example: Example, plan: ast.Plan, *, loss_fn=None) -> int:
     """Peak bytes of one training step of a copy of ``model`` with ``plan``; ``model`` is unchanged.
+
+    ``loss_fn`` is the step's loss (:func:`memoplan.measure.default_loss` when None).
 
     Raises :class:`PlanError` when the plan does not resolve against the model.  While planning
     from an estimated profile (:data:`memoplan.planner.shrink.ESTIMATING`) the peak is estimated
@@ -129,7 +131,7 @@ def measure_plan(model: nn.Module, example: Example, plan: ast.Plan) -> int:
     example = _as_example(example)
     with Snapshot(model, example):
         clone = api.apply(_copy(model), plan, warn=False)
-        return measure_step(clone, example.args, example.kwargs).peak_bytes
+        return measure_step(clone, example.args, example.kwargs, loss_fn=loss_fn).peak_bytes
 
 
 def _as_example(example: Example | torch.Tensor | Sequence[Any]) -> Example:

@@ -213,7 +213,7 @@ def _spread_state(res: Resolution) -> None:
     decides already.  With none inside, the decision stays and MP315 refuses it."""
     for path in sorted(res.decisions, key=ir.path_key, reverse=True):  # inner rules first
         decision = res.decisions[path].get("state")
-        module = res.index.modules[path]
+        module = res.index.module(path)
         if decision is None or is_stateful(module):
             continue
         inside = [f"{path}.{name}" for name, sub in module.named_modules() if name and is_stateful(sub)]
@@ -239,7 +239,7 @@ def _check_shared(res: Resolution) -> None:
     """A module registered under two paths must get one decision."""
     by_object: dict[int, str] = {}
     for path in res.index.paths:
-        first = by_object.setdefault(id(res.index.modules[path]), path)
+        first = by_object.setdefault(id(res.index.module(path)), path)
         if first == path:
             continue
         a = {k: _bare(d.winner.policy) for k, d in res.decisions.get(first, {}).items()}
@@ -258,6 +258,11 @@ def _check_shared(res: Resolution) -> None:
                 res.shared_with[path] = first
 
 
+def named(path: str) -> str:
+    """A module path as messages quote it: the root (`module ""`) is the model itself."""
+    return f"`{path}`" if path else 'the model itself (`""`)'
+
+
 def _winner(res: Resolution, path: str, aspect: str):
     decision = res.decisions.get(path, {}).get(aspect)
     return None if decision is None else decision.winner.policy
@@ -265,11 +270,11 @@ def _winner(res: Resolution, path: str, aspect: str):
 
 def _check_regions(res: Resolution) -> None:
     """Nested regions (checkpoints, and regions inside time chunks), and `keep` inside a region."""
-    checkpointed = [p for p in res.index.paths if isinstance(_winner(res, p, RECOMPUTE), ast.Checkpoint)]
+    checkpointed = [p for p in ("", *res.index.paths) if isinstance(_winner(res, p, RECOMPUTE), ast.Checkpoint)]
     marked = set(checkpointed)
     for path in res.index.paths:
         parts = path.split(".")
-        for k in range(len(parts) - 1, 0, -1):
+        for k in range(len(parts) - 1, -1, -1):  # down to the root, "" (`module ""`)
             ancestor = ".".join(parts[:k])
             if ancestor in marked:
                 res.inside_region[path] = ancestor
@@ -283,7 +288,7 @@ def _check_regions(res: Resolution) -> None:
         if not (inner_policy.nested or outer_policy.nested):
             res.error(
                 "MP305",
-                f"`{path}` is checkpointed inside the checkpoint region of `{outer}`",
+                f"`{path}` is checkpointed inside the checkpoint region of {named(outer)}",
                 inner_policy.span,
                 "nested regions recompute twice; drop one rule, or write `checkpoint nested = true`",
                 notes=(("outer region", outer_policy.span),),
@@ -299,16 +304,16 @@ def _check_regions(res: Resolution) -> None:
         if not getattr(inner_policy, "nested", None):
             res.error(
                 "MP305",
-                f"`{path}` is {what} inside the time chunks of `{outer}`",
+                f"`{path}` is {what} inside the time chunks of {named(outer)}",
                 inner_policy.span,
                 "each chunk is a checkpointed region already, so nested regions recompute twice; drop one rule"
                 + (", or write `checkpoint nested = true`" if what == "checkpointed" else ""),
                 notes=(("time chunks", outer_policy.span),),
             )
-        elif (norm := _batch_norm_in(res.index.modules[path], path)) is not None:
+        elif (norm := _batch_norm_in(res.index.module(path), path)) is not None:
             res.error(
                 "MP320",
-                f"`{path}` is a region of its own inside the time chunks of `{outer}`, and holds BatchNorm `{norm}`",
+                f"`{path}` is a region of its own inside the time chunks of {named(outer)}, and holds BatchNorm `{norm}`",
                 inner_policy.span,
                 "the chunks normalise with the statistics of all time steps, but this region's recompute in "
                 "backward would use one chunk's; drop the inner rule, or chunk the modules inside instead",
@@ -320,9 +325,9 @@ def _check_regions(res: Resolution) -> None:
         if isinstance(keep, ast.Keep) and outer is not None:
             res.warn(
                 "MP310",
-                f"`keep` on `{path}` has no effect: it is inside the checkpoint region of `{outer}`",
+                f"`keep` on `{path}` has no effect: it is inside the checkpoint region of {named(outer)}",
                 keep.span,
-                f"`{outer}` recomputes everything inside it",
+                f"{named(outer)} recomputes everything inside it",
                 notes=(("region", _winner(res, outer, RECOMPUTE).span),),
             )
 
@@ -354,7 +359,7 @@ def _batch_norm_in(module: nn.Module, path: str) -> str | None:
 def _check_policies(res: Resolution) -> None:
     _check_model_checkpointing(res)
     for path in sorted(res.decisions, key=ir.path_key):
-        module = res.index.modules[path]
+        module = res.index.module(path)
         recompute = _winner(res, path, RECOMPUTE)
         if isinstance(recompute, ast.Checkpoint):
             _check_checkpoint(res, path, module, recompute)
@@ -477,7 +482,7 @@ def _check_in_place(res: Resolution, path: str, module: nn.Module, recompute, ch
             continue
         where = ".".join(p for p in (path, prefix, inner) if p)
         parent = path.rpartition(".")[0]
-        named = f"`{where}` ({type(res.index.modules[where]).__qualname__}, inplace=True)"
+        named = f"`{where}` ({type(res.index.module(where)).__qualname__}, inplace=True)"
         res.error(
             "MP323",
             (f"{named} overwrites its input in place" if where == path
@@ -519,7 +524,7 @@ def _check_region_state(res: Resolution, path: str, module: nn.Module, recompute
             + ", whose state recompute would advance a second time",
             span,
             f"add `module {unmarked[0]} {{ state = functional }}` (or `module class "
-            f"{type(res.index.modules[unmarked[0]]).__name__} {{ state = functional }}`)",
+            f"{type(res.index.module(unmarked[0])).__name__} {{ state = functional }}`)",
         )
     if isinstance(recompute, ast.Checkpoint) and recompute.save:
         runs = _own_region_needs(res, path, module, compress, chunk)
@@ -568,7 +573,7 @@ def _own_region_needs(res: Resolution, path: str, module, compress, chunk) -> li
 def _check_model_checkpointing(res: Resolution) -> None:
     """A Hugging Face model whose own gradient checkpointing is on recomputes its layers already."""
     regions = [p for p in res.decisions if _region_policy(res, p) is not None]
-    own = [p for p in res.index.paths if getattr(res.index.modules[p], "gradient_checkpointing", None) is True]
+    own = [p for p in res.index.paths if getattr(res.index.module(p), "gradient_checkpointing", None) is True]
     if not regions or not own:
         return
     spans = sorted((_region_policy(res, p).span for p in regions), key=lambda s: (s.line, s.column))
@@ -694,7 +699,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
     modules = []
     for path in sorted(res.decisions, key=ir.path_key):
         aspects = res.decisions[path]
-        module = res.index.modules[path]
+        module = res.index.module(path)
         cls = type(module)
         fields: dict[str, Any] = {}  # ModulePlan's optional fields, by name
         for decision in aspects.values():
@@ -738,7 +743,7 @@ def _to_ir(res: Resolution) -> ir.ResolvedPlan:
         if path in at:  # a block with a `state` or `buffers` rule only: it is evicted too
             modules[at[path]] = replace(modules[at[path]], evict=origin)
         else:
-            modules.append(ir.ModulePlan(path, qualified_type_name(type(res.index.modules[path])), evict=origin))
+            modules.append(ir.ModulePlan(path, qualified_type_name(type(res.index.module(path))), evict=origin))
     modules.sort(key=lambda m: ir.path_key(m.path))
     blocks = {kind: plan.block(kind) for kind in ast.BlockKind}
     return ir.ResolvedPlan(

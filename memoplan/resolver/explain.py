@@ -30,7 +30,8 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
     paths has a row for each."""
     resolution = analyse(plan, model)
     rows = []
-    for path, module in resolution.index.modules.items():
+    root = [("", model)] if "" in resolution.decisions else []  # `module ""` plans the model itself
+    for path, module in [*root, *resolution.index.modules.items()]:
         decisions = [
             (format_policy(decision.winner.policy), _why(aspect, decision))
             for aspect, decision in sorted(resolution.decisions.get(path, {}).items())
@@ -41,7 +42,8 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
         outer = resolution.inside_region.get(path)
         if outer is not None:
             region = resolution.decisions[outer]["recompute"].winner
-            decisions.append(("recomputed", f"inside the checkpoint region of `{outer}` (line {region.line})"))
+            where = f"`{outer}`" if outer else "the model itself (`\"\"`)"
+            decisions.append(("recomputed", f"inside the checkpoint region of {where} (line {region.line})"))
         chunked = chunked_ancestor(resolution, path)
         if chunked is not None and isinstance(module, nn.modules.batchnorm._BatchNorm):
             line = resolution.decisions[chunked]["temporal_chunk"].winner.line
@@ -94,7 +96,7 @@ def render_explain(rows: list[ExplainRow], *, all_modules: bool = True) -> str:
     Names come from the model: they are printed through :func:`printable`.
     """
     shown = [r for r in rows if all_modules or r.decisions]
-    paths = {id(r): printable(r.path) for r in shown}
+    paths = {id(r): printable(r.path) if r.path else '""' for r in shown}  # `""`: the model itself
     classes = {id(r): printable(r.class_name) for r in shown}
     width_path = max((len(p) for p in paths.values()), default=4)
     width_cls = max((len(c) for c in classes.values()), default=5)

@@ -11,7 +11,9 @@
   (``torch.nn.BatchNorm2d`` matches ``torch.nn.modules.batchnorm.BatchNorm2d``);
 * ``not term`` removes what ``term`` matches.
 
-The root module (path ``""``) is never selected.
+The root module (path ``""``) is selected only by a path that is the empty quoted segment alone
+(``module "" { checkpoint segments = 8 }``, a model that is itself an ``nn.Sequential``): no
+wildcard, glob or class filter reaches it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class ModelIndex:
     """Paths, children and classes of one model, indexed for fast matching."""
 
     def __init__(self, model: nn.Module):
+        self.root = model
         self.modules: dict[str, nn.Module] = {}
         for path, module in model.named_modules(remove_duplicate=False):
             if path:
@@ -46,6 +49,10 @@ class ModelIndex:
         for path, module in self.modules.items():
             self._children[path] = [name for name, child in module._modules.items() if child is not None]
         self._class_names: dict[type, frozenset[str]] = {}
+
+    def module(self, path: str) -> nn.Module:
+        """The module at ``path``; ``""`` is the root (which ``modules`` and ``paths`` leave out)."""
+        return self.root if not path else self.modules[path]
 
     def children(self, path: str) -> list[str]:
         return self._children.get(path, [])
@@ -86,7 +93,7 @@ class ModelIndex:
         return sorted({type(m).__name__ for m in self.modules.values()})
 
     def matches_class(self, path: str, class_name: str) -> bool:
-        return class_name in self.class_names(type(self.modules[path]))
+        return class_name in self.class_names(type(self.module(path)))
 
 
 def _literal_prefix(segments) -> str:
@@ -123,6 +130,8 @@ def match_term(index: ModelIndex, term: ast.SelectorTerm) -> list[str]:
     """Paths matched by one selector term, in plain sorted order."""
     if term.path is None:
         candidates = index._sorted
+    elif is_root(term.path):
+        candidates = [""]
     else:
         segments = term.path.segments
         prefix = _literal_prefix(segments)
@@ -136,6 +145,11 @@ def match_term(index: ModelIndex, term: ast.SelectorTerm) -> list[str]:
     if term.class_name is not None:
         candidates = [p for p in candidates if index.matches_class(p, term.class_name)]
     return candidates
+
+
+def is_root(path: ast.PathPattern) -> bool:
+    """Whether the path is ``""`` alone, the one way to select the root module."""
+    return len(path.segments) == 1 and isinstance(path.segments[0], ast.Name) and not path.segments[0].text
 
 
 def _match(index: ModelIndex, segments, parts: list[str], i: int, j: int) -> bool:

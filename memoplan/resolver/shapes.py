@@ -57,7 +57,7 @@ def check_example(plan: ast.Plan, model: nn.Module, args: Sequence[Any], kwargs:
         return hook
 
     handles = [
-        res.index.modules[path].register_forward_pre_hook(look(path, policy), with_kwargs=True)
+        res.index.module(path).register_forward_pre_hook(look(path, policy), with_kwargs=True)
         for path, policy in chunks.items()
     ]
     try:

@@ -306,7 +306,7 @@ def _validate(model: nn.Module, targets: tuple[Target, ...]) -> list[nn.Module]:
 
 def _lookup(model: nn.Module, path: str) -> nn.Module | None:
     if not path:
-        return None  # the root is never a target: the plan is recorded on it
+        return model  # the root (`module ""`): its forward is patched like any module's
     try:
         return model.get_submodule(path)
     except AttributeError:

@@ -186,6 +186,7 @@ class Builder(Transformer):
         super().__init__(visit_tokens=False)
         self.file = file
         self.diagnostics: list[Diagnostic] = []
+        self._empty_segments: list[Span] = []  # `""` segments, legal only alone (the root)
 
     # ------------------------------------------------------------ helpers
 
@@ -394,10 +395,12 @@ class Builder(Transformer):
     def name_segment(self, children):
         token = children[0]
         text = self.string(token) if token.type == "STRING" else str(token)
-        if token.type == "STRING" and (text == "" or "." in text):
+        if token.type == "STRING" and text == "":
+            self._empty_segments.append(self.span(token))  # the root when alone: `path` decides
+        elif token.type == "STRING" and "." in text:
             self.error(
                 "MP105",
-                "a quoted path segment cannot be empty or contain `.`",
+                "a quoted path segment cannot contain `.`",
                 self.span(token),
                 "PyTorch module names never contain `.`; split the path into segments",
             )
@@ -444,6 +447,15 @@ class Builder(Transformer):
         return ast.Slice(start, stop, step)
 
     def path(self, children):
+        empty, self._empty_segments = self._empty_segments, []
+        if len(children) > 1:  # `""` alone selects the root; inside a longer path it names nothing
+            for span in empty:
+                self.error(
+                    "MP105",
+                    "a quoted path segment cannot be empty inside a path",
+                    span,
+                    'PyTorch module names are never empty; `""` alone selects the model itself (the root)',
+                )
         return ast.PathPattern(tuple(children))
 
     def qualname(self, children):

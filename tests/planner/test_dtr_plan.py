@@ -8,6 +8,7 @@ docs/planner.md is what these tests allow: the transformer within 10%, the CNN w
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import types
@@ -28,6 +29,7 @@ from memoplan.planner.refine import measure_plan
 from memoplan.planner.schema import chain
 from memoplan.specs import Example
 from memoplan.diagnostics import PlanError
+from memoplan.measure import default_loss
 
 CALLS = [Candidate(f"b{i}", 1000, 100, 0.01 * (i + 1), grad_bytes=50, param_bytes=10) for i in range(5)]
 
@@ -134,3 +136,75 @@ def test_plan_dtr_cli_writes_a_plan_that_verifies(tmp_path, capsys):
     assert cli.main(["verify", str(out)]) == 0
     verified = capsys.readouterr().out
     assert "verdict: EQUIVALENT" in verified and "dtr: " in verified
+
+
+# ---------------------------------------------------------------- the budget by an independent meter
+
+
+def _profiler_peak(model, args, loss_fn) -> int:
+    """One training step's peak by torch.profiler's memory events, not memoplan's meter: every
+    allocation and free the CPU allocator reports, in time order, summed; the running maximum
+    above what was live at the start."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    model.zero_grad(set_to_none=True)
+    with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        output = model(*args)
+        loss_fn(output).backward()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _gpt2_4x128():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=512, n_positions=128)
+    config.use_cache = False
+    torch.manual_seed(0)
+    ids = torch.randint(0, 512, (4, 128), generator=torch.Generator().manual_seed(0))
+    return transformers.GPT2LMHeadModel(config), Example((ids,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,share", [("transformer", 70), ("transformer", 50), ("gpt2", 50), ("gpt2", 40)])
+def test_dtr_plans_hold_their_budget_by_the_profilers_memory_events(name, share):
+    from memoplan.planner.dtr_plan import mean_square_loss
+
+    model, example = (transformer.build(), _example(transformer)) if name == "transformer" else _gpt2_4x128()
+    result = make_dtr_plan(model, example, FractionOfPeak.percent(share), progress=False)
+    assert result.met
+    planned = memoplan.apply(copy.deepcopy(model), result.plan)
+    # The meter agrees with memoplan's on the unplanned step (so the limit means the same bytes) ...
+    unplanned = _profiler_peak(model, example.args, default_loss)
+    assert abs(unplanned - result.measured_before) <= 0.01 * result.measured_before
+    # ... and the planned step, with a loss that allocates, stays within the limit.
+    peak = _profiler_peak(planned, example.args, mean_square_loss)
+    assert peak <= result.limit, (peak, result.limit, peak / result.limit)
+
+
+@pytest.mark.slow
+def test_a_loss_larger_than_the_budget_is_refused_not_reported_met():
+    """A GPT-2 whose logits (4 x 128 x 4096 floats) dwarf its blocks: a mean-square loss's temporaries
+    alone exceed 70% of the sum-loss peak.  Measured with the sum only, this plan was reported met
+    while torch.profiler put the mean-square step at 2.3 x the limit; now it is MP602, and the
+    hint's plan says the peak it really reaches."""
+    from memoplan.planner.dtr_plan import mean_square_loss
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=2, vocab_size=4096, n_positions=128)
+    config.use_cache = False
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    example = Example((torch.randint(0, 4096, (4, 128), generator=torch.Generator().manual_seed(0)),))
+    prof = profile(model, example, repeats=1, progress=False)
+    with pytest.raises(PlanError) as caught:
+        make_dtr_plan(model, example, FractionOfPeak.percent(70), prof=prof, progress=False)
+    assert caught.value.errors[0].code == "MP602" and "mean-square" in caught.value.errors[0].message
+    hint = make_dtr_plan(model, example, FractionOfPeak.percent(70), hard=False, prof=prof, progress=False)
+    assert not hint.met
+    planned = memoplan.apply(copy.deepcopy(model), hint.plan)
+    assert _profiler_peak(planned, example.args, mean_square_loss) > hint.limit  # what `met = False` says

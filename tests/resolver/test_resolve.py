@@ -184,11 +184,14 @@ def test_selector_matches_nothing(selector: str) -> None:
     assert selected(selector) == []
 
 
-def test_root_is_never_selected() -> None:
+def test_root_is_selected_only_by_the_empty_path() -> None:
     model = nn.Sequential(nn.Linear(1, 1), nn.ReLU())
     assert selected("**", model) == ["0", "1"]
     assert selected("[0:2]", model) == ["0", "1"]
     assert selected("class Sequential", model) == []
+    assert selected('"" : Linear', model) == []
+    assert selected('""', model) == [""]
+    assert selected('"" : Sequential', model) == [""]
 
 
 def test_index_over_root_sequential() -> None:

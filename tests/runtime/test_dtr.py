@@ -300,7 +300,7 @@ def test_under_torch_compile_candidates_become_a_static_checkpoint_choice():
     dtr simulator chooses (every one before an eager step measured them), said once (MP418).
 
     ``aot_eager``: PyTorch's ``backend="eager"`` gets checkpoint over BatchNorm and Dropout wrong,
-    plan or not (tests/test_compile.py pins it); a checkpointed candidate inherits that."""
+    plan or not (tests/runtime/test_compile.py pins it); a checkpointed candidate inherits that."""
     backend = "aot_eager"
     torch.manual_seed(0)
     model = Net(["dense", "dense"], False)
