@@ -155,7 +155,7 @@ class ModulePlan:
 
     def action(self, kind: type[A]) -> A | None:
         """This module's action of type ``kind``, or None."""
-        return next((a for a in self.actions if type(a) is kind), None)  # type: ignore[misc]
+        return next((a for a in self.actions if type(a) is kind), None)
 
     def with_action(self, action: Action) -> ModulePlan:
         """This plan with ``action`` added (replacing one of its type)."""
