@@ -715,14 +715,14 @@ def _temporal_chunk_action(origin: ir.Origin, policy: ast.TemporalChunk, module:
     )
 
 
-# A winning policy of each type -> the IR action it binds to its module.
-_ACTIONS: dict[type, Callable[[ir.Origin, Any, nn.Module], ir.Action]] = {
-    ast.Checkpoint: _checkpoint_action,
-    ast.Keep: lambda origin, policy, module: ir.KeepAction(origin),
-    ast.Compress: _compress_action,
-    ast.TemporalChunk: _temporal_chunk_action,
-    ast.State: lambda origin, policy, module: ir.StateAction(origin, policy.mode),
-    ast.Buffers: lambda origin, policy, module: ir.BuffersCommitOnceAction(origin),
+# A winning policy, by its spec's name (syntax/policies.py) -> the IR action it binds to its module.
+_ACTIONS: dict[str, Callable[[ir.Origin, Any, nn.Module], ir.Action]] = {
+    "checkpoint": _checkpoint_action,
+    "compress": _compress_action,
+    "temporal_chunk": _temporal_chunk_action,
+    "keep": lambda origin, policy, module: ir.KeepAction(origin),
+    "state": lambda origin, policy, module: ir.StateAction(origin, policy.mode),
+    "buffers": lambda origin, policy, module: ir.BuffersCommitOnceAction(origin),
 }
 
 
@@ -733,7 +733,7 @@ def _module_plan(res: Resolution, path: str, evict: ir.EvictAction | None) -> ir
     actions: list[ir.Action] = []
     for decision in res.decisions.get(path, {}).values():
         policy = decision.winner.policy
-        actions.append(_ACTIONS[type(policy)](_origin(res, decision.winner), policy, module))
+        actions.append(_ACTIONS[spec_of(policy).name](_origin(res, decision.winner), policy, module))
     if evict is not None:
         actions.append(evict)
     region = any(isinstance(a, ir.REGION_ACTIONS) for a in actions)
