@@ -55,7 +55,7 @@ from memoplan.planner.dtr_plan import make_dtr_plan  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
 from memoplan.planner.profile import profile  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
-from memoplan.verify import verify  # noqa: E402
+from memoplan.verification import verify  # noqa: E402
 
 MIB = 2**20
 MODELS = ("transformer", "cnn", "gpt2")

@@ -105,7 +105,7 @@ from memoplan.planner.plan import make_plan  # noqa: E402
 from memoplan.planner.profile import profile  # noqa: E402
 from memoplan.planner.schema import chain, nested_candidates  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
-from memoplan.verify import verify  # noqa: E402
+from memoplan.verification import verify  # noqa: E402
 
 MIB = 2**20
 MODELS = ("gpt2", "cnn")

@@ -12,7 +12,7 @@ and one input, in one run:
   (per-block checkpointing with bit-packed binary inputs);
 * equivalence: ``memoplan.verify`` compares outputs, gradients, buffers, RNG state
   and ``state_dict`` keys with the unplanned step, bit for bit — or, for plans with
-  temporal chunks, within ``memoplan.verify.CHUNK_RTOL`` (sums taken chunk by chunk),
+  temporal chunks, within ``memoplan.verification.CHUNK_RTOL`` (sums taken chunk by chunk),
   and the table says which; SpikingJelly's outputs and gradients are compared bit
   for bit;
 * step time (forward + loss + backward, median of ``--steps`` steps after
@@ -69,7 +69,7 @@ from memoplan.measure import LiveStorageMeter, measured_step  # noqa: E402
 from memoplan.neurons import LIF  # noqa: E402
 from memoplan.runtime import codecs  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
-from memoplan.verify import verify  # noqa: E402
+from memoplan.verification import verify  # noqa: E402
 
 MIB = 2**20
 DEFAULT_PLAN = "plans/spiking.memplan"

@@ -33,6 +33,8 @@ _EXPORTS = {
     "plan": "memoplan.planner.request",
     "PlanRequestError": "memoplan.planner.request",
     "PlanResult": "memoplan.planner.plan",
+    "verify": "memoplan.verification",
+    "measure_step": "memoplan.measure",
 }
 
 # A literal list, so that type checkers see the re-exports (tests/test_typing.py checks it
@@ -52,10 +54,12 @@ __all__ = [
     "explain",
     "format_plan",
     "load",
+    "measure_step",
     "parse",
     "plan",
     "remove",
     "resolve",
+    "verify",
 ]
 
 
@@ -76,6 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.api import apply, compile, remove
     from memoplan.diagnostics import Diagnostic, MemoplanWarning, PlanError
     from memoplan.ir import ResolvedPlan
+    from memoplan.measure import measure_step
     from memoplan.planner.plan import PlanResult
     from memoplan.planner.request import PlanRequestError, plan
     from memoplan.runtime.dtr import dtr_stats
@@ -83,3 +88,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.resolver.explain import explain  # the function, not the module of that name
     from memoplan.syntax import format_plan, load, parse
     from memoplan.syntax.ast import Plan
+    from memoplan.verification import verify

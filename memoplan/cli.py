@@ -267,7 +267,7 @@ def _verify(args) -> int:
 def _verify_plan(args) -> int:
     from memoplan.codegen.emit import plan_table
     from memoplan.syntax import ast
-    from memoplan.verify import budget_check, dtr_check, render_report, verify
+    from memoplan.verification import budget_check, dtr_check, render_report, verify
 
     device = _device(args.device)
     plan = _load(args.plan)

@@ -399,7 +399,7 @@ def verify_details(report: Any) -> dict[str, Any]:
 
 
 def _arena_details(check: Any) -> dict[str, Any]:
-    """The ``memonger`` block's arena inference against eager (``memoplan.verify.ArenaCheck``)."""
+    """The ``memonger`` block's arena inference against eager (``memoplan.verification.ArenaCheck``)."""
     return {
         "ran": check.ran,
         "equal": check.equal,

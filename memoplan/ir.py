@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar, TypeVar, get_args
 
 from memoplan.diagnostics import Diagnostic
 from memoplan.enums import Boundaries, Codec, Validate
@@ -31,11 +32,25 @@ class Origin:
 
 
 @dataclass(frozen=True)
-class CheckpointAction:
+class _ActionBase:
+    """What a plan does to a module, bound by one rule (``origin``).  ``kind`` names the action
+    as :class:`ModulePlan`'s read-only properties do (``module.checkpoint``)."""
+
+    kind: ClassVar[str]
+    origin: Origin
+
+    @property
+    def written(self) -> str:
+        """The decision as the compiled header and ``memoplan report`` list it."""
+        return self.origin.policy
+
+
+@dataclass(frozen=True)
+class CheckpointAction(_ActionBase):
     """Recompute in backward.  ``groups``: child names of each region of an ``nn.Sequential``
     (``segments``); ``None``: the whole module is one region."""
 
-    origin: Origin
+    kind: ClassVar[str] = "checkpoint"
     groups: tuple[tuple[str, ...], ...] | None = None
     preserve_rng: bool = True
     nested: bool = False
@@ -43,16 +58,16 @@ class CheckpointAction:
 
 
 @dataclass(frozen=True)
-class CompressAction:
-    origin: Origin
+class CompressAction(_ActionBase):
+    kind: ClassVar[str] = "compress"
     codec: Codec
     tolerance: float | None = None
     validate: Validate = Validate.SAMPLE
 
 
 @dataclass(frozen=True)
-class TemporalChunkAction:
-    origin: Origin
+class TemporalChunkAction(_ActionBase):
+    kind: ClassVar[str] = "temporal_chunk"
     chunks: int
     dim: int
     args: tuple[int | str, ...] = (0,)
@@ -66,44 +81,124 @@ class TemporalChunkAction:
 
 
 @dataclass(frozen=True)
-class StateAction:
-    origin: Origin
+class StateAction(_ActionBase):
+    kind: ClassVar[str] = "state"
     mode: StateMode
 
 
 @dataclass(frozen=True)
+class KeepAction(_ActionBase):
+    """``keep``: the module's activations are saved as autograd saves them (no region)."""
+
+    kind: ClassVar[str] = "keep"
+
+
+@dataclass(frozen=True)
+class BuffersCommitOnceAction(_ActionBase):
+    """``buffers = commit_once``: a recomputed region writes the module's buffers once."""
+
+    kind: ClassVar[str] = "buffers_commit_once"
+
+
+@dataclass(frozen=True)
+class EvictAction(_ActionBase):
+    """A candidate of the plan's ``dtr`` block (its line): its saved activations may be evicted."""
+
+    kind: ClassVar[str] = "evict"
+
+    @property
+    def written(self) -> str:
+        return "dtr (may be evicted)"
+
+
+Action = (
+    CheckpointAction
+    | CompressAction
+    | TemporalChunkAction
+    | StateAction
+    | KeepAction
+    | BuffersCommitOnceAction
+    | EvictAction
+)
+# The canonical order of a module's actions: the order the compiled header and ``memoplan
+# report`` list its decisions in, a ``dtr`` candidate last.
+ACTION_TYPES: tuple[type[_ActionBase], ...] = get_args(Action)
+_RANK = {t: i for i, t in enumerate(ACTION_TYPES)}
+# The actions that change the module's forward (memoplan runs it in a region of its own).
+FORWARD_ACTIONS = (CheckpointAction, CompressAction, TemporalChunkAction)
+# The actions that open that region (``compress`` acts inside one, it opens none).
+REGION_ACTIONS = (CheckpointAction, TemporalChunkAction)
+
+A = TypeVar("A", bound=_ActionBase)
+
+
+@dataclass(frozen=True)
 class ModulePlan:
-    """What the plan does to one module (at least one field is set)."""
+    """What the plan does to one module: its ``actions``, at most one of each type, kept in the
+    canonical order (:data:`ACTION_TYPES`) whatever order they are given in."""
 
     path: str
     type_name: str  # f"{cls.__module__}.{cls.__qualname__}"
-    checkpoint: CheckpointAction | None = None
-    keep: Origin | None = None
-    compress: CompressAction | None = None
-    temporal_chunk: TemporalChunkAction | None = None
-    state: StateAction | None = None
-    buffers_commit_once: Origin | None = None
+    actions: tuple[Action, ...] = ()
     # Paths, relative to this module ("" for itself), of the `state = functional`
     # modules inside its region, whose state the region threads.
     region_state: tuple[str, ...] = ()
-    # A candidate of the plan's `dtr` block (its line): its saved activations may be evicted.
-    evict: Origin | None = None
+
+    def __post_init__(self) -> None:
+        for action in self.actions:
+            if type(action) not in _RANK:
+                raise TypeError(f"not an IR action: {action!r}")
+        ordered = tuple(sorted(self.actions, key=lambda a: _RANK[type(a)]))
+        if len({type(a) for a in ordered}) != len(ordered):
+            raise ValueError(f"`{self.path}`: two actions of one type: {ordered!r}")
+        object.__setattr__(self, "actions", ordered)
+
+    def action(self, kind: type[A]) -> A | None:
+        """This module's action of type ``kind``, or None."""
+        return next((a for a in self.actions if type(a) is kind), None)
+
+    def with_action(self, action: Action) -> ModulePlan:
+        """This plan with ``action`` added (replacing one of its type)."""
+        kept = tuple(a for a in self.actions if type(a) is not type(action))
+        return replace(self, actions=kept + (action,))
+
+    @property
+    def checkpoint(self) -> CheckpointAction | None:
+        return self.action(CheckpointAction)
+
+    @property
+    def compress(self) -> CompressAction | None:
+        return self.action(CompressAction)
+
+    @property
+    def temporal_chunk(self) -> TemporalChunkAction | None:
+        return self.action(TemporalChunkAction)
+
+    @property
+    def state(self) -> StateAction | None:
+        return self.action(StateAction)
+
+    @property
+    def keep(self) -> KeepAction | None:
+        return self.action(KeepAction)
+
+    @property
+    def buffers_commit_once(self) -> BuffersCommitOnceAction | None:
+        return self.action(BuffersCommitOnceAction)
+
+    @property
+    def evict(self) -> EvictAction | None:
+        return self.action(EvictAction)
 
     @property
     def changes_forward(self) -> bool:
-        return any((self.checkpoint, self.compress, self.temporal_chunk))
+        return any(isinstance(a, FORWARD_ACTIONS) for a in self.actions)
 
     def decisions(self) -> Iterator[tuple[str, Origin]]:
         """(policy as written, its rule) of every decision for this module, in the order the
         compiled header and ``memoplan report`` list them; a ``dtr`` candidate last."""
-        for action in (self.checkpoint, self.compress, self.temporal_chunk, self.state):
-            if action is not None:
-                yield action.origin.policy, action.origin
-        for origin in (self.keep, self.buffers_commit_once):
-            if origin is not None:
-                yield origin.policy, origin
-        if self.evict is not None:
-            yield "dtr (may be evicted)", self.evict
+        for action in self.actions:
+            yield action.written, action.origin
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ A file is loaded once per resolved path, under a private module name derived
 from that path (``_memoplan_file_<stem>_<hash>``), so loading it twice gives the
 same class objects and no common name in ``sys.modules`` is taken.  That name
 never reaches a plan: a class's identity there is its module's importable name
-(``memoplan.runtime.module_identity``: ``models.net.Blk`` for ``models/net.py``
+(``memoplan.runtime.install.module_identity``: ``models.net.Blk`` for ``models/net.py``
 inside a package ``models``, ``net.Blk`` for a plain folder).
 
 Every failure raises :class:`PlanError` with one diagnostic:
@@ -440,7 +440,7 @@ def _file_not_found(location: str, path: Path, span: Span | None) -> PlanError:
 
 def _file_module_name(path: Path) -> str:
     """The private ``sys.modules`` name; plans name the file's classes by its importable name
-    instead (``memoplan.runtime.module_identity``), which holds no path."""
+    instead (``memoplan.runtime.install.module_identity``), which holds no path."""
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
     stem = re.sub(r"\W", "_", path.stem)
     return f"{FILE_MODULE_PREFIX}{stem}_{digest}"

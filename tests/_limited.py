@@ -18,7 +18,7 @@ import torch.utils.flop_counter  # noqa: F401
 
 import memoplan.cli
 import memoplan.planner.estimate  # noqa: F401
-import memoplan.verify  # noqa: F401
+import memoplan.verification  # noqa: F401
 from memoplan.measure import training_step
 
 

@@ -2,7 +2,7 @@
 
 Where a plan changes the arithmetic (a layer run on fewer rows per time chunk may take
 another BLAS or oneDNN kernel; sums and BatchNorm statistics taken chunk by chunk round
-differently), results agree within memoplan.verify.CHUNK_RTOL times the largest unplanned
+differently), results agree within memoplan.verification.CHUNK_RTOL times the largest unplanned
 magnitude of their category (outputs, gradients, states), as ``memoplan verify`` judges
 them.  Per category, not per tensor: a gradient that is zero in exact arithmetic (the bias
 of a Linear right before BatchNorm) is rounding noise in both runs.
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
-from memoplan.verify import CHUNK_RTOL
+from memoplan.verification import CHUNK_RTOL
 
 
 def assert_within_chunk_tolerance(

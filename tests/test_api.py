@@ -30,10 +30,12 @@ def test_public_names_are_frozen():
         "explain",
         "format_plan",
         "load",
+        "measure_step",
         "parse",
         "plan",
         "remove",
         "resolve",
+        "verify",
     ]
 
 

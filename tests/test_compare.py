@@ -11,7 +11,7 @@ from torch import nn
 
 from memoplan.compare import compare
 from memoplan.specs import Example
-from memoplan.verify import render_report, verify
+from memoplan.verification import render_report, verify
 
 
 class Layer:

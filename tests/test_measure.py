@@ -10,6 +10,7 @@ from torch import nn
 
 from memoplan import runtime as rt
 from memoplan.measure import LiveStorageMeter, StepMemory, default_loss, measure_step, training_step
+from memoplan.runtime.install import qualified_type_name
 
 MIB = 1024 * 1024
 
@@ -38,7 +39,7 @@ def _per_layer_checkpointing(model: nn.Sequential) -> nn.Sequential:
     planned = copy.deepcopy(model)
     rt.install(
         nn.ModuleDict({"mlp": planned}),  # a parent, since the root itself is never a target
-        [rt.Target("mlp", rt.qualified_type_name(nn.Sequential), _policy_segments)],
+        [rt.Target("mlp", qualified_type_name(nn.Sequential), _policy_segments)],
         plan_id="per-layer",
     )
     return planned

@@ -71,6 +71,7 @@ def test_misuse_is_rejected_with_memoplan_types(cache):
     assert any('"apply"' in line and "arg-type" in line for line in lines), result.stdout
     assert any('"Plan"' in line and "assignment" in line for line in lines), result.stdout
     assert any('"parse"' in line and "arg-type" in line for line in lines), result.stdout
-    for type_name in ("list[ExplainRow]", "ResolvedPlan", "Path", "DtrStats"):
+    assert any('"verify"' in line and "arg-type" in line for line in lines), result.stdout
+    for type_name in ("list[ExplainRow]", "ResolvedPlan", "Path", "DtrStats", "VerifyReport", "StepMemory"):
         assert any(f'"{type_name}"' in line and "assignment" in line for line in lines), (type_name, result.stdout)
     assert not any("explicitly export" in line or "not callable" in line for line in lines), result.stdout

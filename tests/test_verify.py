@@ -12,7 +12,7 @@ import memoplan
 from memoplan import runtime
 from memoplan.examples import cnn, mlp
 from memoplan.specs import Example
-from memoplan.verify import render_report, verify
+from memoplan.verification import render_report, verify
 
 PER_LAYER = "memplan 1\nmodule layers { checkpoint segments = 20 }\n"
 ACTIVATION_BYTES = mlp.BATCH * mlp.WIDTH * 4  # one fp32 (batch, width) activation
@@ -71,7 +71,7 @@ def test_verify_accepts_plan_text_path_and_ast(tmp_path):
 
 def test_plans_with_temporal_chunks_are_held_to_the_chunk_tolerance():
     from memoplan.examples import spiking
-    from memoplan.verify import CHUNK_RTOL
+    from memoplan.verification import CHUNK_RTOL
 
     torch.manual_seed(0)
     model, example = spiking.build(), Example(spiking.example(batch=2, size=8))
@@ -116,7 +116,7 @@ def test_reproducible_mode_sets_and_restores_the_global_switches(monkeypatch):
     import os
     import warnings
 
-    from memoplan import verify as verify_module
+    from memoplan import verification as verify_module
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
 

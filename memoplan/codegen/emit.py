@@ -7,7 +7,9 @@ so the same plan gives byte-identical files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from memoplan.codegen.arena import RESERVED as ARENA_RESERVED
 from memoplan.codegen.arena import render_arena
@@ -15,7 +17,19 @@ from memoplan.codegen.names import NameAllocator
 from memoplan.codegen.render import pyrepr, render
 from memoplan.diagnostics import printable
 from memoplan.enums import Boundaries
-from memoplan.ir import ModulePlan, ResolvedPlan
+from memoplan.ir import (
+    Action,
+    BuffersCommitOnceAction,
+    CheckpointAction,
+    CompressAction,
+    EvictAction,
+    KeepAction,
+    ModulePlan,
+    Origin,
+    ResolvedPlan,
+    StateAction,
+    TemporalChunkAction,
+)
 from memoplan.memonger.plan import ArenaPlan
 from memoplan.runtime.abi import ABI
 
@@ -57,19 +71,20 @@ def emit(
     targets: list[tuple[ModulePlan, _Policy | None]] = []
     evictable: _Wrapper | None = None
     for module in plan.modules:
-        if module.evict is not None:
+        draft = _draft_of(module)
+        if draft.evict is not None:
             if evictable is None:
                 evictable = _Wrapper(
                     names.allocate("dtr_candidate"),
-                    f"dtr: its saved activations may be evicted and recomputed  ({module.evict})",
+                    f"dtr: its saved activations may be evicted and recomputed  ({draft.evict})",
                     "_rt.run_evictable(self, type(self).forward, args, kwargs)",
                 )
             targets.append((module, None))
             continue
-        policy = _policy_of(module)
-        if policy is None:
+        if not draft.region:
             continue
-        for origin in _origins(module):
+        policy = draft.policy(module.region_state)
+        for origin in draft.origins:
             lines_of.setdefault(policy, set()).add(str(origin))
             texts = texts_of.setdefault(policy, [])
             if origin.policy not in texts:
@@ -149,27 +164,87 @@ def _dtr_call(plan: ResolvedPlan) -> str | None:
     return f"_rt.DtrSettings({', '.join(fields)})"
 
 
-def _policy_of(m: ModulePlan) -> _Policy | None:
-    if m.checkpoint is None and m.temporal_chunk is None:
-        return None
-    check, chunk, compress = m.checkpoint, m.temporal_chunk, m.compress
-    return _Policy(
-        groups=check.groups if check else None,
-        preserve_rng=check.preserve_rng if check else True,
-        codec=compress.codec.value if compress else None,
-        validate=compress.validate.value if compress else "sample",
-        tolerance=compress.tolerance if compress else None,
-        stateful=m.region_state,
-        chunks=chunk.chunks if chunk else None,
-        dim=chunk.dim if chunk else 0,
-        chunk_args=chunk.args if chunk else (0,),
-        boundaries=chunk.boundaries if chunk else Boundaries.KEEP,
-        save=check.save if check else (),
+@dataclass
+class _Draft:
+    """A module's forward as its actions shape it, before it is keyed to a wrapper."""
+
+    region: bool = False  # a checkpoint or temporal_chunk: memoplan wraps forward in a region
+    evict: Origin | None = None  # a dtr candidate: its own wrapper
+    origins: list[Origin] = field(default_factory=list)  # the rules the wrapper's docstring cites
+    groups: tuple[tuple[str, ...], ...] | None = None
+    preserve_rng: bool = True
+    save: tuple[str, ...] = ()
+    codec: str | None = None
+    validate: str = "sample"
+    tolerance: float | None = None
+    chunks: int | None = None
+    dim: int = 0
+    chunk_args: tuple[int | str, ...] = (0,)
+    boundaries: Boundaries = Boundaries.KEEP
+
+    def policy(self, stateful: tuple[str, ...]) -> _Policy:
+        return _Policy(
+            groups=self.groups,
+            preserve_rng=self.preserve_rng,
+            codec=self.codec,
+            validate=self.validate,
+            tolerance=self.tolerance,
+            stateful=stateful,
+            chunks=self.chunks,
+            dim=self.dim,
+            chunk_args=self.chunk_args,
+            boundaries=self.boundaries,
+            save=self.save,
+        )
+
+
+def _checkpoint(action: CheckpointAction, draft: _Draft) -> None:
+    draft.region = True
+    draft.origins.append(action.origin)
+    draft.groups, draft.preserve_rng, draft.save = action.groups, action.preserve_rng, action.save
+
+
+def _compress(action: CompressAction, draft: _Draft) -> None:
+    draft.origins.append(action.origin)
+    draft.codec, draft.validate, draft.tolerance = action.codec.value, action.validate.value, action.tolerance
+
+
+def _temporal_chunk(action: TemporalChunkAction, draft: _Draft) -> None:
+    draft.region = True
+    draft.origins.append(action.origin)
+    draft.chunks, draft.dim, draft.chunk_args, draft.boundaries = (
+        action.chunks,
+        action.dim,
+        action.args,
+        action.boundaries,
     )
 
 
-def _origins(m: ModulePlan):
-    return [a.origin for a in (m.checkpoint, m.compress, m.temporal_chunk) if a is not None]
+def _evict(action: EvictAction, draft: _Draft) -> None:
+    draft.evict = action.origin
+
+
+def _leaves_forward(action: Action, draft: _Draft) -> None:
+    """keep, state and buffers change no call: the region reads ``state`` via ``region_state``."""
+
+
+# Each IR action type -> how it shapes its module's generated forward.
+EMITTERS: dict[type, Callable[[Any, _Draft], None]] = {
+    CheckpointAction: _checkpoint,
+    CompressAction: _compress,
+    TemporalChunkAction: _temporal_chunk,
+    StateAction: _leaves_forward,
+    KeepAction: _leaves_forward,
+    BuffersCommitOnceAction: _leaves_forward,
+    EvictAction: _evict,
+}
+
+
+def _draft_of(module: ModulePlan) -> _Draft:
+    draft = _Draft()
+    for action in module.actions:
+        EMITTERS[type(action)](action, draft)
+    return draft
 
 
 def _line_order(origin: str) -> tuple:

@@ -142,7 +142,7 @@ def write_report(
     import copy
 
     from memoplan.report import collect
-    from memoplan.verify import budget_check, render_report, verify
+    from memoplan.verification import budget_check, render_report, verify
 
     require_matplotlib()
     cpu = device is None or getattr(device, "type", str(device)) == "cpu"

@@ -9,6 +9,7 @@ that disagree are an error naming both lines.  All problems are reported at once
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 from dataclasses import dataclass, field, replace
 
@@ -695,56 +696,69 @@ def _groups(module: nn.Module, segments: int) -> tuple[tuple[str, ...], ...]:
     return tuple(groups)
 
 
+def _checkpoint_action(origin: ir.Origin, policy: ast.Checkpoint, module: nn.Module) -> ir.CheckpointAction:
+    return ir.CheckpointAction(
+        origin,
+        groups=_split(module, policy),
+        preserve_rng=policy.rng is not ast.RngMode.OFF,
+        nested=bool(policy.nested),
+        save=policy.save or (),
+    )
+
+
+def _compress_action(origin: ir.Origin, policy: ast.Compress, module: nn.Module) -> ir.CompressAction:
+    return ir.CompressAction(origin, policy.codec, policy.tolerance, policy.validate or Validate.SAMPLE)
+
+
+def _temporal_chunk_action(origin: ir.Origin, policy: ast.TemporalChunk, module: nn.Module) -> ir.TemporalChunkAction:
+    return ir.TemporalChunkAction(
+        origin,
+        policy.chunks,
+        policy.dim,
+        policy.args or (0,),
+        bool(policy.allow_nonequivalent),
+        policy.boundaries or Boundaries.KEEP,
+    )
+
+
+# A winning policy, by its spec's name (syntax/policies.py) -> the IR action it binds to its module.
+_ACTIONS: dict[str, Callable[[ir.Origin, Any, nn.Module], ir.Action]] = {
+    "checkpoint": _checkpoint_action,
+    "compress": _compress_action,
+    "temporal_chunk": _temporal_chunk_action,
+    "keep": lambda origin, policy, module: ir.KeepAction(origin),
+    "state": lambda origin, policy, module: ir.StateAction(origin, policy.mode),
+    "buffers": lambda origin, policy, module: ir.BuffersCommitOnceAction(origin),
+}
+
+
+def _module_plan(res: Resolution, path: str, evict: ir.EvictAction | None) -> ir.ModulePlan:
+    """The IR of one module: an action per aspect's winning rule, and ``evict`` (a ``dtr``
+    candidate, alone or beside a ``state`` or ``buffers`` rule)."""
+    module = res.index.module(path)
+    actions: list[ir.Action] = []
+    for decision in res.decisions.get(path, {}).values():
+        policy = decision.winner.policy
+        actions.append(_ACTIONS[spec_of(policy).name](_origin(res, decision.winner), policy, module))
+    if evict is not None:
+        actions.append(evict)
+    region = any(isinstance(a, ir.REGION_ACTIONS) for a in actions)
+    return ir.ModulePlan(
+        path,
+        qualified_type_name(type(module)),
+        tuple(actions),
+        region_state=_region_state(res, path, module) if region else (),
+    )
+
+
 def _to_ir(res: Resolution) -> ir.ResolvedPlan:
-    modules = []
-    for path in sorted(res.decisions, key=ir.path_key):
-        aspects = res.decisions[path]
-        module = res.index.module(path)
-        cls = type(module)
-        fields: dict[str, Any] = {}  # ModulePlan's optional fields, by name
-        for decision in aspects.values():
-            policy, origin = decision.winner.policy, _origin(res, decision.winner)
-            if isinstance(policy, ast.Checkpoint):
-                fields["checkpoint"] = ir.CheckpointAction(
-                    origin,
-                    groups=_split(module, policy),
-                    preserve_rng=policy.rng is not ast.RngMode.OFF,
-                    nested=bool(policy.nested),
-                    save=policy.save or (),
-                )
-            elif isinstance(policy, ast.Keep):
-                fields["keep"] = origin
-            elif isinstance(policy, ast.Compress):
-                fields["compress"] = ir.CompressAction(
-                    origin, policy.codec, policy.tolerance, policy.validate or Validate.SAMPLE
-                )
-            elif isinstance(policy, ast.TemporalChunk):
-                fields["temporal_chunk"] = ir.TemporalChunkAction(
-                    origin,
-                    policy.chunks,
-                    policy.dim,
-                    policy.args or (0,),
-                    bool(policy.allow_nonequivalent),
-                    policy.boundaries or Boundaries.KEEP,
-                )
-            elif isinstance(policy, ast.State):
-                fields["state"] = ir.StateAction(origin, policy.mode)
-            elif isinstance(policy, ast.Buffers):
-                fields["buffers_commit_once"] = origin
-        if "checkpoint" in fields or "temporal_chunk" in fields:
-            fields["region_state"] = _region_state(res, path, module)
-        modules.append(ir.ModulePlan(path, qualified_type_name(cls), **fields))
     plan = res.plan
     dtr_block = plan.block(ast.BlockKind.DTR)
-    at = {m.path: i for i, m in enumerate(modules)}
-    for path in res.evictable:
-        assert dtr_block is not None, "only a dtr block makes modules evictable"
-        origin = ir.Origin(plan.file, dtr_block.span.line, "dtr", "dtr")
-        if path in at:  # a block with a `state` or `buffers` rule only: it is evicted too
-            modules[at[path]] = replace(modules[at[path]], evict=origin)
-        else:
-            modules.append(ir.ModulePlan(path, qualified_type_name(type(res.index.module(path))), evict=origin))
-    modules.sort(key=lambda m: ir.path_key(m.path))
+    evict = None if dtr_block is None else ir.EvictAction(ir.Origin(plan.file, dtr_block.span.line, "dtr", "dtr"))
+    paths = dict.fromkeys([*res.decisions, *res.evictable])
+    modules = [
+        _module_plan(res, path, evict if path in res.evictable else None) for path in sorted(paths, key=ir.path_key)
+    ]
     blocks = {kind: plan.block(kind) for kind in ast.BlockKind}
     return ir.ResolvedPlan(
         file=plan.file,

@@ -198,7 +198,7 @@ SPIKING_PLANS = sorted((ROOT / "plans").glob("spiking*.memplan"))
 def test_spiking_plans_train_identically_with_less_memory(path) -> None:
     from memoplan.measure import LiveStorageMeter
     from memoplan.specs import Example
-    from memoplan.verify import verify
+    from memoplan.verification import verify
 
     with LiveStorageMeter():  # the first metered step of a process would read high (lazy imports)
         torch.zeros(1).add_(1)

@@ -18,7 +18,7 @@ from torch import nn
 import memoplan
 from memoplan.memonger.quiet import is_profiler_line, profiler_quiet
 from memoplan.specs import Example
-from memoplan.verify import arena_check, render_arena, verify
+from memoplan.verification import arena_check, render_arena, verify
 
 
 MODELS = """

@@ -16,7 +16,7 @@ from memoplan.planner import search
 from memoplan.planner.presets import PRESETS, Planner, PlannerPreset
 from memoplan.planner.profile import Profile
 from memoplan.syntax import parse_example_spec
-from memoplan.verify import verify
+from memoplan.verification import verify
 
 TRANSFORMER = ["--model", "memoplan.examples.transformer:build", "--example", "randint(4, 32, high=100)"]
 

@@ -11,7 +11,7 @@ from memoplan import specs
 from memoplan.cli import main
 from memoplan.examples import transformer
 from memoplan.syntax import ast, parse_example_spec
-from memoplan.verify import verify
+from memoplan.verification import verify
 
 START = """\
 # my plan for the bundled transformer

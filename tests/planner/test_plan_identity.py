@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from memoplan import runtime
 from memoplan.cli import main
+from memoplan.runtime.install import qualified_type_name
 
 NET = """\
 from torch import nn
@@ -125,9 +125,9 @@ def test_a_class_loaded_from_a_file_is_named_by_its_importable_name(tmp_path, on
     loaded = load_model("class_net_ident_d.py:build", base_dir=root)
     imported = on_path(root, "class_net_ident_d").build()
     assert type(loaded[0]) is not type(imported[0])  # two module objects, one identity
-    assert runtime.qualified_type_name(type(loaded[0])) == "class_net_ident_d.Blk"
-    assert runtime.qualified_type_name(type(imported[0])) == "class_net_ident_d.Blk"
-    assert runtime.qualified_type_name(nn.Linear) == "torch.nn.modules.linear.Linear"
+    assert qualified_type_name(type(loaded[0])) == "class_net_ident_d.Blk"
+    assert qualified_type_name(type(imported[0])) == "class_net_ident_d.Blk"
+    assert qualified_type_name(nn.Linear) == "torch.nn.modules.linear.Linear"
 
 
 def test_a_script_run_as_main_applies_a_plan_compiled_from_its_file(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from memoplan.planner.refine import measure_plan
 from memoplan.planner.segments import least_peak_split, segment_starts, split_cost, sqrt_split
 from memoplan.specs import Example
 from memoplan.syntax import format_plan, parse
-from memoplan.verify import verify
+from memoplan.verification import verify
 
 PLANS = ROOT / "plans"
 

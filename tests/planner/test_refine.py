@@ -34,7 +34,7 @@ from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan, refine
 from memoplan.runtime.state import get_state, is_stateful
 from memoplan.specs import Example
-from memoplan.verify import verify
+from memoplan.verification import verify
 
 W = 32
 

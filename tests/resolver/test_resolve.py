@@ -361,7 +361,7 @@ def test_most_specific_rule_wins(broad: str, narrow: str) -> None:
         assert plan.module("a.0").keep is not None, order
         assert plan.module("a.0").checkpoint is None, order
         line = 2 + order.index(narrow)
-        assert plan.module("a.0").keep.line == line
+        assert plan.module("a.0").keep.origin.line == line
 
 
 def test_equal_specificity_disagreement_is_mp303_naming_both_lines() -> None:

@@ -24,7 +24,7 @@ from memoplan.planner.refine import measure_plan
 from memoplan.resolver import explain, render_explain
 from memoplan.specs import Example
 from memoplan.syntax import format_plan, parse
-from memoplan.verify import verify
+from memoplan.verification import verify
 
 
 def _chain(depth: int = 8, width: int = 32) -> nn.Sequential:

@@ -3,7 +3,7 @@
 A chunked module that folds time into the batch runs one statistics pass per
 training-mode BatchNorm call, then the main pass (memoplan/runtime/batchnorm.py).
 Against the unplanned step: in float64 the gradients agree to rounding (a check of
-the algebra); in float32 within memoplan.verify.CHUNK_RTOL (the documented
+the algebra); in float32 within memoplan.verification.CHUNK_RTOL (the documented
 tolerance); ``num_batches_tracked``, RNG state and ``state_dict`` keys exactly.
 """
 
@@ -19,7 +19,7 @@ import memoplan
 from memoplan.examples import spiking
 from memoplan.measure import measured_step
 from memoplan.neurons import LIF, reset
-from memoplan.verify import CHUNK_RTOL
+from memoplan.verification import CHUNK_RTOL
 
 F = 6
 STATE = "memplan 1\nmodule class LIF { state = functional }\n"

@@ -13,7 +13,7 @@ seed, and compares the loss, the input and parameter gradients and the buffers:
 * ``OUTSIDE``: memoplan's own region (``compress``, ``state = functional``, ``temporal_chunk`` and
   ``segments``/``split`` holding stateful modules) leaves the graph on purpose: graph breaks,
   MP417 once per region, the same results (bit for bit; ``temporal_chunk`` within
-  :data:`memoplan.verify.CHUNK_RTOL`, as in eager mode).
+  :data:`memoplan.verification.CHUNK_RTOL`, as in eager mode).
 * the ``memonger`` arena (an inference plan) compiles to one graph without a break, with
   eager's outputs bit for bit.
 
@@ -35,7 +35,7 @@ from memoplan.examples import spiking, transformer
 from memoplan.graphs import Capture, CountingBackend
 from memoplan.neurons import reset
 from memoplan.runtime import compiled as compiled_regions
-from memoplan.verify import CHUNK_RTOL
+from memoplan.verification import CHUNK_RTOL
 from tests import real_models
 
 WHOLE, OUTSIDE = "whole", "outside"
@@ -210,7 +210,7 @@ def test_memonger_inference_under_compile_gives_eager_outputs():
 @pytest.mark.slow
 def test_verify_compile_reports_graphs_and_breaks_next_to_the_peaks():
     from memoplan.specs import Example
-    from memoplan.verify import render_report, verify
+    from memoplan.verification import render_report, verify
 
     torch.manual_seed(0)
     model = _transformer()

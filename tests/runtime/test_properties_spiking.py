@@ -7,7 +7,7 @@ temporal chunks.  Buffers and RNG progression must equal the unplanned step bit
 for bit; so must outputs, input gradients, parameter gradients and every neuron's
 final state — except under temporal chunks: a layer run on fewer rows may take a
 different BLAS path, weight gradients and BatchNorm statistics are summed chunk by
-chunk, so those agree up to float reassociation: max |Δ| <= memoplan.verify.CHUNK_RTOL
+chunk, so those agree up to float reassociation: max |Δ| <= memoplan.verification.CHUNK_RTOL
 · the largest reference magnitude of the category (outputs, parameter gradients,
 buffers, states), and integer buffers exactly.
 Examples are derandomized so CI runs the same draws every time.
@@ -27,7 +27,7 @@ from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 import memoplan
 from memoplan.compare import compare
 from memoplan.neurons import LIF, reset
-from memoplan.verify import CHUNK_RTOL
+from memoplan.verification import CHUNK_RTOL
 
 FEATURES = 5
 

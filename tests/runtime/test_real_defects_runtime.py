@@ -25,6 +25,7 @@ from torch import nn
 import memoplan
 from memoplan import runtime as rt
 from memoplan.diagnostics import PlanError
+from memoplan.runtime.install import qualified_type_name
 
 
 def plan(text: str) -> str:
@@ -156,7 +157,7 @@ def test_pickling_other_bound_methods_is_unchanged_and_a_local_forward_is_refuse
         return type(self).forward(self, *args, **kwargs)
 
     model = resnet()
-    rt.install(model, [rt.Target("fc", rt.qualified_type_name(nn.Linear), local_forward)], plan_id="local")
+    rt.install(model, [rt.Target("fc", qualified_type_name(nn.Linear), local_forward)], plan_id="local")
     with pytest.raises(PlanError) as caught:
         torch.save(model, io.BytesIO())
     assert caught.value.codes == ["MP409"] and "memoplan.remove(model)" in str(caught.value)

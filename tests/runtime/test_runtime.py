@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memoplan import runtime as rt
+from memoplan.runtime.install import qualified_type_name
 from _imports import imported_modules  # tests/_imports.py
 
 # --- what generated code looks like -------------------------------------------------
@@ -39,7 +40,7 @@ def _targets(
     return tuple(
         rt.Target(
             path=path,
-            type_name=rt.qualified_type_name(type(model.get_submodule(path))),
+            type_name=qualified_type_name(type(model.get_submodule(path))),
             forward=forward,
         )
         for path in paths

@@ -14,7 +14,7 @@ from memoplan.diagnostics import PlanError
 from memoplan.runtime.saving import OP_FAMILIES, saved_ops
 from memoplan.specs import Example
 from memoplan.syntax import ast, format_plan, parse
-from memoplan.verify import verify
+from memoplan.verification import verify
 
 
 class _Block(nn.Module):
