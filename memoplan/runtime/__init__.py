@@ -22,7 +22,8 @@ import warnings
 
 from memoplan.runtime.abi import ABI, require_abi
 from memoplan.runtime.checkpoint import run_checkpointed, run_segmented
-from memoplan.runtime.dtr import DtrSettings, run_evictable
+from memoplan.runtime.dtr import DtrSettings
+from memoplan.runtime.evictable import run_evictable
 from memoplan.runtime.install import PlanMismatchError, Target, install, installed_plan, uninstall
 from memoplan.runtime.memory import MemorySettings
 from memoplan.runtime.region import RegionOptions, run_planned
