@@ -548,12 +548,20 @@ def _plan(args) -> int:
         limit = device_budget_bytes(_device(args.device), args.budget, device_budget, _progress)
         preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
     if prof is None:
-        prof = _first_step(lambda: take_profile(model, example, method=args.method, note=_progress), "profile")
+        # Planning from estimated trials needs the profile's times only roughly: one timed step.
+        repeats = 3 if args.method == "measured" else 1
+        prof = _first_step(
+            lambda: take_profile(model, example, method=args.method, note=_progress, repeats=repeats), "profile"
+        )
+    if args.method == "measured" and prof.method == "estimated":
+        print("memoplan plan: error: --method measured needs a measured profile; --profile gave an estimated one", file=sys.stderr)
+        return 2
     if args.dtr:
         return _plan_dtr(args, model, example, prof, preset)
     result = _first_step(
         lambda: preset.run(
-            model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
+            model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear,
+            start=start, trials="measured" if args.method == "measured" else "estimated",
         ),
         "planned",
         only_oom=True,

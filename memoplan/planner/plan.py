@@ -23,7 +23,7 @@ from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
-from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
+from memoplan.planner.shrink import ESTIMATING as _ESTIMATING, StepOutOfMemory, is_out_of_memory
 from memoplan.planner.write import comment_line, provenance
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.resolver import resolve
@@ -78,6 +78,7 @@ def make_plan(
     nested: bool = False,
     sublinear: SublinearConfig | None = None,
     start: ast.Plan | None = None,
+    trials: str | None = None,
 ) -> PlanResult:
     """Plan ``model`` for ``budget``; raise :class:`PlanError` (MP601) when a hard budget is missed.
 
@@ -109,6 +110,12 @@ def make_plan(
     itself when its rules already meet the budget (so planning its output again changes
     nothing).  Measured refinement does not run on a completed plan (it could edit the fixed
     rules); a widened search offers parts of blocks without ``split``.
+
+    ``trials``: how the search's trials are measured (see :func:`_trials`).  ``"estimated"``:
+    each on fake tensors, and the written plan checked by one real planned step; with a measured
+    profile, when that check misses a hard budget or a trial cannot be estimated, the search runs
+    again with real trials.  ``"measured"``: every trial a real step (needs a measured profile).
+    None (default): as the profile was taken.
     """
     if nested and (planner is not Planner.OPTIMAL or isinstance(budget, (search.Coverage, search.Preset))):
         raise ValueError("nested candidates need the optimal planner and a byte budget (bytes or a share of the peak)")
@@ -120,15 +127,55 @@ def make_plan(
         if refine is not None and refine.levels:
             raise ValueError("measured refinement does not run on a completed plan")
         how = _fixed_by(start, model, how)
-    # An estimated profile (the unplanned step does not fit): the search's trials are estimated
-    # too (memoplan.planner.estimate.estimate_plan), and one real planned step checks the result.
-    token = _ESTIMATING.set(prof.method == "estimated")
+    estimating = _trials(trials, prof)
+
+    def searched(estimate: bool) -> PlanResult:
+        # Estimated trials run on fake tensors (memoplan.planner.estimate.estimate_plan), and one
+        # real planned step checks the result.
+        token = _ESTIMATING.set(estimate)
+        try:
+            if isinstance(budget, search.LeastPeak):
+                return _least_peak(model, example, how, prof, progress, refine, preset)
+            return _widening(model, example, budget, how, hard, prof, progress, refine, preset, nested, start)
+        finally:
+            _ESTIMATING.reset(token)
+
+    if not estimating or prof.method == "estimated":
+        return searched(estimating)
+    return _estimated_first(searched, progress)
+
+
+def _estimated_first(searched, progress: bool) -> PlanResult:
+    """``searched(True)`` (every trial on fake tensors, the plan checked by one real step), else
+    ``searched(False)`` (real trials) when its plan measures over a hard budget or a trial could
+    not be estimated.  Running out of memory is raised as it is."""
     try:
-        if isinstance(budget, search.LeastPeak):
-            return _least_peak(model, example, how, prof, progress, refine, preset)
-        return _widening(model, example, budget, how, hard, prof, progress, refine, preset, nested, start)
-    finally:
-        _ESTIMATING.reset(token)
+        return searched(True)
+    except Exception as exc:  # noqa: BLE001  any failure of the estimate: the measured search decides
+        if isinstance(exc, StepOutOfMemory) or is_out_of_memory(exc):
+            raise
+        if isinstance(exc, BudgetMissed):
+            why = "no plan found measures within the budget"
+        else:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            why = f"a trial could not be estimated ({type(exc).__name__}: {first})"
+    if progress:
+        print(f"memoplan: estimated trials: {why}; searching again with real steps", file=sys.stderr, flush=True)
+    return searched(False)
+
+
+TRIALS = ("estimated", "measured")
+
+
+def _trials(trials: str | None, prof: Profile) -> bool:
+    """Whether the search's trials are estimated on fake tensors (``trials``: see :func:`make_plan`)."""
+    if trials is None:
+        return prof.method == "estimated"
+    if trials not in TRIALS:
+        raise ValueError(f"trials must be one of {', '.join(TRIALS)}, not {trials!r}")
+    if trials == "measured" and prof.method == "estimated":
+        raise ValueError("measured trials need a measured profile: the unplanned step of this one does not fit")
+    return trials == "estimated"
 
 
 def _widening(model, example, budget, how: Search, hard: bool, prof: Profile, progress: bool, refine, preset, nested: bool, start):
@@ -259,6 +306,8 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         if best is None or peak < best[0]:
             best = (peak, split, rule, what)
     peak, split, rule, what = best
+    if _ESTIMATING.get():  # the splits' trials were estimated: one real step checks the one kept
+        peak = _checked(model, example, _draft(None, [], model, {}, how, rules=(rule,)))
     status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
     choice = search.Choice(
         f"segments ({what} of {parent}, the least of {len(options)} measured)", budget, (0,), (parent,),
@@ -354,7 +403,10 @@ def _make_plan(
     ]
     peak = prof.peak_bytes
     if planner.fixed:  # what the hand-written rules leave is what the search works from
-        peak = _measure(model, example, _draft(None, items, model, {}, planner))
+        fixed = _draft(None, items, model, {}, planner)
+        peak = _measure(model, example, fixed)
+        if _within(budget, peak, prof.peak_bytes) and _ESTIMATING.get():
+            peak = _checked(model, example, fixed)  # estimated within: one real step says so
         if _within(budget, peak, prof.peak_bytes):
             limit = _limit(budget, prof.peak_bytes)
             return PlanResult(planner.start, _empty_choice(budget, peak, prof.peak_bytes), prof.peak_bytes, peak, limit, hard)
@@ -382,7 +434,7 @@ def _make_plan(
         after = _measure(model, example, draft)
     estimated = {}
     if _ESTIMATING.get():  # the search estimated every trial: one real planned step checks the plan
-        estimated = {"planned peak on fake tensors": f"{after} B (the search's trials were estimated too)"}
+        estimated = {"planned peak on fake tensors": f"{after} B (every trial of the search estimated)"}
         after = _checked(model, example, draft)
     header = {
         **provenance("memoplan plan", prof),
@@ -392,7 +444,7 @@ def _make_plan(
         **({"widened": widened} if widened else {}),
         **(_refined_recompute(draft, choice, prof) if refined is not None else {}),
         **({"refinement": refined.summary()} if refined is not None else {}),
-        ("unplanned peak on fake tensors" if _ESTIMATING.get() else "measured peak before"): f"{prof.peak_bytes} B",
+        ("unplanned peak on fake tensors" if prof.method == "estimated" else "measured peak before"): f"{prof.peak_bytes} B",
         **estimated,
         "measured peak after": f"{after} B",
     }
