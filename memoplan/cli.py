@@ -605,7 +605,7 @@ def _preset_how(preset) -> str:
 
 def _write_plan(args, start, preset, result, model, example, prof) -> None:
     """Write the plan ``memoplan plan`` made (its sources and budget stated) and say what it did."""
-    from memoplan.planner.plan import rebased, with_sources
+    from memoplan.planner.write import rebased, with_sources
     from memoplan.planner.write import with_budget
     from memoplan.resolver import resolve
     from memoplan.syntax import format_plan, parse_example_spec
@@ -644,7 +644,7 @@ def _write_plan(args, start, preset, result, model, example, prof) -> None:
 def _plan_dtr(args, model, example, prof, preset) -> int:
     """`memoplan plan --budget B --dtr`: a plan with one `dtr` block (memoplan.planner.dtr_plan)."""
     from memoplan.planner.dtr_plan import make_dtr_plan
-    from memoplan.planner.plan import with_sources
+    from memoplan.planner.write import with_sources
     from memoplan.syntax import format_plan, parse_example_spec
 
     result = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=prof)

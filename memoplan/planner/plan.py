@@ -9,10 +9,8 @@ Named presets of these choices are in :mod:`memoplan.planner.presets`.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from torch import nn
 
@@ -24,7 +22,7 @@ from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.shrink import ESTIMATING as _ESTIMATING, StepOutOfMemory, is_out_of_memory
-from memoplan.planner.write import comment_line, provenance
+from memoplan.planner.write import comment_line, provenance, rebased, with_sources  # noqa: F401  (kept importable from here)
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
@@ -751,50 +749,6 @@ def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> 
         limit=limit,
         peak=peak,
     )
-
-
-def with_sources(plan: ast.Plan, model: str, example: ast.ExampleStmt, folder: Path | str) -> ast.Plan:
-    """``plan`` with ``model`` and ``example`` statements first, as the user named them.
-
-    A spec that names a file (``path/net.py:build``) is rewritten relative to ``folder``,
-    the plan's folder, since that is where ``memoplan check``/``explain``/``verify`` resolve
-    it from; module specs and inline tensors are written as given.
-    """
-    stmts = (
-        ast.ModelStmt(_relative_spec(model, folder)),
-        replace(example, spec=None if example.spec is None else _relative_spec(example.spec, folder)),
-    )
-    rest = tuple(s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt)))
-    return replace(plan, statements=(*stmts, *rest))
-
-
-def rebased(plan: ast.Plan, base: Path | str, folder: Path | str) -> ast.Plan:
-    """``plan`` with the file specs of its `model` and `example` statements, written relative to
-    ``base`` (the folder it was read from), rewritten relative to ``folder`` (where it is written).
-    Module specs, inline tensors, comments and the order of statements are kept."""
-
-    def move(spec: str | None) -> str | None:
-        return None if spec is None else _relative_spec(spec, folder, base)
-
-    statements = tuple(
-        replace(s, spec=move(s.spec)) if isinstance(s, (ast.ModelStmt, ast.ExampleStmt)) else s
-        for s in plan.statements
-    )
-    return replace(plan, statements=statements)
-
-
-def _relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str:
-    """A file spec (relative to ``base``) as seen from ``folder`` (``memoplan.specs``' rule: ``.py`` or a separator)."""
-    text = spec.strip()
-    location, colon, attr = text.rpartition(":")
-    if not colon or not (location.endswith(".py") or "/" in location or "\\" in location):
-        return text
-    path = (Path(base) / Path(location).expanduser()).resolve()
-    try:
-        location = Path(os.path.relpath(path, Path(folder).resolve())).as_posix()
-    except ValueError:  # another drive on Windows: only the absolute path reaches it
-        location = path.as_posix()
-    return f"{location}:{attr}"
 
 
 def _packed(links) -> frozenset[str]:
