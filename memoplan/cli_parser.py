@@ -206,7 +206,7 @@ def _plan(sub: Any, run: Runner) -> None:
     for key, metavar in SUBLINEAR_OPTIONS.items():
         knobs.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar=metavar)
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
-    method_option(plan)
+    method_option(plan, PLAN_METHOD_HELP)
     device_option(plan)
     plan.set_defaults(run=run)
 
@@ -255,12 +255,21 @@ def model_options(parser: argparse.ArgumentParser, example: bool = True) -> None
         )
 
 
-def method_option(parser: argparse.ArgumentParser) -> None:
+PLAN_METHOD_HELP = (
+    "auto (default): profile by measuring (estimating if the step runs out of memory, one timed step), "
+    "estimate every trial of the search on fake tensors and check the written plan with one real planned "
+    "step (searching again with real steps if it misses a hard budget); measured: real steps for the profile "
+    "(3 timed) and for every trial; estimated: the profile estimated too, even when the step fits"
+)
+
+
+def method_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
     parser.add_argument(
         "--method",
         choices=("auto", "measured", "estimated"),
         default="auto",
-        help="measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
+        help=help
+        or "measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
         "with times from a smaller real run; auto (default): measure, estimate if the step runs out of memory",
     )
 
