@@ -154,7 +154,7 @@ def _default_plan(model, example, share: float, unit: float | None) -> dict[str,
 
     budget, hard = parse_budget(f"{share * 100:g}%")
     start = time.perf_counter()
-    prof = take_profile(model, example, method="auto", repeats=1, progress=False)
+    prof = take_profile(model, example, method="auto", repeats=1, progress=False, fake_peak=True)
     profiled = time.perf_counter() - start
     preset = DEFAULT.with_overrides(budget=budget, hard=True)
     planned = preset.run(model, example, prof=prof, progress=False, named=False, trials="estimated")

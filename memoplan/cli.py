@@ -360,8 +360,12 @@ def _profile(args) -> int:
 
     check_output(args.output, model_file(args.model))
     model, example = _model_and_example(args)
+    shards = _shards(args)
     result = _first_step(
-        lambda: take_profile(model, example, method=args.method, note=_progress, repeats=args.repeats), "profile"
+        lambda: take_profile(
+            model, example, method=args.method, note=_progress, repeats=args.repeats, shards=shards, optimizer=args.optimizer
+        ),
+        "profile",
     )
     if cli_output.to_stdout(args.output):  # `-o -`: the JSON on stdout, the table on stderr
         with contextlib.redirect_stdout(sys.stderr):
@@ -372,6 +376,26 @@ def _profile(args) -> int:
     _show(profile_table(result))
     print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B ({result.method})")
     return 0
+
+
+def _shards(args) -> int:
+    """``--shards``, else ``WORLD_SIZE`` (torchrun), else 1; a sharded step is estimated, never measured."""
+    from memoplan.planner.shard import default_shards
+
+    shards = args.shards if args.shards is not None else default_shards()
+    if shards > 1 and args.method == "measured":
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP513",
+                    f"--method measured with {shards} shards: a sharded step runs only under torch.distributed",
+                    help="leave out --method measured (one rank's step is estimated on fake tensors), or use --shards 1",
+                ),
+            )
+        )
+    if args.shards is None and shards > 1:
+        _progress(f"note: WORLD_SIZE={shards}: planning the step of one of {shards} FSDP2 ranks (--shards 1 for an unsharded one)")
+    return shards
 
 
 def _save_to_stdout(result) -> int:
@@ -547,11 +571,16 @@ def _plan(args) -> int:
     if device_budget is not None:
         limit = device_budget_bytes(_device(args.device), args.budget, device_budget, _progress)
         preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
+    shards = _shards(args)
     if prof is None:
         # Planning from estimated trials needs the profile's times only roughly: one timed step.
         repeats = 3 if args.method == "measured" else 1
         prof = _first_step(
-            lambda: take_profile(model, example, method=args.method, note=_progress, repeats=repeats), "profile"
+            lambda: take_profile(
+                model, example, method=args.method, note=_progress, repeats=repeats, fake_peak=args.method == "auto",
+                shards=shards, optimizer=args.optimizer,
+            ),
+            "profile",
         )
     if args.method == "measured" and prof.method == "estimated":
         print("memoplan plan: error: --method measured needs a measured profile; --profile gave an estimated one", file=sys.stderr)
@@ -629,6 +658,8 @@ def _write_plan(args, start, preset, result, model, example, prof) -> None:
     verdict = "met" if result.met else "NOT met (hint)"
     if prof.method == "estimated":
         peaks = f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
+    elif prof.peak_method == "fake-tensor":
+        peaks = f"unplanned peak {result.measured_before} B (on fake tensors) -> measured planned peak {result.measured_after} B"
     else:
         peaks = f"measured peak {result.measured_before} B -> {result.measured_after} B"
     refined = ""

@@ -49,12 +49,14 @@ def test_default_plan_estimates_its_trials_and_checks_the_plan_with_one_real_ste
     out = tmp_path / "p.memplan"
     assert main(["plan", *TRANSFORMER, "--budget", "50%", "-o", str(out)]) == 0
     text = out.read_text()
-    assert "# measured peak before:" in text and "# planned peak on fake tensors:" in text
-    assert len(real) == 1 and len(fake) >= 1  # every trial on fake tensors; one real planned step
+    # The unplanned peak and every trial on fake tensors; one real planned step checks the plan.
+    assert "# unplanned peak on fake tensors:" in text and "# planned peak on fake tensors:" in text
+    assert len(real) == 1 and len(fake) >= 1
     estimated = int(text.split("# planned peak on fake tensors: ")[1].split(" B")[0])
     measured = int(text.split("# measured peak after: ")[1].split(" B")[0])
     assert estimated == measured  # the estimate is exact on the bundled transformer
-    assert "profiling [" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "profiling [" in err and "(peak)" not in err  # the profile's real steps: probe and one timed step
 
 
 def test_method_measured_takes_every_trial_for_real(tmp_path, monkeypatch):
@@ -62,7 +64,8 @@ def test_method_measured_takes_every_trial_for_real(tmp_path, monkeypatch):
     out = tmp_path / "p.memplan"
     assert main(["plan", *TRANSFORMER, "--budget", "50%", "--method", "measured", "-o", str(out)]) == 0
     text = out.read_text()
-    assert fake == [] and "planned peak on fake tensors" not in text and "# measured peak after:" in text
+    assert fake == [] and "planned peak on fake tensors" not in text
+    assert "# measured peak before:" in text and "# measured peak after:" in text
 
 
 def test_a_missed_check_searches_again_with_real_steps(capsys, monkeypatch):

@@ -21,6 +21,7 @@ from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
+from memoplan.planner.shard import SHARDS
 from memoplan.planner.shrink import ESTIMATING as _ESTIMATING, StepOutOfMemory, is_out_of_memory
 from memoplan.planner.write import comment_line, provenance, rebased, with_sources  # noqa: F401  (kept importable from here)
 from memoplan.planner.refine import refine as refine_plan
@@ -130,13 +131,14 @@ def make_plan(
     def searched(estimate: bool) -> PlanResult:
         # Estimated trials run on fake tensors (memoplan.planner.estimate.estimate_plan), and one
         # real planned step checks the result.
-        token = _ESTIMATING.set(estimate)
+        token, shards = _ESTIMATING.set(estimate), SHARDS.set(prof.shards)
         try:
             if isinstance(budget, search.LeastPeak):
                 return _least_peak(model, example, how, prof, progress, refine, preset)
             return _widening(model, example, budget, how, hard, prof, progress, refine, preset, nested, start)
         finally:
             _ESTIMATING.reset(token)
+            SHARDS.reset(shards)
 
     if not estimating or prof.method == "estimated":
         return searched(estimating)
@@ -304,7 +306,7 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         if best is None or peak < best[0]:
             best = (peak, split, rule, what)
     peak, split, rule, what = best
-    if _ESTIMATING.get():  # the splits' trials were estimated: one real step checks the one kept
+    if _ESTIMATING.get() and SHARDS.get() == 1:  # the splits' trials were estimated: one real step checks the one kept
         peak = _checked(model, example, _draft(None, [], model, {}, how, rules=(rule,)))
     status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
     choice = search.Choice(
@@ -403,7 +405,7 @@ def _make_plan(
     if planner.fixed:  # what the hand-written rules leave is what the search works from
         fixed = _draft(None, items, model, {}, planner)
         peak = _measure(model, example, fixed)
-        if _within(budget, peak, prof.peak_bytes) and _ESTIMATING.get():
+        if _within(budget, peak, prof.peak_bytes) and _ESTIMATING.get() and SHARDS.get() == 1:
             peak = _checked(model, example, fixed)  # estimated within: one real step says so
         if _within(budget, peak, prof.peak_bytes):
             limit = _limit(budget, prof.peak_bytes)
@@ -431,7 +433,9 @@ def _make_plan(
         # Verify by measurement: the budget is checked against the plan as written.
         after = _measure(model, example, draft)
     estimated = {}
-    if _ESTIMATING.get():  # the search estimated every trial: one real planned step checks the plan
+    if SHARDS.get() > 1:  # one rank of a sharded step: it runs only under torch.distributed
+        estimated = {"sharded": f"over {SHARDS.get()} FSDP2 ranks: one rank's peak, estimated, not checked by a real step"}
+    elif _ESTIMATING.get():  # the search estimated every trial: one real planned step checks the plan
         estimated = {"planned peak on fake tensors": f"{after} B (every trial of the search estimated)"}
         after = _checked(model, example, draft)
     header = {
@@ -442,9 +446,9 @@ def _make_plan(
         **({"widened": widened} if widened else {}),
         **(_refined_recompute(draft, choice, prof) if refined is not None else {}),
         **({"refinement": refined.summary()} if refined is not None else {}),
-        ("unplanned peak on fake tensors" if prof.method == "estimated" else "measured peak before"): f"{prof.peak_bytes} B",
+        _before(prof): f"{prof.peak_bytes} B",
         **estimated,
-        "measured peak after": f"{after} B",
+        ("planned peak per rank on fake tensors" if SHARDS.get() > 1 else "measured peak after"): f"{after} B",
     }
     if limit is not None:
         header["budget limit"] = f"{limit} B"
@@ -469,6 +473,12 @@ def _make_plan(
 
 
 MAX_REFINEMENTS = 4
+
+
+def _before(prof: Profile) -> str:
+    """The header's name for the unplanned peak: measured, or found on fake tensors."""
+    fake = prof.method == "estimated" or prof.peak_method == "fake-tensor"
+    return "unplanned peak on fake tensors" if fake else "measured peak before"
 
 
 def _settled(model, example, items, choice: search.Choice, planner: Search, base: int, hard: bool):
