@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-DEPTH, WIDTH, BATCH = 6, 1024, 256
+DEPTH, WIDTH, BATCH = 16, 1024, 512
 
 
 class Block(nn.Module):
