@@ -85,9 +85,7 @@ def take_profile(
     if method == "measured":
         return profile(model, example, **options)
     try:
-        if fake_peak:
-            options = _with_fake_peak(model, example, options)
-        return profile(model, example, **options)
+        return profile(model, example, **(_with_fake_peak(model, example, options) if fake_peak else options))
     except BaseException as exc:
         if not is_out_of_memory(exc):
             raise
