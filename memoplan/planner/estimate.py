@@ -85,7 +85,9 @@ def take_profile(
     if method == "measured":
         return profile(model, example, **options)
     try:
-        return profile(model, example, **(_with_fake_peak(model, example, options) if fake_peak else options))
+        if fake_peak:
+            return _with_fake_peak(model, example, options)
+        return profile(model, example, **options)
     except BaseException as exc:
         if not is_out_of_memory(exc):
             raise
@@ -123,21 +125,22 @@ def sharded_estimate(
     return replace(prof, shards=shards, optimizer_state_bytes=optimizer_state_bytes(model, optimizer, shards))
 
 
-def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with the unplanned peak found on fake tensors (``peak_bytes``); as they are when
-    the profile runs on another device (a moved copy) or the step cannot run on fake tensors."""
+def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> Profile:
+    """The measured profile with its unplanned peak found on fake tensors instead of a real peak
+    step; the fake step runs after the real ones (a step that does not fit fails first, before
+    the fake step takes any of the room).  The real peak step runs when the profile is on another
+    device (a moved copy) or the step cannot run on fake tensors (the whole profile again)."""
+    prof = profile(model, example, **options, peak_bytes=0)
     full = as_example(example)
     here = step_device(model, full.args, full.kwargs)
     target = torch.device(options["device"]) if options.get("device") is not None else here
-    if target != here:
-        return options
-    try:
-        peak = fake_step(model, full, target, options.get("loss_fn")).peak_bytes
-    except Exception as exc:  # noqa: BLE001  an op without a fake kernel: the real peak step instead
-        if is_out_of_memory(exc):
-            raise
-        return options
-    return {**options, "peak_bytes": peak}
+    if target == here:
+        try:
+            return replace(prof, peak_bytes=fake_step(model, full, target, options.get("loss_fn")).peak_bytes)
+        except Exception as exc:  # noqa: BLE001  an op without a fake kernel: the real peak step instead
+            if is_out_of_memory(exc):
+                raise
+    return profile(model, example, **options)  # rare: the real peak step after all
 
 
 def estimate(
