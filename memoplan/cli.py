@@ -572,6 +572,9 @@ def _plan(args) -> int:
         limit = device_budget_bytes(_device(args.device), args.budget, device_budget, _progress)
         preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
     shards = _shards(args)
+    if args.dtr and shards > 1:
+        print("memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1", file=sys.stderr)
+        return 2
     if prof is None:
         # Planning from estimated trials needs the profile's times only roughly: one timed step.
         repeats = 3 if args.method == "measured" else 1
