@@ -17,8 +17,8 @@ that does not fit).
 that fits, timed end to end: a measured profile of one timed step, every trial of the search
 estimated on fake tensors, one real planned step (hard budgets).  ``--limited F``: ``memoplan
 profile``, ``plan`` and ``verify`` of the model run by the CLI in a subprocess whose address space
-is limited (``RLIMIT_AS``, tests/_limited.py) to what it uses before the step plus the unplanned
-peak divided by F: the unplanned step needs F times the room the limit leaves.  Wall times are
+is limited (``RLIMIT_AS``, tests/_limited.py) to what it uses before the model is built plus
+(parameters + unplanned peak) / F: the unplanned step needs F times the room the limit leaves.  Wall times are
 counted in unplanned steps: one plain training step of the model (no meter), timed here without
 the limit.
 """
@@ -179,7 +179,9 @@ def _default_plan(model, example, share: float, unit: float | None) -> dict[str,
 def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
     """``memoplan profile``, ``plan`` and ``verify`` by the CLI under an address-space limit (tests/_limited.py)."""
     root = Path(__file__).resolve().parent.parent
-    margin_mib = unplanned / args.limited / 2**20
+    # The room the unplanned step needs above the process's baseline: the model's parameters and the step's peak.
+    params = sum(p.numel() * p.element_size() for p in _gpt2(args.layers, args.width, args.heads, args.vocab, args.seq).parameters())
+    margin_mib = (params + unplanned) / args.limited / 2**20
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
@@ -196,7 +198,7 @@ def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
         "plan": ["plan", *spec, "--budget", share, "-o", "fit.memplan"],
         "verify": ["verify", "fit.memplan"],
     }
-    out: dict[str, object] = {"margin_mib": margin_mib, "unplanned_peak": unplanned, "budget": share}
+    out: dict[str, object] = {"margin_mib": margin_mib, "parameter_bytes": params, "unplanned_peak": unplanned, "budget": share}
     with tempfile.TemporaryDirectory() as folder:
         for name, command in commands.items():
             start = time.perf_counter()
