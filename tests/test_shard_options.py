@@ -66,7 +66,8 @@ def test_profile_with_shards_writes_one_ranks_estimate(tmp_path, capsys, monkeyp
     data = json.loads(out.read_text())
     assert data["shards"] == 2 and data["method"] == "estimated" and data["optimizer_state_bytes"] > 0
     assert Profile.load(out).shards == 2
-    assert "one of 2 FSDP2 ranks" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "one of 2 FSDP2 ranks" in printed.err and "per rank of 2 FSDP2 ranks; optimizer state" in printed.out
 
 
 def test_old_profiles_read_as_one_unsharded_rank(tmp_path, monkeypatch):
