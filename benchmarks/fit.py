@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from memoplan.planner.estimate import estimate, fake_step
     from memoplan.specs import Example
 
+    if args.limited:
+        torch.set_num_threads(1)  # the limited commands run on one thread: so does the unit step
     model = _gpt2(args.layers, args.width, args.heads, args.vocab, args.seq)
     torch.manual_seed(1)
     example = Example((torch.randint(0, args.vocab, (args.batch, args.seq)),))
@@ -187,6 +189,7 @@ def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
         "MALLOC_MMAP_THRESHOLD_": "65536",
         "MALLOC_ARENA_MAX": "1",
+        "OMP_NUM_THREADS": "1",  # as tests/test_oom.py: no per-thread scratch of the BLAS in the room
         "FIT_MODEL": f"{args.layers},{args.width},{args.heads},{args.vocab},{args.seq}",
         "FIT_EXAMPLE": f"{args.batch},{args.seq},{args.vocab}",
     }
