@@ -46,7 +46,7 @@ from memoplan.planner.profile import module_profile, as_example, input_metas, Pr
 from memoplan.planner.copies import unplanned_copy
 from memoplan.planner.schema import ModuleProfile, Profile
 from memoplan.planner.shard import SHARDS, gathered_bytes, optimizer_state_bytes
-from memoplan.planner.shrink import describe_example, is_out_of_memory, shrinking
+from memoplan.planner.shrink import describe_example, is_out_of_memory, shrink, shrinking
 from memoplan.specs import Example
 
 __all__ = ["METHODS", "estimate", "sharded_estimate", "take_profile"]
@@ -73,8 +73,8 @@ def take_profile(
     ``options`` go to :func:`~memoplan.planner.profile.profile` or :func:`estimate`
     (``device``, ``repeats``, ``progress``, ``loss_fn``).  ``note`` receives the line that says
     an out-of-memory error switched ``auto`` to the estimate.  ``fake_peak`` (``auto`` only):
-    the unplanned peak is found on fake tensors (exact on every model tested, one fake step)
-    instead of by a real peak step; the probe and timed steps still run for real.
+    every byte figure is found on fake tensors (exact on every model tested, one fake step)
+    instead of by the real peak and probe steps; one timed step runs for real.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
@@ -126,21 +126,34 @@ def sharded_estimate(
 
 
 def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> Profile:
-    """The measured profile with its unplanned peak found on fake tensors instead of a real peak
-    step; the fake step runs after the real ones (a step that does not fit fails first, before
-    the fake step takes any of the room).  The real peak step runs when the profile is on another
-    device (a moved copy) or the step cannot run on fake tensors (the whole profile again)."""
-    prof = profile(model, example, **options, peak_bytes=0)
+    """A profile whose bytes are found on fake tensors (exact on every model tested) and whose
+    times are measured: one real timed step at the full size, then the fake step (the real step
+    first: one that does not fit fails before the fake step takes any room), and whether each
+    module's inputs are binary from a real probe of the example cut to batch 1.  The whole
+    measured profile when it runs on another device (a moved copy) or the step cannot run on
+    fake tensors."""
+    timed = profile(model, example, **options, peak_bytes=0, probe=False)
     full = as_example(example)
     here = step_device(model, full.args, full.kwargs)
     target = torch.device(options["device"]) if options.get("device") is not None else here
-    if target == here:
-        try:
-            return replace(prof, peak_bytes=fake_step(model, full, target, options.get("loss_fn")).peak_bytes)
-        except Exception as exc:  # noqa: BLE001  an op without a fake kernel: the real peak step instead
-            if is_out_of_memory(exc):
-                raise
-    return profile(model, example, **options)  # rare: the real peak step after all
+    if target != here:
+        return profile(model, example, **options)
+    try:
+        fake = fake_step(model, full, target, options.get("loss_fn"))
+    except Exception as exc:  # noqa: BLE001  an op without a fake kernel: the real peak and probe steps
+        if is_out_of_memory(exc):
+            raise
+        return profile(model, example, **options)
+    tiny = full
+    while (smaller := shrink(tiny)) is not None:
+        tiny = smaller
+    seen = profile(model, tiny, repeats=1, progress=False, loss_fn=options.get("loss_fn"), peak_bytes=0)
+    modules = []
+    for name, module in model.named_modules():
+        record = fake.records.get(id(module), Record())
+        binary = name in seen and seen[name].input_binary and record.calls > 0
+        modules.append(module_profile(name, module, record, timed[name].forward_seconds, binary))
+    return replace(timed, modules=tuple(modules), peak_bytes=fake.peak_bytes, unattributed_saved_bytes=fake.unattributed)
 
 
 def estimate(
