@@ -17,7 +17,8 @@ that does not fit).
 that fits, timed end to end: a measured profile of one timed step, every trial of the search
 estimated on fake tensors, one real planned step (hard budgets).  ``--limited F``: ``memoplan
 profile``, ``plan`` and ``verify`` of the model run by the CLI in a subprocess whose address space
-is limited (``RLIMIT_AS``, tests/_limited.py) to what it uses before the model is built plus
+is limited (``RLIMIT_AS``, tests/_limited.py) to what it uses before the model is built (transformers
+imported) plus
 (parameters + unplanned peak) / F: the unplanned step needs F times the room the limit leaves.  Wall times are
 counted in unplanned steps: one plain training step of the model (no meter), timed here without
 the limit.
@@ -190,6 +191,7 @@ def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
         "MALLOC_MMAP_THRESHOLD_": "65536",
         "MALLOC_ARENA_MAX": "1",
         "OMP_NUM_THREADS": "1",  # as tests/test_oom.py: no per-thread scratch of the BLAS in the room
+        "MEMOPLAN_LIMITED_IMPORTS": "transformers.models.gpt2.modeling_gpt2",  # code, not the model's room
         "FIT_MODEL": f"{args.layers},{args.width},{args.heads},{args.vocab},{args.seq}",
         "FIT_EXAMPLE": f"{args.batch},{args.seq},{args.vocab}",
     }
