@@ -79,7 +79,7 @@ def take_profile(
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     if shards > 1 or optimizer != "none":
-        return sharded_estimate(model, example, shards, optimizer, method=method, note=note, **options)
+        return sharded_estimate(model, example, shards, optimizer, method=method, note=note, fake_peak=fake_peak, **options)
     if method == "estimated":
         return estimate(model, example, note=note, **options)
     if method == "measured":
@@ -101,7 +101,15 @@ def take_profile(
 
 
 def sharded_estimate(
-    model: nn.Module, example: Any, shards: int, optimizer: str, *, method: str = "estimated", note=None, **options: Any
+    model: nn.Module,
+    example: Any,
+    shards: int,
+    optimizer: str,
+    *,
+    method: str = "estimated",
+    note=None,
+    fake_peak: bool = False,
+    **options: Any,
 ) -> Profile:
     """One FSDP2 rank's profile (:mod:`memoplan.planner.shard`): the step on the rank's own batch
     (``example``) on fake tensors, its gradients and gathered parameters as sharded over
@@ -115,7 +123,7 @@ def sharded_estimate(
     if shards > 1 and note is not None:
         note(f"estimating the step of one of {shards} FSDP2 ranks (parameters, gradients, optimizer state sharded 1/{shards})")
     if shards == 1:
-        prof = take_profile(model, example, method=method, note=note, **options)
+        prof = take_profile(model, example, method=method, note=note, fake_peak=fake_peak, **options)
     else:
         token = SHARDS.set(shards)
         try:
