@@ -387,7 +387,7 @@ def _shards(args) -> int:
         raise PlanError(
             (
                 Diagnostic(
-                    "MP513",
+                    "MP603",
                     f"--method measured with {shards} shards: a sharded step runs only under torch.distributed",
                     help="leave out --method measured (one rank's step is estimated on fake tensors), or use --shards 1",
                 ),

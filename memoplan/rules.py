@@ -201,7 +201,6 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP509", _S.CLI, E, "`memoplan plan --budget device` where the step does not run on CUDA, or a device budget that is malformed or leaves nothing", "plan on CUDA (`--device cuda`), or give the budget in bytes (`--budget 8GiB`)"),
     ("MP510", _S.REPORT, E, "`memoplan report` needs matplotlib (the `report` extra), checked before any work", "pip install 'memoplan[report]'"),
     ("MP512", _S.REPORT, E, "`memoplan report --budgets F`: a budget of the sweep that is not a share of the unplanned peak in (0, 1]", "give shares such as `0.5,0.75`"),
-    ("MP513", _S.CLI, E, "`--method measured` with `--shards N` (or WORLD_SIZE) above 1: a sharded FSDP2 step runs only under torch.distributed, so memoplan cannot measure it", "leave out `--method measured` (one rank's step is estimated on fake tensors), or profile and plan one unsharded rank with `--shards 1`"),
     ("MP520", _S.EDITOR, W, "`memoplan lsp` with `loadModel`: the model process timed out or exited (the plan's `model` line)", "run `memoplan check --model` on the plan to see the model's own error"),
     ("MP521", _S.EDITOR, W, "`memoplan lsp`: checking the document failed inside memoplan (a bug); the server goes on", "report it with the plan text"),
     ("MP522", _S.EDITOR, E, "`memoplan lsp`: a document over the size limit (4 MiB, `memoplan check`'s `MP109`) is not checked; hover, completion and formatting are off for it", "split the plan, or cover many modules with one wildcard rule"),
@@ -211,6 +210,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     # ---- the planner
     ("MP601", _S.PLANNER, E, "`memoplan plan`: no plan of the search meets a `hard` budget", "raise the budget (the message gives the least reachable peak) or write it as `hint`"),
     ("MP602", _S.PLANNER, E, "`memoplan plan --dtr`: a budget that is not in bytes, or that eviction cannot meet", "give the budget in bytes, above the least the message gives"),
+    ("MP603", _S.PLANNER, E, "`memoplan profile` or `plan`: `--method measured` with `--shards N` (or WORLD_SIZE) above 1: a sharded FSDP2 step runs only under torch.distributed, so memoplan cannot measure it", "leave out `--method measured` (one rank's step is estimated on fake tensors), or profile and plan one unsharded rank with `--shards 1`"),
 )
 
 RULES: dict[str, Rule] = {code: Rule(code, stage, sev, summary, help) for code, stage, sev, summary, help in _TABLE}

@@ -1,5 +1,5 @@
 """`--shards` and `--optimizer` without torch.distributed: what one rank's estimate counts, the
-default read from `WORLD_SIZE`, and `--method measured` of a sharded step refused (MP513)."""
+default read from `WORLD_SIZE`, and `--method measured` of a sharded step refused (MP603)."""
 
 from __future__ import annotations
 
@@ -85,4 +85,4 @@ def test_measured_sharded_step_is_refused(tmp_path, capsys, monkeypatch):
     out = tmp_path / "p.json"
     assert main(["profile", *MLP, "--method", "measured", "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "MP513" in err and "--shards 1" in err and not out.exists()
+    assert "MP603" in err and "--shards 1" in err and not out.exists()
