@@ -360,8 +360,12 @@ def _profile(args) -> int:
 
     check_output(args.output, model_file(args.model))
     model, example = _model_and_example(args)
+    shards = _shards(args)
     result = _first_step(
-        lambda: take_profile(model, example, method=args.method, note=_progress, repeats=args.repeats), "profile"
+        lambda: take_profile(
+            model, example, method=args.method, note=_progress, repeats=args.repeats, shards=shards, optimizer=args.optimizer
+        ),
+        "profile",
     )
     if cli_output.to_stdout(args.output):  # `-o -`: the JSON on stdout, the table on stderr
         with contextlib.redirect_stdout(sys.stderr):
@@ -372,6 +376,26 @@ def _profile(args) -> int:
     _show(profile_table(result))
     print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B ({result.method})")
     return 0
+
+
+def _shards(args) -> int:
+    """``--shards``, else ``WORLD_SIZE`` (torchrun), else 1; a sharded step is estimated, never measured."""
+    from memoplan.planner.shard import default_shards
+
+    shards = args.shards if args.shards is not None else default_shards()
+    if shards > 1 and args.method == "measured":
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP603",
+                    f"--method measured with {shards} shards: a sharded step runs only under torch.distributed",
+                    help="leave out --method measured (one rank's step is estimated on fake tensors), or use --shards 1",
+                ),
+            )
+        )
+    if args.shards is None and shards > 1:
+        _progress(f"note: WORLD_SIZE={shards}: planning the step of one of {shards} FSDP2 ranks (--shards 1 for an unsharded one)")
+    return shards
 
 
 def _save_to_stdout(result) -> int:
@@ -547,13 +571,29 @@ def _plan(args) -> int:
     if device_budget is not None:
         limit = device_budget_bytes(_device(args.device), args.budget, device_budget, _progress)
         preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
+    shards = _shards(args)
+    if args.dtr and shards > 1:
+        print("memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1", file=sys.stderr)
+        return 2
     if prof is None:
-        prof = _first_step(lambda: take_profile(model, example, method=args.method, note=_progress), "profile")
+        # Planning from estimated trials needs the profile's times only roughly: one timed step.
+        repeats = 3 if args.method == "measured" else 1
+        prof = _first_step(
+            lambda: take_profile(
+                model, example, method=args.method, note=_progress, repeats=repeats, fake_peak=args.method == "auto",
+                shards=shards, optimizer=args.optimizer,
+            ),
+            "profile",
+        )
+    if args.method == "measured" and prof.method == "estimated":
+        print("memoplan plan: error: --method measured needs a measured profile; --profile gave an estimated one", file=sys.stderr)
+        return 2
     if args.dtr:
         return _plan_dtr(args, model, example, prof, preset)
     result = _first_step(
         lambda: preset.run(
-            model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear, start=start
+            model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear,
+            start=start, trials="measured" if args.method == "measured" else "estimated",
         ),
         "planned",
         only_oom=True,
@@ -597,7 +637,7 @@ def _preset_how(preset) -> str:
 
 def _write_plan(args, start, preset, result, model, example, prof) -> None:
     """Write the plan ``memoplan plan`` made (its sources and budget stated) and say what it did."""
-    from memoplan.planner.plan import rebased, with_sources
+    from memoplan.planner.write import rebased, with_sources
     from memoplan.planner.write import with_budget
     from memoplan.resolver import resolve
     from memoplan.syntax import format_plan, parse_example_spec
@@ -621,6 +661,8 @@ def _write_plan(args, start, preset, result, model, example, prof) -> None:
     verdict = "met" if result.met else "NOT met (hint)"
     if prof.method == "estimated":
         peaks = f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
+    elif prof.peak_method == "fake-tensor":
+        peaks = f"unplanned peak {result.measured_before} B (on fake tensors) -> measured planned peak {result.measured_after} B"
     else:
         peaks = f"measured peak {result.measured_before} B -> {result.measured_after} B"
     refined = ""
@@ -636,7 +678,7 @@ def _write_plan(args, start, preset, result, model, example, prof) -> None:
 def _plan_dtr(args, model, example, prof, preset) -> int:
     """`memoplan plan --budget B --dtr`: a plan with one `dtr` block (memoplan.planner.dtr_plan)."""
     from memoplan.planner.dtr_plan import make_dtr_plan
-    from memoplan.planner.plan import with_sources
+    from memoplan.planner.write import with_sources
     from memoplan.syntax import format_plan, parse_example_spec
 
     result = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=prof)

@@ -140,6 +140,7 @@ def _profile(sub: Any, run: Runner) -> None:
         "--repeats", type=positive_int, default=3, metavar="N", help="timed steps; times are their medians (default 3)"
     )
     method_option(profile)
+    shard_options(profile)
     device_option(profile)
     profile.set_defaults(run=run)
 
@@ -206,7 +207,8 @@ def _plan(sub: Any, run: Runner) -> None:
     for key, metavar in SUBLINEAR_OPTIONS.items():
         knobs.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar=metavar)
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
-    method_option(plan)
+    method_option(plan, PLAN_METHOD_HELP)
+    shard_options(plan)
     device_option(plan)
     plan.set_defaults(run=run)
 
@@ -255,13 +257,40 @@ def model_options(parser: argparse.ArgumentParser, example: bool = True) -> None
         )
 
 
-def method_option(parser: argparse.ArgumentParser) -> None:
+PLAN_METHOD_HELP = (
+    "auto (default): profile by measuring (estimating if the step runs out of memory, one timed step), "
+    "estimate every trial of the search on fake tensors and check the written plan with one real planned "
+    "step (searching again with real steps if it misses a hard budget); measured: real steps for the profile "
+    "(3 timed) and for every trial; estimated: the profile estimated too, even when the step fits"
+)
+
+
+def method_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
     parser.add_argument(
         "--method",
         choices=("auto", "measured", "estimated"),
         default="auto",
-        help="measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
+        help=help
+        or "measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
         "with times from a smaller real run; auto (default): measure, estimate if the step runs out of memory",
+    )
+
+
+def shard_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shards",
+        type=positive_int,
+        metavar="N",
+        help="the step of one of N FSDP2 ranks (`fully_shard` on each block and the root): parameters, "
+        "gradients and optimizer state sharded 1/N, activations of the example, which is one rank's batch; "
+        "estimated on fake tensors (default: WORLD_SIZE under torchrun, else 1)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=("none", "sgd", "momentum", "adam", "adamw"),
+        default="none",
+        help="the optimizer whose fp32 state each rank keeps between steps (sharded 1/N): sgd none, momentum "
+        "one per parameter, adam and adamw two; reported in the profile, not part of the step's peak (default none)",
     )
 
 

@@ -211,6 +211,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     # ---- the planner
     ("MP601", _S.PLANNER, E, "`memoplan plan`: no plan of the search meets a `hard` budget", "raise the budget (the message gives the least reachable peak) or write it as `hint`"),
     ("MP602", _S.PLANNER, E, "`memoplan plan --dtr`: a budget that is not in bytes, or that eviction cannot meet", "give the budget in bytes, above the least the message gives"),
+    ("MP603", _S.PLANNER, E, "`memoplan profile` or `plan`: `--method measured` with `--shards N` (or WORLD_SIZE) above 1: a sharded FSDP2 step runs only under torch.distributed, so memoplan cannot measure it", "leave out `--method measured` (one rank's step is estimated on fake tensors), or profile and plan one unsharded rank with `--shards 1`"),
 )
 
 RULES: dict[str, Rule] = {code: Rule(code, stage, sev, summary, help) for code, stage, sev, summary, help in _TABLE}

@@ -4,11 +4,14 @@
 After the imports and one tiny training step (the autograd engine's and oneDNN's first-use
 costs), ``RLIMIT_AS`` is set to the address space in use plus the margin.  The caller sets
 ``MALLOC_MMAP_THRESHOLD_`` (large blocks mapped and unmapped with each tensor, so the address
-space follows the live bytes instead of a fragmented heap) and one thread.
+space follows the live bytes instead of a fragmented heap) and one thread, and may name modules
+to import before the limit in ``MEMOPLAN_LIMITED_IMPORTS`` (comma-separated).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import resource
 import sys
 
@@ -32,6 +35,9 @@ def address_space() -> int:
 
 def main() -> int:
     margin = int(float(sys.argv[1]) * 2**20)
+    # Modules the model's code imports (e.g. transformers), imported before the limit as memoplan is.
+    for name in filter(None, os.environ.get("MEMOPLAN_LIMITED_IMPORTS", "").split(",")):
+        importlib.import_module(name)
     training_step(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()), (torch.randn(2, 4),))
     limit = address_space() + margin
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

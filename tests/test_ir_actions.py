@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from _paths import ROOT
 import typing
-from pathlib import Path
 
 import pytest
 

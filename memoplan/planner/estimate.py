@@ -31,7 +31,7 @@ import gc
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -45,10 +45,11 @@ from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, warm_up, step_
 from memoplan.planner.profile import module_profile, as_example, input_metas, Probe, Record, Restored, tensor_bytes, unique_storages, profile
 from memoplan.planner.copies import unplanned_copy
 from memoplan.planner.schema import Profile
-from memoplan.planner.shrink import describe_example, is_out_of_memory, shrinking
+from memoplan.planner.shard import SHARDS, gathered_bytes, optimizer_state_bytes
+from memoplan.planner.shrink import describe_example, is_out_of_memory, shrink, shrinking
 from memoplan.specs import Example
 
-__all__ = ["METHODS", "estimate", "take_profile"]
+__all__ = ["METHODS", "estimate", "sharded_estimate", "take_profile"]
 
 METHODS = ("auto", "measured", "estimated")
 
@@ -62,21 +63,30 @@ def take_profile(
     *,
     method: str = "auto",
     note: Callable[[str], None] | None = None,
+    fake_peak: bool = False,
+    shards: int = 1,
+    optimizer: str = "none",
     **options: Any,
 ) -> Profile:
     """A profile by ``method``: ``measured``, ``estimated``, or ``auto`` (measure; estimate on OOM).
 
     ``options`` go to :func:`~memoplan.planner.profile.profile` or :func:`estimate`
     (``device``, ``repeats``, ``progress``, ``loss_fn``).  ``note`` receives the line that says
-    an out-of-memory error switched ``auto`` to the estimate.
+    an out-of-memory error switched ``auto`` to the estimate.  ``fake_peak`` (``auto`` only):
+    every byte figure is found on fake tensors (exact on every model tested, one fake step)
+    instead of by the real peak and probe steps; one timed step runs for real.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    if shards > 1 or optimizer != "none":
+        return sharded_estimate(model, example, shards, optimizer, method=method, note=note, fake_peak=fake_peak, **options)
     if method == "estimated":
         return estimate(model, example, note=note, **options)
     if method == "measured":
         return profile(model, example, **options)
     try:
+        if fake_peak:
+            return _with_fake_peak(model, example, options)
         return profile(model, example, **options)
     except BaseException as exc:
         if not is_out_of_memory(exc):
@@ -88,6 +98,70 @@ def take_profile(
     if note is not None:
         note(f"note: the unplanned step ran out of memory ({message}); estimating its profile instead")
     return estimate(model, example, note=note, **options)
+
+
+def sharded_estimate(
+    model: nn.Module,
+    example: Any,
+    shards: int,
+    optimizer: str,
+    *,
+    method: str = "estimated",
+    note=None,
+    fake_peak: bool = False,
+    **options: Any,
+) -> Profile:
+    """One FSDP2 rank's profile (:mod:`memoplan.planner.shard`): the step on the rank's own batch
+    (``example``) on fake tensors, its gradients and gathered parameters as sharded over
+    ``shards`` ranks, and the optimizer state that rank keeps.  A sharded step does not run
+    here, so ``method`` ``measured`` is refused; one rank (``shards`` 1) is estimated only for the
+    optimizer state (or measured with ``measured``)."""
+    if shards < 1:
+        raise ValueError(f"shards must be a positive integer, not {shards!r}")
+    if shards > 1 and method == "measured":
+        raise ValueError("a sharded step runs only under torch.distributed: its profile is estimated (not --method measured)")
+    if shards > 1 and note is not None:
+        note(f"estimating the step of one of {shards} FSDP2 ranks (parameters, gradients, optimizer state sharded 1/{shards})")
+    if shards == 1:
+        prof = take_profile(model, example, method=method, note=note, fake_peak=fake_peak, **options)
+    else:
+        token = SHARDS.set(shards)
+        try:
+            prof = estimate(model, example, note=note, **options)
+        finally:
+            SHARDS.reset(token)
+    return replace(prof, shards=shards, optimizer_state_bytes=optimizer_state_bytes(model, optimizer, shards))
+
+
+def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> Profile:
+    """A profile whose bytes are found on fake tensors (exact on every model tested) and whose
+    times are measured: one real timed step at the full size, then the fake step (the real step
+    first: one that does not fit fails before the fake step takes any room), and whether each
+    module's inputs are binary from a real probe of the example cut to batch 1.  The whole
+    measured profile when it runs on another device (a moved copy) or the step cannot run on
+    fake tensors."""
+    timed = profile(model, example, **options, peak_bytes=0, probe=False)
+    full = as_example(example)
+    here = step_device(model, full.args, full.kwargs)
+    target = torch.device(options["device"]) if options.get("device") is not None else here
+    if target != here:
+        return profile(model, example, **options)
+    try:
+        fake = fake_step(model, full, target, options.get("loss_fn"))
+    except Exception as exc:  # noqa: BLE001  an op without a fake kernel: the real peak and probe steps
+        if is_out_of_memory(exc):
+            raise
+        return profile(model, example, **options)
+    tiny = full
+    while (smaller := shrink(tiny)) is not None:
+        tiny = smaller
+    seen = profile(model, tiny, repeats=1, progress=False, loss_fn=options.get("loss_fn"), peak_bytes=0)
+    modules = []
+    for name, module in model.named_modules():
+        record = fake.records.get(id(module), Record())
+        binary = name in seen and seen[name].input_binary and record.calls > 0
+        modules.append(module_profile(name, module, record, timed[name].forward_seconds, binary))
+    return replace(timed, modules=tuple(modules), peak_bytes=fake.peak_bytes, unattributed_saved_bytes=fake.unattributed)
 
 
 def estimate(
@@ -187,10 +261,28 @@ class _Flops(TorchDispatchMode):
 
 
 class _AllocatorMeter(LiveStorageMeter):
-    """The live-storage meter with CUDA storages rounded up as the caching allocator rounds them."""
+    """The live-storage meter with CUDA storages rounded up as the caching allocator rounds them;
+    sharded over ``shards`` ranks, each gradient counts ``1/shards`` once it is accumulated."""
+
+    def __init__(self, shards: int = 1) -> None:
+        super().__init__()
+        self.shards = shards
+        self._sharded: set[int] = set()
+
+    def shard(self, storage: torch.UntypedStorage) -> None:
+        """Count ``storage`` (a gradient FSDP2 reduce-scatters) at ``1/shards`` from now on."""
+        key = id(storage)
+        self._sharded.add(key)
+        entry = self._live.get(key)
+        if entry is not None:
+            nbytes = self._nbytes(storage)
+            self.current_bytes += nbytes - entry[0]
+            self._live[key] = (nbytes, entry[1])
 
     def _nbytes(self, storage: torch.UntypedStorage) -> int:
         nbytes = storage.nbytes()
+        if id(storage) in self._sharded:
+            nbytes = -(-nbytes // self.shards)
         if storage.device.type == "cuda":
             return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
         return nbytes
@@ -225,12 +317,24 @@ def _fake_step(model: nn.Module, example: Example, target: torch.device, loss_fn
         kwargs = pytree.tree_map(convert, dict(example.kwargs))
         probe = _FakeProbe(model, target)
         flops = _Flops(probe)
+        shards = SHARDS.get()
+        meter = _AllocatorMeter(shards)
+        hooks = [
+            p.register_post_accumulate_grad_hook(lambda p: meter.shard(p.grad.untyped_storage()))
+            for p in model.parameters()
+            if shards > 1 and p.requires_grad
+        ]
         warm_up()
-        with mode, gc_paused(), _AllocatorMeter() as meter, probe, flops:
-            output, loss = training_step(model, args, kwargs, loss_fn)
-            probe.kept_by(output)
-            del output, loss
-        return FakeStep(meter.peak_bytes, probe.records, probe.unattributed, flops.per_module, flops.total)
+        try:
+            with mode, gc_paused(), meter, probe, flops:
+                output, loss = training_step(model, args, kwargs, loss_fn)
+                probe.kept_by(output)
+                del output, loss
+        finally:
+            for hook in hooks:
+                hook.remove()
+        peak = meter.peak_bytes + gathered_bytes(model, shards)
+        return FakeStep(peak, probe.records, probe.unattributed, flops.per_module, flops.total)
 
 
 @contextlib.contextmanager

@@ -9,10 +9,8 @@ Named presets of these choices are in :mod:`memoplan.planner.presets`.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from torch import nn
 
@@ -23,8 +21,9 @@ from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
-from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
-from memoplan.planner.write import comment_line, provenance
+from memoplan.planner.shard import SHARDS
+from memoplan.planner.shrink import ESTIMATING as _ESTIMATING, StepOutOfMemory, is_out_of_memory
+from memoplan.planner.write import comment_line, provenance, rebased, with_sources  # noqa: F401  (kept importable from here)
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
@@ -78,6 +77,7 @@ def make_plan(
     nested: bool = False,
     sublinear: SublinearConfig | None = None,
     start: ast.Plan | None = None,
+    trials: str | None = None,
 ) -> PlanResult:
     """Plan ``model`` for ``budget``; raise :class:`PlanError` (MP601) when a hard budget is missed.
 
@@ -109,6 +109,12 @@ def make_plan(
     itself when its rules already meet the budget (so planning its output again changes
     nothing).  Measured refinement does not run on a completed plan (it could edit the fixed
     rules); a widened search offers parts of blocks without ``split``.
+
+    ``trials``: how the search's trials are measured (see :func:`_trials`).  ``"estimated"``:
+    each on fake tensors, and the written plan checked by one real planned step; with a measured
+    profile, when that check misses a hard budget or a trial cannot be estimated, the search runs
+    again with real trials.  ``"measured"``: every trial a real step (needs a measured profile).
+    None (default): as the profile was taken.
     """
     if nested and (planner is not Planner.OPTIMAL or isinstance(budget, (search.Coverage, search.Preset))):
         raise ValueError("nested candidates need the optimal planner and a byte budget (bytes or a share of the peak)")
@@ -120,15 +126,56 @@ def make_plan(
         if refine is not None and refine.levels:
             raise ValueError("measured refinement does not run on a completed plan")
         how = _fixed_by(start, model, how)
-    # An estimated profile (the unplanned step does not fit): the search's trials are estimated
-    # too (memoplan.planner.estimate.estimate_plan), and one real planned step checks the result.
-    token = _ESTIMATING.set(prof.method == "estimated")
+    estimating = _trials(trials, prof)
+
+    def searched(estimate: bool) -> PlanResult:
+        # Estimated trials run on fake tensors (memoplan.planner.estimate.estimate_plan), and one
+        # real planned step checks the result.
+        token, shards = _ESTIMATING.set(estimate), SHARDS.set(prof.shards)
+        try:
+            if isinstance(budget, search.LeastPeak):
+                return _least_peak(model, example, how, prof, progress, refine, preset)
+            return _widening(model, example, budget, how, hard, prof, progress, refine, preset, nested, start)
+        finally:
+            _ESTIMATING.reset(token)
+            SHARDS.reset(shards)
+
+    if not estimating or prof.method == "estimated":
+        return searched(estimating)
+    return _estimated_first(searched, progress)
+
+
+def _estimated_first(searched, progress: bool) -> PlanResult:
+    """``searched(True)`` (every trial on fake tensors, the plan checked by one real step), else
+    ``searched(False)`` (real trials) when its plan measures over a hard budget or a trial could
+    not be estimated.  Running out of memory is raised as it is."""
     try:
-        if isinstance(budget, search.LeastPeak):
-            return _least_peak(model, example, how, prof, progress, refine, preset)
-        return _widening(model, example, budget, how, hard, prof, progress, refine, preset, nested, start)
-    finally:
-        _ESTIMATING.reset(token)
+        return searched(True)
+    except Exception as exc:  # noqa: BLE001  any failure of the estimate: the measured search decides
+        if isinstance(exc, StepOutOfMemory) or is_out_of_memory(exc):
+            raise
+        if isinstance(exc, BudgetMissed):
+            why = "no plan found measures within the budget"
+        else:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            why = f"a trial could not be estimated ({type(exc).__name__}: {first})"
+    if progress:
+        print(f"memoplan: estimated trials: {why}; searching again with real steps", file=sys.stderr, flush=True)
+    return searched(False)
+
+
+TRIALS = ("estimated", "measured")
+
+
+def _trials(trials: str | None, prof: Profile) -> bool:
+    """Whether the search's trials are estimated on fake tensors (``trials``: see :func:`make_plan`)."""
+    if trials is None:
+        return prof.method == "estimated"
+    if trials not in TRIALS:
+        raise ValueError(f"trials must be one of {', '.join(TRIALS)}, not {trials!r}")
+    if trials == "measured" and prof.method == "estimated":
+        raise ValueError("measured trials need a measured profile: the unplanned step of this one does not fit")
+    return trials == "estimated"
 
 
 def _widening(model, example, budget, how: Search, hard: bool, prof: Profile, progress: bool, refine, preset, nested: bool, start):
@@ -264,6 +311,8 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
             best = (peak, split, rule, what)
     assert best is not None, "options holds the least-peak split at least"
     peak, split, rule, what = best
+    if _ESTIMATING.get() and SHARDS.get() == 1:  # the splits' trials were estimated: one real step checks the one kept
+        peak = _checked(model, example, _draft(None, [], model, {}, how, rules=(rule,)))
     status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
     choice = search.Choice(
         f"segments ({what} of {shown}, the least of {len(options)} measured)", budget, (0,), (parent,),
@@ -359,7 +408,10 @@ def _make_plan(
     ]
     peak = prof.peak_bytes
     if planner.fixed:  # what the hand-written rules leave is what the search works from
-        peak = _measure(model, example, _draft(None, items, model, {}, planner))
+        fixed = _draft(None, items, model, {}, planner)
+        peak = _measure(model, example, fixed)
+        if _within(budget, peak, prof.peak_bytes) and _ESTIMATING.get() and SHARDS.get() == 1:
+            peak = _checked(model, example, fixed)  # estimated within: one real step says so
         if _within(budget, peak, prof.peak_bytes):
             limit = _limit(budget, prof.peak_bytes)
             assert planner.start is not None, "fixed rules come from a start plan"
@@ -387,8 +439,10 @@ def _make_plan(
         # Verify by measurement: the budget is checked against the plan as written.
         after = _measure(model, example, draft)
     estimated = {}
-    if _ESTIMATING.get():  # the search estimated every trial: one real planned step checks the plan
-        estimated = {"planned peak on fake tensors": f"{after} B (the search's trials were estimated too)"}
+    if SHARDS.get() > 1:  # one rank of a sharded step: it runs only under torch.distributed
+        estimated = {"sharded": f"over {SHARDS.get()} FSDP2 ranks: one rank's peak, estimated, not checked by a real step"}
+    elif _ESTIMATING.get():  # the search estimated every trial: one real planned step checks the plan
+        estimated = {"planned peak on fake tensors": f"{after} B (every trial of the search estimated)"}
         after = _checked(model, example, draft)
     header = {
         **provenance("memoplan plan", prof),
@@ -398,9 +452,9 @@ def _make_plan(
         **({"widened": widened} if widened else {}),
         **(_refined_recompute(draft, choice, prof) if refined is not None else {}),
         **({"refinement": refined.summary()} if refined is not None else {}),
-        ("unplanned peak on fake tensors" if _ESTIMATING.get() else "measured peak before"): f"{prof.peak_bytes} B",
+        _before(prof): f"{prof.peak_bytes} B",
         **estimated,
-        "measured peak after": f"{after} B",
+        ("planned peak per rank on fake tensors" if SHARDS.get() > 1 else "measured peak after"): f"{after} B",
     }
     if limit is not None:
         header["budget limit"] = f"{limit} B"
@@ -425,6 +479,12 @@ def _make_plan(
 
 
 MAX_REFINEMENTS = 4
+
+
+def _before(prof: Profile) -> str:
+    """The header's name for the unplanned peak: measured, or found on fake tensors."""
+    fake = prof.method == "estimated" or prof.peak_method == "fake-tensor"
+    return "unplanned peak on fake tensors" if fake else "measured peak before"
 
 
 def _settled(model, example, items, choice: search.Choice, planner: Search, base: int, hard: bool):
@@ -707,51 +767,6 @@ def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> 
         limit=limit,
         peak=peak,
     )
-
-
-def with_sources(plan: ast.Plan, model: str, example: ast.ExampleStmt, folder: Path | str) -> ast.Plan:
-    """``plan`` with ``model`` and ``example`` statements first, as the user named them.
-
-    A spec that names a file (``path/net.py:build``) is rewritten relative to ``folder``,
-    the plan's folder, since that is where ``memoplan check``/``explain``/``verify`` resolve
-    it from; module specs and inline tensors are written as given.
-    """
-    stmts = (
-        ast.ModelStmt(_relative_spec(model, folder)),
-        replace(example, spec=None if example.spec is None else _relative_spec(example.spec, folder)),
-    )
-    rest = tuple(s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt)))
-    return replace(plan, statements=(*stmts, *rest))
-
-
-def rebased(plan: ast.Plan, base: Path | str, folder: Path | str) -> ast.Plan:
-    """``plan`` with the file specs of its `model` and `example` statements, written relative to
-    ``base`` (the folder it was read from), rewritten relative to ``folder`` (where it is written).
-    Module specs, inline tensors, comments and the order of statements are kept."""
-
-    def move(s: ast.Statement) -> ast.Statement:
-        if isinstance(s, ast.ModelStmt):
-            return replace(s, spec=_relative_spec(s.spec, folder, base))
-        if isinstance(s, ast.ExampleStmt) and s.spec is not None:
-            return replace(s, spec=_relative_spec(s.spec, folder, base))
-        return s
-
-    statements = tuple(move(s) for s in plan.statements)
-    return replace(plan, statements=statements)
-
-
-def _relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str:
-    """A file spec (relative to ``base``) as seen from ``folder`` (``memoplan.specs``' rule: ``.py`` or a separator)."""
-    text = spec.strip()
-    location, colon, attr = text.rpartition(":")
-    if not colon or not (location.endswith(".py") or "/" in location or "\\" in location):
-        return text
-    path = (Path(base) / Path(location).expanduser()).resolve()
-    try:
-        location = Path(os.path.relpath(path, Path(folder).resolve())).as_posix()
-    except ValueError:  # another drive on Windows: only the absolute path reaches it
-        location = path.as_posix()
-    return f"{location}:{attr}"
 
 
 def _packed(links) -> frozenset[str]:

@@ -126,6 +126,7 @@ class PlannerPreset:
         nested: bool = False,
         sublinear: SublinearConfig | None = None,
         start=None,
+        trials: str | None = None,
     ) -> PlanResult:
         """Plan ``model`` on ``example`` with this preset (:func:`memoplan.planner.plan.make_plan`).
 
@@ -133,6 +134,7 @@ class PlannerPreset:
         the defaults under explicit options).  ``nested``: offer each block's children too.
         ``sublinear``: the sublinear search's settings (with ``planner`` sublinear).  ``start``:
         a hand-written plan (``memoplan.syntax.ast.Plan``) to complete, its rules kept as written.
+        ``trials``: ``estimated`` or ``measured`` (default: as the profile was taken; see make_plan).
         """
         from memoplan.planner.plan import make_plan
 
@@ -149,6 +151,7 @@ class PlannerPreset:
             nested=nested,
             sublinear=sublinear,
             start=start,
+            trials=trials,
         )
 
 

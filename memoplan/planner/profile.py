@@ -133,6 +133,8 @@ def profile(
     repeats: int = 3,
     progress: bool = True,
     loss_fn: LossFn | None = None,
+    peak_bytes: int | None = None,
+    probe: bool = True,
 ) -> Profile:
     """Profile training steps of ``model`` on ``example``; leave the model as it was.
 
@@ -142,6 +144,9 @@ def profile(
     deep copy moved there, so the model itself is never moved.  ``repeats`` timed
     steps give the medians.  ``progress`` draws a bar on stderr.  ``loss_fn`` maps
     the output to the loss (default: :func:`memoplan.measure.default_loss`).
+    ``peak_bytes``: the unplanned peak found otherwise (on fake tensors, ``memoplan plan``'s
+    default): the peak step is not run, and ``peak_method`` says ``fake-tensor``.  ``probe``
+    False: no probe step either (every module's bytes are 0: the caller has them from elsewhere).
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, not {repeats!r}")
@@ -151,24 +156,33 @@ def profile(
     # and autotuned kernels): measured cold, the unplanned peak would carry them, and every
     # budget given as a share of it would be too loose.  One step first, then the peak.
     warm_up = target.type == "cuda"
-    bar = _Progress(2 + repeats + warm_up, enabled=progress)
+    bar = _Progress((2 if peak_bytes is None else int(probe)) + repeats + warm_up, enabled=progress)
     with Restored(model, example, target) as restored:
         if warm_up:
             bar.step("warm-up")
             training_step(model, example.args, dict(example.kwargs), loss_fn)
             restored.reset()
-        bar.step("peak")
-        peak = measure_step(model, example.args, example.kwargs, loss_fn=loss_fn)
-        restored.reset()
+        if peak_bytes is None:
+            bar.step("peak")
+            measured = measure_step(model, example.args, example.kwargs, loss_fn=loss_fn)
+            peak, peak_method = measured.peak_bytes, measured.method
+            restored.reset()
+        else:
+            peak, peak_method = peak_bytes, "fake-tensor"
 
-        bar.step("probe")
-        probe = Probe(model, target)
-        with probe:
-            output, _ = training_step(model, example.args, dict(example.kwargs), loss_fn)
-            probe.kept_by(output)
-            del output
-        restored.reset()
+        def probed() -> Probe:
+            bar.step("probe")
+            probe = Probe(model, target)
+            with probe:
+                output, _ = training_step(model, example.args, dict(example.kwargs), loss_fn)
+                probe.kept_by(output)
+                del output
+            restored.reset()
+            return probe
 
+        # Without the peak step, the first real step is a timed one: it has the fewest Python
+        # objects of its own, so a step that does not fit leaves the least behind it.
+        probe_first = probed() if peak_bytes is None else None
         timings: list[dict[int, float]] = []
         steps: list[float] = []
         for i in range(repeats):
@@ -180,21 +194,22 @@ def profile(
             timings.append(per_module)
             steps.append(step)
             restored.reset()
+        found = probe_first or (probed() if probe else Probe(model, target))
         bar.done()
 
     modules = []
     for name, module in model.named_modules():
         key = id(module)
         seconds = float(statistics.median(t.get(key, 0.0) for t in timings))
-        record = probe.records.get(key, Record())
+        record = found.records.get(key, Record())
         modules.append(module_profile(name, module, record, seconds, record.binary))
     return Profile(
         modules=tuple(modules),
-        peak_bytes=int(peak.peak_bytes),
-        peak_method=peak.method,
+        peak_bytes=int(peak),
+        peak_method=peak_method,
         step_seconds=float(statistics.median(steps)),
         parameter_bytes=sum(tensor_bytes(p) for p in unique_storages(model.parameters())),
-        unattributed_saved_bytes=probe.unattributed,
+        unattributed_saved_bytes=found.unattributed,
         inputs=input_metas(example),
         device=str(target),
         torch_version=torch.__version__,

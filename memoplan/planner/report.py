@@ -33,6 +33,10 @@ def profile_table(prof: Profile) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     right = {2, 3, 4, 5, 6}  # numbers right-aligned
     head = f"method: {prof.method} ({prof.peak_method}), unplanned peak {prof.peak_bytes:,} B"
+    if prof.shards > 1:
+        head += f" per rank of {prof.shards} FSDP2 ranks"
+    if prof.optimizer_state_bytes:
+        head += f"; optimizer state {prof.optimizer_state_bytes:,} B per rank between steps"
     return head + "\n" + "\n".join(
         "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
         for row in rows

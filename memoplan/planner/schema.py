@@ -100,6 +100,9 @@ class Profile:
     ``ranks`` how many profiles were merged into this one (1 when measured).
     ``method`` says how the bytes were found: ``measured`` (real training steps at the full
     size) or ``estimated`` (a step on fake tensors, :mod:`memoplan.planner.estimate`).
+    ``shards`` > 1: the step of one of that many FSDP2 ranks, estimated (its gradients and
+    gathered parameters as :mod:`memoplan.planner.shard` counts them); ``optimizer_state_bytes``:
+    the optimizer state that rank keeps between steps (not part of the step's peak).
     """
 
     modules: tuple[ModuleProfile, ...]
@@ -115,6 +118,8 @@ class Profile:
     repeats: int
     ranks: int = 1
     method: str = "measured"
+    shards: int = 1  # FSDP2 ranks the step is sharded over (memoplan.planner.shard): bytes are one rank's
+    optimizer_state_bytes: int = 0  # the optimizer state one rank holds between steps (--optimizer)
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -190,6 +195,8 @@ class Profile:
             )
         body = {k: v for k, v in data.items() if k != "version"}
         body.setdefault("method", "measured")  # profiles written before estimates existed
+        body.setdefault("shards", 1)  # ... and before sharded estimates
+        body.setdefault("optimizer_state_bytes", 0)
         _check_keys("profile", body, [f.name for f in fields(cls) if f.init])
         body["modules"] = tuple(_module_from_dict(m) for m in body["modules"])
         body["inputs"] = tuple(_tensor_meta_from_dict(t) for t in body["inputs"])
@@ -268,6 +275,8 @@ def merge(profiles: Iterable[Profile]) -> Profile:
         repeats=min(p.repeats for p in items),
         ranks=sum(p.ranks for p in items),
         method="estimated" if any(p.method == "estimated" for p in items) else "measured",
+        shards=max(p.shards for p in items),
+        optimizer_state_bytes=max(p.optimizer_state_bytes for p in items),
     )
 
 

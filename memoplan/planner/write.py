@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -14,7 +17,7 @@ from memoplan.planner.choice import BudgetError, Choice, Status
 from memoplan.planner.schema import Profile
 from memoplan.syntax import ast
 
-__all__ = ["comment_line", "describe", "provenance", "recompute_line", "to_plan"]
+__all__ = ["comment_line", "describe", "provenance", "rebased", "recompute_line", "to_plan", "with_sources"]
 
 
 # ---------------------------------------------------------------- to a plan
@@ -136,3 +139,51 @@ def size_statement(nbytes: int):
         if nbytes and nbytes % unit.factor == 0:
             return ast.Size(nbytes // unit.factor, unit)
     return ast.Size(nbytes, ast.Unit.B)
+
+
+# ---------------------------------------------------------------- the sources a written plan names
+
+
+def with_sources(plan: ast.Plan, model: str, example: ast.ExampleStmt, folder: Path | str) -> ast.Plan:
+    """``plan`` with ``model`` and ``example`` statements first, as the user named them.
+
+    A spec that names a file (``path/net.py:build``) is rewritten relative to ``folder``,
+    the plan's folder, since that is where ``memoplan check``/``explain``/``verify`` resolve
+    it from; module specs and inline tensors are written as given.
+    """
+    stmts = (
+        ast.ModelStmt(_relative_spec(model, folder)),
+        replace(example, spec=None if example.spec is None else _relative_spec(example.spec, folder)),
+    )
+    rest = tuple(s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt)))
+    return replace(plan, statements=(*stmts, *rest))
+
+
+def rebased(plan: ast.Plan, base: Path | str, folder: Path | str) -> ast.Plan:
+    """``plan`` with the file specs of its `model` and `example` statements, written relative to
+    ``base`` (the folder it was read from), rewritten relative to ``folder`` (where it is written).
+    Module specs, inline tensors, comments and the order of statements are kept."""
+
+    def move(s: ast.Statement) -> ast.Statement:
+        if isinstance(s, ast.ModelStmt):
+            return replace(s, spec=_relative_spec(s.spec, folder, base))
+        if isinstance(s, ast.ExampleStmt) and s.spec is not None:
+            return replace(s, spec=_relative_spec(s.spec, folder, base))
+        return s
+
+    statements = tuple(move(s) for s in plan.statements)
+    return replace(plan, statements=statements)
+
+
+def _relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str:
+    """A file spec (relative to ``base``) as seen from ``folder`` (``memoplan.specs``' rule: ``.py`` or a separator)."""
+    text = spec.strip()
+    location, colon, attr = text.rpartition(":")
+    if not colon or not (location.endswith(".py") or "/" in location or "\\" in location):
+        return text
+    path = (Path(base) / Path(location).expanduser()).resolve()
+    try:
+        location = Path(os.path.relpath(path, Path(folder).resolve())).as_posix()
+    except ValueError:  # another drive on Windows: only the absolute path reaches it
+        location = path.as_posix()
+    return f"{location}:{attr}"

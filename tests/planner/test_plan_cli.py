@@ -114,7 +114,7 @@ def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies
 def _fake_run(seen):
     """Stand-in for PlannerPreset.run: records the preset the CLI built, plans nothing."""
 
-    def run(self, model, example, *, prof=None, progress=True, named=True, nested=False, sublinear=None, start=None):
+    def run(self, model, example, *, prof=None, progress=True, named=True, nested=False, sublinear=None, start=None, trials=None):
         seen.append((self, named))
         return SimpleNamespace(
             plan=memoplan.parse("memplan 1\n"), met=True, refinement=None, regions=0, measured_before=1, measured_after=1
@@ -357,13 +357,13 @@ def test_the_header_says_what_ran_and_what_the_refined_plan_recomputes(tmp_path,
 
 
 def test_one_checkpoint_is_singular(tmp_path, monkeypatch, capsys):
-    def run(self, model, example, *, prof=None, progress=True, named=True, nested=False, sublinear=None, start=None):
+    def run(self, model, example, *, prof=None, progress=True, named=True, nested=False, sublinear=None, start=None, trials=None):
         plan = memoplan.parse("memplan 1\nmodule blocks.0 { checkpoint }\n")
         return SimpleNamespace(plan=plan, met=True, refinement=None, regions=1, measured_before=2, measured_after=1)
 
     monkeypatch.setattr(PlannerPreset, "run", run)
     assert main(["plan", *TRANSFORMER, "--budget", "50%", "-o", str(tmp_path / "plan.memplan")]) == 0
-    assert ": 1 checkpoint, measured peak 2 B -> 1 B, budget met" in capsys.readouterr().out
+    assert ": 1 checkpoint, unplanned peak 2 B (on fake tensors) -> measured planned peak 1 B, budget met" in capsys.readouterr().out
 
 
 FAILING = """

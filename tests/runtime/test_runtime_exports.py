@@ -8,7 +8,6 @@ import importlib
 import importlib.util
 import re
 import warnings
-from pathlib import Path
 
 import pytest
 

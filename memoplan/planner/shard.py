@@ -1,0 +1,88 @@
+"""Models that fit only sharded (FSDP2): what one rank holds, for ``--shards N`` and ``--optimizer``.
+
+Under FSDP2 (``torch.distributed.fsdp.fully_shard``) over ``N`` ranks each rank keeps ``1/N`` of
+every parameter, of every gradient (reduce-scattered as backward produces it) and of the
+optimizer's state, and runs the whole model on its own batch.  memoplan estimates a rank's step
+on fake tensors (:mod:`memoplan.planner.estimate`) with the gradients counted at ``1/N`` from the
+moment each is accumulated, and the parameters of the largest block (an FSDP2 unit, gathered
+whole while it runs) added to the peak; the example is the rank's own batch.  What a rank holds
+between steps — its parameter shards and optimizer state — is :func:`resident_bytes`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+
+from torch import nn
+
+__all__ = ["OPTIMIZERS", "SHARDS", "default_shards", "gathered_bytes", "optimizer_state_bytes", "resident_bytes"]
+
+#: fp32 states an optimizer keeps per parameter element: SGD none (with momentum one, the
+#: momentum buffer), Adam and AdamW two (the first and second moments).
+OPTIMIZERS = {"none": 0, "sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+
+#: The ranks a step is sharded over while it is estimated (1: not sharded).
+SHARDS: contextvars.ContextVar[int] = contextvars.ContextVar("memoplan_shards", default=1)
+
+
+def default_shards() -> int:
+    """``WORLD_SIZE`` when launched by ``torchrun`` (a positive integer), else 1."""
+    text = os.environ.get("WORLD_SIZE", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else 1
+
+
+def _per_rank(nbytes: int, shards: int) -> int:
+    return -(-nbytes // shards)  # FSDP2 pads each parameter's shard up: ceil
+
+
+def optimizer_state_bytes(model: nn.Module, optimizer: str, shards: int = 1) -> int:
+    """The optimizer's fp32 state one rank keeps (``OPTIMIZERS``), sharded ``1/shards``."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
+    numel = sum(p.numel() for p in _unique(model) if p.requires_grad)
+    return _per_rank(OPTIMIZERS[optimizer] * 4 * numel, shards)
+
+
+def resident_bytes(model: nn.Module, optimizer: str, shards: int = 1) -> int:
+    """What one rank holds between steps: its share of the parameters and of the optimizer state."""
+    params = sum(p.numel() * p.element_size() for p in _unique(model))
+    return _per_rank(params, shards) + optimizer_state_bytes(model, optimizer, shards)
+
+
+def gathered_bytes(model: nn.Module, shards: int) -> int:
+    """The parameters one rank gathers whole at once during a sharded step, above its own shards.
+
+    memoplan assumes FSDP2's usual wrapping: ``fully_shard`` on each block (each child of an
+    ``nn.ModuleList`` or ``nn.Sequential``) and on the root.  The root's own parameters (those in
+    no block: embeddings, a head) stay gathered from its forward through backward (FSDP2 does
+    not reshard the root after forward), and two blocks are gathered at once (the one running
+    and the next, prefetched in backward).  Each gathered parameter adds the ``N - 1`` shards
+    the rank does not own.
+    """
+    if shards <= 1:
+        return 0
+    blocks = [
+        child
+        for module in model.modules()
+        if isinstance(module, (nn.ModuleList, nn.Sequential))
+        for child in module.children()
+        if any(True for _ in child.parameters())
+    ]
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    root_own = sum(_bytes(p) for p in _unique(model) if id(p) not in in_blocks)
+    largest = sorted((sum(_bytes(p) for p in _unique(b)) for b in blocks), reverse=True)[:2]
+    whole = root_own + sum(largest)
+    return whole - _per_rank(whole, shards)
+
+
+def _bytes(p) -> int:
+    return p.numel() * p.element_size()
+
+
+def _unique(module: nn.Module):
+    seen: set[int] = set()
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            yield p

@@ -1,0 +1,100 @@
+"""A model that fits only sharded: `memoplan plan --shards 2` for one FSDP2 rank, run on 2 gloo ranks.
+
+tests/shard_models.py's model is mostly parameters (16 blocks of Linear(1024, 1024)), so its
+step's peak is mostly gradients.  Each process's address space is limited (``RLIMIT_AS``, by
+tests/_shard_worker.py) to what it holds after a warm-up step plus ``MARGIN_MIB``: one process
+training the whole model runs out of memory in its step, and so do two FSDP2 ranks without a
+plan; with the plan `memoplan plan --shards 2` wrote for one rank's step, both ranks fit, and
+their gradients equal the unplanned sharded model's.
+"""
+
+from __future__ import annotations
+
+from _paths import TESTS
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from memoplan.cli import main
+from memoplan.planner.estimate import fake_step, sharded_estimate
+from memoplan.specs import Example
+
+HERE = TESTS
+sys.path.insert(0, str(HERE))
+import shard_models  # noqa: E402
+
+WORKER = HERE / "_shard_worker.py"
+SPEC = ["--model", f"{HERE / 'shard_models.py'}:build", "--example", f"{HERE / 'shard_models.py'}:example"]
+MARGIN_MIB = 55  # under the unsharded step (68 MiB estimated), over the planned sharded one (~42-47)
+BUDGET = "44MiB"
+
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is needed"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status: Linux"),
+]
+
+
+def _ranks(folder: Path, world: int, plan: Path | None, limit: int | None) -> list[dict]:
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "MALLOC_ARENA_MAX": "1",
+        "MALLOC_MMAP_THRESHOLD_": "65536",  # the address space follows the live tensors
+    }
+    if limit is not None:
+        env["MEMOPLAN_TEST_LIMIT_MIB"] = str(limit)
+    command = [str(WORKER), "RANK", str(world), str(folder), *([str(plan)] if plan else [])]
+    procs = [
+        subprocess.Popen([sys.executable, *[str(rank) if c == "RANK" else c for c in command]], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in range(world)
+    ]
+    logs = [proc.communicate(timeout=300)[0] for proc in procs]
+    for rank, (proc, log) in enumerate(zip(procs, logs)):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+    return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
+
+
+def test_a_model_that_fits_only_sharded_is_planned_per_rank_and_fits_on_two_ranks(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MEMOPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    model, example = shard_models.build(), Example(shard_models.example(0))
+    unsharded = fake_step(model, example, torch.device("cpu")).peak_bytes
+    per_rank = sharded_estimate(model, example, 2, "adam", progress=False, repeats=1)
+    assert per_rank.shards == 2 and per_rank.method == "estimated"
+    params = sum(p.numel() for p in model.parameters())
+    assert per_rank.optimizer_state_bytes == -(-2 * 4 * params // 2)  # Adam: 2 fp32 states, half on each rank
+    assert unsharded > MARGIN_MIB * 2**20  # the whole model's step does not fit the margin
+
+    plan = tmp_path / "sharded.memplan"
+    assert main(["plan", *SPEC, "--shards", "2", "--budget", BUDGET, "-o", str(plan)]) == 0
+    text = plan.read_text()
+    assert "# sharded: over 2 FSDP2 ranks" in text and "checkpoint" in text
+    estimated = int(text.split("# planned peak per rank on fake tensors: ")[1].split(" B")[0])
+    assert estimated <= 44 * 2**20
+
+    (alone,) = _ranks(tmp_path / "alone", 1, None, MARGIN_MIB)
+    assert "can't allocate memory" in alone["oom"]  # unsharded: out of memory
+    unplanned = _ranks(tmp_path / "unplanned", 2, None, MARGIN_MIB)
+    assert all("oom" in r for r in unplanned)  # sharded without the plan: out of memory too
+    planned = _ranks(tmp_path / "planned", 2, plan, MARGIN_MIB)
+    assert all("peak" in r for r in planned), planned  # sharded with the plan: both ranks fit
+
+    free = _ranks(tmp_path / "free", 2, None, None)  # the unplanned sharded step without the limit
+    for rank in range(2):
+        assert planned[rank]["grads"].keys() == free[rank]["grads"].keys()
+        for name, grad in free[rank]["grads"].items():
+            assert torch.equal(planned[rank]["grads"][name], grad), (rank, name)
+        # One rank's peak, as memoplan's live-storage meter sees it under FSDP2, against the estimate.
+        measured = planned[rank]["peak"]
+        print(f"rank {rank}: planned peak estimated {estimated} B, measured {measured} B; unsharded {unsharded} B")
+        assert abs(estimated - measured) <= 0.2 * measured, (estimated, measured)
