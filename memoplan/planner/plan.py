@@ -23,7 +23,7 @@ from memoplan.planner.schema import Profile, chain, default_candidates, nested_c
 from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.shard import SHARDS
 from memoplan.planner.shrink import ESTIMATING as _ESTIMATING, StepOutOfMemory, is_out_of_memory
-from memoplan.planner.write import comment_line, provenance, rebased, with_sources  # noqa: F401  (kept importable from here)
+from memoplan.planner.write import comment_line, compressed, provenance, rebased, with_sources, with_state_rules  # noqa: F401  (kept importable from here)
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
@@ -620,7 +620,7 @@ def _draft(
         plan = ast.Plan(1, tuple(rules), header_comments=ast.Comments(leading=lines))
     else:
         plan = search.to_plan(choice, items, header=header, allow_over_budget=True)
-    plan = _with_state_rules(_compressed(plan, how.packed), model, skip=how.stateful)
+    plan = with_state_rules(compressed(plan, how.packed), model, skip=how.stateful)
     if how.start is None:
         return plan
     start = how.start
@@ -772,37 +772,3 @@ def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> 
 def _packed(links) -> frozenset[str]:
     """The candidates whose inputs the profile proves binary, where bit-packing them saves bytes."""
     return frozenset(link.name for link in links if link.input_binary and link.packed_input_bytes < link.input_bytes)
-
-
-def _compressed(plan: ast.Plan, packed: frozenset[str]) -> ast.Plan:
-    """``plan`` with ``compress input = bit`` on each ``checkpoint`` rule of a module in ``packed``.
-
-    Lossless: the profile saw only 0 and 1 in the module's inputs, and the codec checks its first
-    input in full (``validate = sample``), so an input that is not binary fails loudly, never silently.
-    """
-    if not packed:
-        return plan
-    statements = []
-    for stmt in plan.statements:
-        if (
-            isinstance(stmt, ast.ModuleRule)
-            and format_selector(stmt.selector) in packed
-            and any(isinstance(p, ast.Checkpoint) for p in stmt.policies)
-            and not any(isinstance(p, ast.Compress) for p in stmt.policies)
-        ):
-            stmt = replace(stmt, policies=(*stmt.policies, ast.Compress(ast.Codec.BIT)))
-        statements.append(stmt)
-    return replace(plan, statements=tuple(statements))
-
-
-def _with_state_rules(plan: ast.Plan, model: nn.Module, skip: frozenset[str] = frozenset()) -> ast.Plan:
-    """Mark every stateful module `state = functional` (but those in ``skip``), so regions around it are legal."""
-    rules: list[ast.ModuleRule] = []
-    for path, module in model.named_modules():
-        if path and path not in skip and is_stateful(module):
-            term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in path.split("."))))
-            comments = ast.NO_COMMENTS
-            if not rules:
-                comments = ast.Comments(leading=("# keeps state between calls: threaded through regions, advanced once",))
-            rules.append(ast.ModuleRule(ast.Selector(term), (ast.State(ast.StateMode.FUNCTIONAL),), comments=comments))
-    return replace(plan, statements=(*rules, *plan.statements)) if rules else plan

@@ -125,6 +125,34 @@ def _on_device(
     return model, example, target
 
 
+def _timed_steps(model, example: Example, target, restored, bar, repeats: int, loss_fn) -> tuple[list[dict[int, float]], list[float]]:
+    """``repeats`` timed training steps: each module's seconds (by ``id``) and each step's, the
+    model restored after each."""
+    timings: list[dict[int, float]] = []
+    steps: list[float] = []
+    for i in range(repeats):
+        bar.step(f"time {i + 1}/{repeats}")
+        timer = _Timer(model, target)
+        with timer:
+            training_step(model, example.args, dict(example.kwargs), loss_fn)
+        per_module, step = timer.result()
+        timings.append(per_module)
+        steps.append(step)
+        restored.reset()
+    return timings, steps
+
+
+def _module_profiles(model: nn.Module, timings: list[dict[int, float]], found: Probe) -> tuple[ModuleProfile, ...]:
+    """Every module's row: its median seconds over the timed steps and what the probe saw."""
+    modules = []
+    for name, module in model.named_modules():
+        key = id(module)
+        seconds = float(statistics.median(per_module.get(key, 0.0) for per_module in timings))
+        record = found.records.get(key, Record())
+        modules.append(module_profile(name, module, record, seconds, record.binary))
+    return tuple(modules)
+
+
 def profile(
     model: nn.Module,
     example: Example | torch.Tensor | Sequence[Any],
@@ -183,28 +211,12 @@ def profile(
         # Without the peak step, the first real step is a timed one: it has the fewest Python
         # objects of its own, so a step that does not fit leaves the least behind it.
         probe_first = probed() if peak_bytes is None else None
-        timings: list[dict[int, float]] = []
-        steps: list[float] = []
-        for i in range(repeats):
-            bar.step(f"time {i + 1}/{repeats}")
-            timer = _Timer(model, target)
-            with timer:
-                training_step(model, example.args, dict(example.kwargs), loss_fn)
-            per_module, step = timer.result()
-            timings.append(per_module)
-            steps.append(step)
-            restored.reset()
+        timings, steps = _timed_steps(model, example, target, restored, bar, repeats, loss_fn)
         found = probe_first or (probed() if probe else Probe(model, target))
         bar.done()
 
-    modules = []
-    for name, module in model.named_modules():
-        key = id(module)
-        seconds = float(statistics.median(t.get(key, 0.0) for t in timings))
-        record = found.records.get(key, Record())
-        modules.append(module_profile(name, module, record, seconds, record.binary))
     return Profile(
-        modules=tuple(modules),
+        modules=_module_profiles(model, timings, found),
         peak_bytes=int(peak),
         peak_method=peak_method,
         step_seconds=float(statistics.median(steps)),

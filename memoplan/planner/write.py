@@ -9,15 +9,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from memoplan.version import __version__
 from memoplan.planner.budgets import format_duration, format_size
 from memoplan.planner.chain import Item
 from memoplan.planner.choice import BudgetError, Choice, Status
 from memoplan.planner.schema import Profile
+from memoplan.runtime.state import is_stateful
 from memoplan.syntax import ast
+from memoplan.syntax.formatter import format_selector
 
-__all__ = ["comment_line", "describe", "provenance", "rebased", "recompute_line", "to_plan", "with_sources"]
+__all__ = [
+    "comment_line", "compressed", "describe", "provenance", "rebased", "recompute_line", "to_plan",
+    "with_sources", "with_state_rules",
+]
 
 
 # ---------------------------------------------------------------- to a plan
@@ -187,3 +193,40 @@ def _relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str
     except ValueError:  # another drive on Windows: only the absolute path reaches it
         location = path.as_posix()
     return f"{location}:{attr}"
+
+
+# ---------------------------------------------------------------- rules a generated plan adds
+
+
+def compressed(plan: ast.Plan, packed: frozenset[str]) -> ast.Plan:
+    """``plan`` with ``compress input = bit`` on each ``checkpoint`` rule of a module in ``packed``.
+
+    Lossless: the profile saw only 0 and 1 in the module's inputs, and the codec checks its first
+    input in full (``validate = sample``), so an input that is not binary fails loudly, never silently.
+    """
+    if not packed:
+        return plan
+    statements = []
+    for stmt in plan.statements:
+        if (
+            isinstance(stmt, ast.ModuleRule)
+            and format_selector(stmt.selector) in packed
+            and any(isinstance(p, ast.Checkpoint) for p in stmt.policies)
+            and not any(isinstance(p, ast.Compress) for p in stmt.policies)
+        ):
+            stmt = replace(stmt, policies=(*stmt.policies, ast.Compress(ast.Codec.BIT)))
+        statements.append(stmt)
+    return replace(plan, statements=tuple(statements))
+
+
+def with_state_rules(plan: ast.Plan, model: nn.Module, skip: frozenset[str] = frozenset()) -> ast.Plan:
+    """Mark every stateful module `state = functional` (but those in ``skip``), so regions around it are legal."""
+    rules: list[ast.ModuleRule] = []
+    for path, module in model.named_modules():
+        if path and path not in skip and is_stateful(module):
+            term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in path.split("."))))
+            comments = ast.NO_COMMENTS
+            if not rules:
+                comments = ast.Comments(leading=("# keeps state between calls: threaded through regions, advanced once",))
+            rules.append(ast.ModuleRule(ast.Selector(term), (ast.State(ast.StateMode.FUNCTIONAL),), comments=comments))
+    return replace(plan, statements=(*rules, *plan.statements)) if rules else plan
