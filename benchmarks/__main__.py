@@ -36,9 +36,9 @@ import runpy
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -93,8 +93,24 @@ def planner_vs_peers(out: Path, quick: bool) -> dict[str, Any]:
     options = []
     if quick:
         options = [
-            "--models", "cnn", "--batch", "8", "--budgets", "0.8", "--compile-budgets", "--memoplan", "blocks",
-            "--refine", "--hf-every", "1", "--steps", "1", "--warmup", "0", "--profile-repeats", "1",
+            "--models",
+            "cnn",
+            "--batch",
+            "8",
+            "--budgets",
+            "0.8",
+            "--compile-budgets",
+            "--memoplan",
+            "blocks",
+            "--refine",
+            "--hf-every",
+            "1",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--profile-repeats",
+            "1",
         ]
     return _run_script("planner_vs_peers", out, options)
 
@@ -121,14 +137,26 @@ def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
             if c["kind"] == "memoplan" and c.get("mode") == "nested":
                 kind = "memoplan --nested"
             points.append(
-                {"label": c["name"], "kind": kind, "peak_bytes": c["peak_bytes"], "step_seconds": seconds, "budget": budget,
-                 "equivalent": c.get("matches")}
+                {
+                    "label": c["name"],
+                    "kind": kind,
+                    "peak_bytes": c["peak_bytes"],
+                    "step_seconds": seconds,
+                    "budget": budget,
+                    "equivalent": c.get("matches"),
+                }
             )
             figures[f"planner_vs_peers.{model}.{c['name']}.peak_bytes"] = c["peak_bytes"]
             figures[f"planner_vs_peers.{model}.{c['name']}.step_ms"] = seconds * 1e3
             rows.append(
-                (model, c["name"], f"{c['peak_bytes'] / MIB:.2f}", f"{c['peak_bytes'] / r['unplanned_peak_bytes']:.3f}",
-                 f"{seconds * 1e3:.0f}", c.get("check", "-"))
+                (
+                    model,
+                    c["name"],
+                    f"{c['peak_bytes'] / MIB:.2f}",
+                    f"{c['peak_bytes'] / r['unplanned_peak_bytes']:.3f}",
+                    f"{seconds * 1e3:.0f}",
+                    c.get("check", "-"),
+                )
             )
         plot = out / f"planner_vs_peers_{model}.svg"
         title = f"{model}: peak memory against step time"
@@ -137,25 +165,46 @@ def render_planner_vs_peers(raw: dict[str, Any], out: Path) -> dict[str, Any]:
             title += f"\n(timed at load {load:.1f} on {results['machine']['threads']} threads: the times say little)"
         plot.write_text(draw.sweep_svg(data.sweep_plot(points, r["unplanned_peak_bytes"]), title), encoding="utf-8")
         plots.append(plot)
-    table = _table(("model", "configuration", "peak (MiB)", "x unplanned", "step (ms, median)", "same as unplanned"), rows)
+    table = _table(
+        ("model", "configuration", "peak (MiB)", "x unplanned", "step (ms, median)", "same as unplanned"), rows
+    )
     loads = [
         f"{model} {r['load_average_1min']['before_timing']:.1f} -> {r['load_average_1min']['after_timing']:.1f}"
         for model, r in results["models"].items()
         if None not in r.get("load_average_1min", {None: None}).values()
     ]
     if loads:
-        table += "\n\n1-minute load average while the steps were timed: " + ", ".join(loads) + (
-            f" (on {results['machine']['threads']} threads: above that, other work shared the cores and the step times say little)"
+        table += (
+            "\n\n1-minute load average while the steps were timed: "
+            + ", ".join(loads)
+            + (
+                f" (on {results['machine']['threads']} threads: above that, other work shared the cores and the step times say little)"
+            )
         )
-    return {"title": "memoplan's planner against its peers", "command": command, "figures": figures, "plots": plots,
-            "markdown": table}
+    return {
+        "title": "memoplan's planner against its peers",
+        "command": command,
+        "figures": figures,
+        "plots": plots,
+        "markdown": table,
+    }
 
 
 def spiking_memory(out: Path, quick: bool) -> dict[str, Any]:
     options = []
     if quick:
-        options = ["--plan", "plans/spiking_blocks.memplan", "--also", "--batch", "1", "--steps", "1", "--warmup", "0",
-                   "--no-breakdown"]
+        options = [
+            "--plan",
+            "plans/spiking_blocks.memplan",
+            "--also",
+            "--batch",
+            "1",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--no-breakdown",
+        ]
     return _run_script("spiking_memory", out, options)
 
 
@@ -171,16 +220,30 @@ def render_spiking_memory(raw: dict[str, Any], out: Path) -> dict[str, Any]:
     figures.update({f"spiking_memory.{k}.step_ms": v["median"] * 1e3 for k, v in results["step_time_s"].items()})
     plot = out / "spiking_memory.svg"
     plot.write_text(
-        draw.bars_svg("Spiking CNN: peak memory of one training step", [n for n, _ in configs], [p / MIB for _, p in configs], "peak (MiB)"),
+        draw.bars_svg(
+            "Spiking CNN: peak memory of one training step",
+            [n for n, _ in configs],
+            [p / MIB for _, p in configs],
+            "peak (MiB)",
+        ),
         encoding="utf-8",
     )
     rows = [(name, f"{peak / MIB:.2f}", f"{peak / u:.3f}") for name, peak in configs]
     chosen = next(iter(results["plans"]))  # the plan the script timed (its --plan)
     timed = {"memoplan": f"memoplan {chosen}", "spikingjelly": f"SpikingJelly {sj['version']} level 1"}
     rows_t = [(timed.get(k, k), f"{v['median'] * 1e3:.0f}") for k, v in results["step_time_s"].items()]
-    markdown = _table(("configuration", "peak (MiB)", "x unplanned"), rows) + "\n\n" + _table(("run", "step (ms, median)"), rows_t)
-    return {"title": "Spiking CNN: memoplan against SpikingJelly", "command": command, "figures": figures, "plots": [plot],
-            "markdown": markdown}
+    markdown = (
+        _table(("configuration", "peak (MiB)", "x unplanned"), rows)
+        + "\n\n"
+        + _table(("run", "step (ms, median)"), rows_t)
+    )
+    return {
+        "title": "Spiking CNN: memoplan against SpikingJelly",
+        "command": command,
+        "figures": figures,
+        "plots": [plot],
+        "markdown": markdown,
+    }
 
 
 def codec_bandwidth(out: Path, quick: bool) -> dict[str, Any]:
@@ -209,7 +272,12 @@ def render_codec_bandwidth(raw: dict[str, Any], out: Path) -> dict[str, Any]:
         labels = [f"{r['dtype']} {r['input_mib']} MiB" for r in rows]
         values = [r["ratio_to_copy"] for r in rows]
         figures = {f"codec_bandwidth.{label}.ratio_to_copy": value for label, value in zip(labels, values)}
-        figures.update({f"codec_bandwidth.{r['dtype']} {r['input_mib']} MiB.pack_unpack_gb_per_s": r["pack_unpack_gb_per_s"] for r in rows})
+        figures.update(
+            {
+                f"codec_bandwidth.{r['dtype']} {r['input_mib']} MiB.pack_unpack_gb_per_s": r["pack_unpack_gb_per_s"]
+                for r in rows
+            }
+        )
         plot_title, unit = "bit pack+unpack bandwidth / device copy", "ratio to copy"
     else:
         figures = {f"codec_bandwidth.cpu.{r['numel']}.{k}": r[k] for r in rows for k in ("pack_ms", "unpack_ms")}
@@ -262,7 +330,9 @@ def render_planner_speed(raw: dict[str, Any], out: Path) -> dict[str, Any]:
     values = [r["seconds"] for r in raw["results"]]
     rows = [(r["chain"], r["items"], r["planner"], f"{r['seconds']:.3f}") for r in raw["results"]]
     plot = out / "planner_speed.svg"
-    plot.write_text(draw.bars_svg("Planner search time (slowest of five budgets)", labels, values, "seconds"), encoding="utf-8")
+    plot.write_text(
+        draw.bars_svg("Planner search time (slowest of five budgets)", labels, values, "seconds"), encoding="utf-8"
+    )
     markdown = _table(("chain", "items", "planner", "slowest search (s)"), rows)
     return {"title": "Planner speed", "command": command, "figures": figures, "plots": [plot], "markdown": markdown}
 
@@ -291,7 +361,8 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
 def not_numbers(figures: dict[str, Any]) -> list[str]:
     """Names of figures that are not finite numbers (a bool is not a figure)."""
     return [
-        name for name, value in figures.items()
+        name
+        for name, value in figures.items()
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
     ]
 
@@ -300,12 +371,16 @@ def summary(sections: list[dict[str, Any]], out: Path, command: str, machine: di
     lines = [
         "# memoplan benchmarks: summary",
         "",
-        "Written by " + ", then ".join(f"`{c}`" for c in command.split("; "))
+        "Written by "
+        + ", then ".join(f"`{c}`" for c in command.split("; "))
         + f"; rerun to check every figure. Machine: {machine['torch']} on {machine['device']}, "
         f"{machine['threads']} threads, Python {machine['python']}.",
     ]
     if machine.get("quick"):
-        lines += ["", "**Quick run** (`--quick`): small sizes and one timed step; a check that everything runs, not figures to quote."]
+        lines += [
+            "",
+            "**Quick run** (`--quick`): small sizes and one timed step; a check that everything runs, not figures to quote.",
+        ]
     for s in sections:
         lines += ["", f"## {s['title']}", "", f"    {s['command']}", ""]
         lines += [f"![{p.stem}]({p.name})" for p in s["plots"]]
@@ -316,13 +391,19 @@ def summary(sections: list[dict[str, Any]], out: Path, command: str, machine: di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one timed step: a check that runs in CI")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks", help="where to write (default docs/benchmarks)")
     parser.add_argument(
-        "--only", nargs="+", choices=list(SUITES),
+        "--out", type=Path, default=ROOT / "docs" / "benchmarks", help="where to write (default docs/benchmarks)"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(SUITES),
         help="run only these; the others keep their results from OUT/results.json, if it holds a run of the same kind",
     )
     parser.add_argument(
-        "--render", action="store_true", help="measure nothing: draw the plots and the summary again from OUT/results.json"
+        "--render",
+        action="store_true",
+        help="measure nothing: draw the plots and the summary again from OUT/results.json",
     )
     args = parser.parse_args(argv)
     try:
@@ -370,8 +451,15 @@ def main(argv: list[str] | None = None) -> int:
     sections = []
     for name, raw in sorted(raws.items(), key=lambda item: list(SUITES).index(item[0])):
         if raw.get("failed"):
-            sections.append({"title": name, "command": raw["command"], "figures": {}, "plots": [],
-                             "markdown": f"**Failed** in this run: `{raw['failed']}`"})
+            sections.append(
+                {
+                    "title": name,
+                    "command": raw["command"],
+                    "figures": {},
+                    "plots": [],
+                    "markdown": f"**Failed** in this run: `{raw['failed']}`",
+                }
+            )
         else:
             sections.append(SUITES[name][1](raw, args.out))
     figures = {k: v for s in sections for k, v in s["figures"].items()}
@@ -386,8 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps({"figures": figures, "plots": [p.name for s in sections for p in s["plots"]]}, indent=1) + "\n",
         encoding="utf-8",
     )
-    print(f"wrote {_relative(args.out / 'summary.md')}, {_relative(args.out / 'figures.json')} and "
-          f"{sum(len(s['plots']) for s in sections)} plots")
+    print(
+        f"wrote {_relative(args.out / 'summary.md')}, {_relative(args.out / 'figures.json')} and "
+        f"{sum(len(s['plots']) for s in sections)} plots"
+    )
     if bad:
         print(f"benchmarks: figures that are not numbers: {', '.join(bad)}", file=sys.stderr)
     if failed:

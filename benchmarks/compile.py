@@ -35,10 +35,10 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import torch
 
@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model.to(device)
     example = example.to(device)
     progress(f"GPT-2 {args.layers} x {args.width}, batch {args.batch} x {args.seq}: measuring eager")
-    eager_peak = measured_step(model, example.args, example.kwargs, loss_fn=_loss)[0].peak_bytes if device == "cpu" else None
+    eager_peak = (
+        measured_step(model, example.args, example.kwargs, loss_fn=_loss)[0].peak_bytes if device == "cpu" else None
+    )
     steps: dict[str, Callable[[], torch.Tensor]] = {"eager": peers.eager_step(_Loss(model), example)}
     rows: dict[str, dict[str, Any]] = {}
     chosen: dict[float, list[str]] = {}
@@ -109,7 +111,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if isinstance(plan_share, float):
             progress(f"{label}: planning")
             prof = profile(copied, example, loss_fn=_loss, repeats=1, progress=False)
-            result = make_plan(copied, example, FractionOfPeak(Fraction(str(plan_share))), planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False)
+            result = make_plan(
+                copied,
+                example,
+                FractionOfPeak(Fraction(str(plan_share))),
+                planner=Planner.OPTIMAL,
+                hard=False,
+                prof=prof,
+                progress=False,
+            )
             memoplan.apply(copied, result.plan)
             rows.setdefault(label, {})["regions"] = result.regions
         elif plan_share is not None:
@@ -158,7 +168,10 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, float, Any]]:
     configs += [(f"compile budget {b:g}", b, None) for b in args.budgets]
     configs += [(f"memoplan {b:.0%} + compile", 1.0, b) for b in args.budgets]
     for b in args.dtr:
-        configs += [(f"dtr {b:.0%} + compile", 1.0, ("dtr", b)), (f"static at dtr {b:.0%}'s choice + compile", 1.0, ("static", b))]
+        configs += [
+            (f"dtr {b:.0%} + compile", 1.0, ("dtr", b)),
+            (f"static at dtr {b:.0%}'s choice + compile", 1.0, ("static", b)),
+        ]
     return configs
 
 
@@ -193,8 +206,10 @@ def _timed(steps: dict[str, Callable[[], torch.Tensor]], n: int, device: str) ->
 
 
 def render(results: dict[str, Any]) -> str:
-    lines = ["| configuration | peak (MiB) | peak / compile | peak / eager | step time / compile | what Dynamo captured |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| configuration | peak (MiB) | peak / compile | peak / eager | step time / compile | what Dynamo captured |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for label, row in results["rows"].items():
         eager = f"{row['peak_vs_eager']:.3f}" if "peak_vs_eager" in row else "-"
         lines.append(
@@ -214,7 +229,9 @@ def render(results: dict[str, Any]) -> str:
             )
     if results["eager_peak_bytes"]:
         lines.append(f"\nstep times: medians of {results['args']['steps']} interleaved rounds")
-        lines.append(f"\neager, not compiled: {results['eager_peak_bytes'] / MIB:.1f} MiB, {results['eager_seconds'] * 1e3:.0f} ms a step")
+        lines.append(
+            f"\neager, not compiled: {results['eager_peak_bytes'] / MIB:.1f} MiB, {results['eager_seconds'] * 1e3:.0f} ms a step"
+        )
     return "\n".join(lines)
 
 

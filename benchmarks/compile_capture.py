@@ -21,8 +21,9 @@ for path in (ROOT, ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-import memoplan  # noqa: E402
 import real_models  # noqa: E402
+
+import memoplan  # noqa: E402
 from memoplan.examples import transformer  # noqa: E402
 from memoplan.graphs import CountingBackend  # noqa: E402
 

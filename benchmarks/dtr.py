@@ -35,19 +35,19 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 HERE = Path(__file__).resolve().parent
 for path in (str(HERE.parent), str(HERE)):
     if path not in sys.path:
         sys.path.insert(0, path)
 
+import planner_vs_peers as peers  # noqa: E402
 import torch  # noqa: E402
 
 import memoplan  # noqa: E402
-import planner_vs_peers as peers  # noqa: E402
 from memoplan.measure import measured_step, training_step  # noqa: E402
 from memoplan.planner.budgets import Bytes, FractionOfPeak  # noqa: E402
 from memoplan.planner.config import Planner  # noqa: E402
@@ -132,7 +132,9 @@ def overhead(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         return timed
 
-    times = peers.timed_rounds({k: on_cpu(k, f) for k, f in steps.items()}, args.overhead, args.warmup, "cpu", args.seed)
+    times = peers.timed_rounds(
+        {k: on_cpu(k, f) for k, f in steps.items()}, args.overhead, args.warmup, "cpu", args.seed
+    )
     cpu = {k: v[args.warmup :] for k, v in cpu.items()}
     medians = {k: statistics.median(v) for k, v in times.items()}
     low = {k: min(v) for k, v in cpu.items()}
@@ -172,7 +174,9 @@ def per_call(rounds: int, steps: int = 50) -> dict[str, float]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, x = _Tiny(), torch.randn(4, 16)
-    planned = memoplan.apply(copy.deepcopy(model), 'memplan 1\ndtr { eviction_threshold = 1 TiB; modules = "blocks.*" }\n')
+    planned = memoplan.apply(
+        copy.deepcopy(model), 'memplan 1\ndtr { eviction_threshold = 1 TiB; modules = "blocks.*" }\n'
+    )
     best = {"unplanned": float("inf"), "dtr": float("inf")}
     try:
         for _ in range(rounds + 1):  # the first round warms up
@@ -202,7 +206,9 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         entry = {"name": label, "peak_bytes": peak, "exact": _verified(model, plan, example, seed), **extra}
         configs.append(entry)
         steps[label] = peers.eager_step(memoplan.apply(copy.deepcopy(model), plan), example)
-        peers.progress(f"[{name}] {label}: {peak / MIB:.2f} MiB, verify {'bit for bit' if entry['exact'] else 'DIFFERENT'}")
+        peers.progress(
+            f"[{name}] {label}: {peak / MIB:.2f} MiB, verify {'bit for bit' if entry['exact'] else 'DIFFERENT'}"
+        )
         return entry
 
     # dtr evicting nothing: the tracker's own cost.
@@ -217,7 +223,9 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     peers.progress(f"[{name}] profiling")
     prof = profile(model, example, progress=False)
     for share in args.shares:
-        result = make_dtr_plan(model, example, FractionOfPeak.percent(share * 100), hard=False, prof=prof, progress=False)
+        result = make_dtr_plan(
+            model, example, FractionOfPeak.percent(share * 100), hard=False, prof=prof, progress=False
+        )
         stats = _stats_of(model, result.plan, example, seed)
         dtr = planned(
             f"dtr {share:g}",
@@ -299,7 +307,10 @@ def render(results: list[dict[str, Any]], command: str) -> str:
     for result in results:
         out += ["", f"### {result['model']}: {result['description']['name']}", ""]
         out.append(f"Unplanned peak {result['unplanned_peak_bytes'] / MIB:.2f} MiB.")
-        out += ["", "| configuration | peak MiB | x unplanned | step ms | bit for bit | dtr: threshold / evictions / recomputes / missed | predicted peak (error) |"]
+        out += [
+            "",
+            "| configuration | peak MiB | x unplanned | step ms | bit for bit | dtr: threshold / evictions / recomputes / missed | predicted peak (error) |",
+        ]
         out.append("| --- | ---: | ---: | ---: | --- | --- | --- |")
         for c in result["configs"]:
             if "peak_bytes" not in c:
@@ -331,10 +342,16 @@ def build_parser() -> argparse.ArgumentParser:
             action.choices, action.default = MODELS, list(MODELS)
     parser.add_argument("--shares", nargs="+", type=float, default=list(SHARES), help="shares of the unplanned peak")
     parser.add_argument(
-        "--per-call", type=int, metavar="ROUNDS", help="only the tracker's cost per candidate call on a tiny model (best of ROUNDS)"
+        "--per-call",
+        type=int,
+        metavar="ROUNDS",
+        help="only the tracker's cost per candidate call on a tiny model (best of ROUNDS)",
     )
     parser.add_argument(
-        "--overhead", type=int, metavar="ROUNDS", help="only time unplanned against dtr evicting nothing, over ROUNDS rounds"
+        "--overhead",
+        type=int,
+        metavar="ROUNDS",
+        help="only time unplanned against dtr evicting nothing, over ROUNDS rounds",
     )
     return parser
 

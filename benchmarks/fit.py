@@ -72,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=float, nargs="*", default=[0.5], help="shares of the unplanned peak")
     parser.add_argument("--no-real", action="store_true", help="do not run the unplanned step for real")
     parser.add_argument("--default-plan", action="store_true", help="time what `memoplan plan` does by default")
-    parser.add_argument("--limited", type=float, metavar="F", help="profile, plan, verify under an address-space limit F times too small")
+    parser.add_argument(
+        "--limited",
+        type=float,
+        metavar="F",
+        help="profile, plan, verify under an address-space limit F times too small",
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
 
@@ -121,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 def _planned_estimate(plan) -> int | None:
     """The planned peak the search estimated, from the plan's header (None: trials were real)."""
     return next(
-        (int(line.split(": ")[1].split(" B")[0]) for line in plan.header_comments.leading
-         if line.lstrip("# ").startswith("planned peak on fake tensors")),
+        (
+            int(line.split(": ")[1].split(" B")[0])
+            for line in plan.header_comments.leading
+            if line.lstrip("# ").startswith("planned peak on fake tensors")
+        ),
         None,
     )
 
@@ -174,7 +182,9 @@ def _default_plan(model, example, share: float, unit: float | None) -> dict[str,
         "total_in_unplanned_steps": None if not unit else total / unit,
         "estimated_planned_peak": estimated_after,
         "measured_planned_peak": planned.measured_after,
-        "error": None if estimated_after is None else (estimated_after - planned.measured_after) / planned.measured_after,
+        "error": None
+        if estimated_after is None
+        else (estimated_after - planned.measured_after) / planned.measured_after,
         "checkpoints": planned.regions,
     }
 
@@ -183,7 +193,10 @@ def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
     """``memoplan profile``, ``plan`` and ``verify`` by the CLI under an address-space limit (tests/_limited.py)."""
     root = Path(__file__).resolve().parent.parent
     # The room the unplanned step needs above the process's baseline: the model's parameters and the step's peak.
-    params = sum(p.numel() * p.element_size() for p in _gpt2(args.layers, args.width, args.heads, args.vocab, args.seq).parameters())
+    params = sum(
+        p.numel() * p.element_size()
+        for p in _gpt2(args.layers, args.width, args.heads, args.vocab, args.seq).parameters()
+    )
     margin_mib = (params + unplanned) / args.limited / 2**20
     env = {
         **os.environ,
@@ -203,13 +216,21 @@ def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
         "plan": ["plan", *spec, "--budget", share, "-o", "fit.memplan"],
         "verify": ["verify", "fit.memplan"],
     }
-    out: dict[str, object] = {"margin_mib": margin_mib, "parameter_bytes": params, "unplanned_peak": unplanned, "budget": share}
+    out: dict[str, object] = {
+        "margin_mib": margin_mib,
+        "parameter_bytes": params,
+        "unplanned_peak": unplanned,
+        "budget": share,
+    }
     with tempfile.TemporaryDirectory() as folder:
         for name, command in commands.items():
             start = time.perf_counter()
             done = subprocess.run(
                 [sys.executable, str(root / "tests" / "_limited.py"), f"{margin_mib:.1f}", *command],
-                cwd=folder, env=env, capture_output=True, text=True,
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
             )
             seconds = time.perf_counter() - start
             tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
@@ -220,7 +241,11 @@ def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
                 "tail": tail,
             }
         plan_text = (Path(folder) / "fit.memplan").read_text() if (Path(folder) / "fit.memplan").exists() else ""
-    header = {line.split(": ", 1)[0].lstrip("# "): line.split(": ", 1)[1] for line in plan_text.splitlines() if ": " in line and line.startswith("# ")}
+    header = {
+        line.split(": ", 1)[0].lstrip("# "): line.split(": ", 1)[1]
+        for line in plan_text.splitlines()
+        if ": " in line and line.startswith("# ")
+    }
     out["plan_header"] = {k: v for k, v in header.items() if "peak" in k or "limit" in k}
     return out
 

@@ -45,7 +45,10 @@ def bundled(name: str) -> tuple[list[Item], int]:
     model = specs.load_model(model_spec)
     example = specs.make_example(parse_example_spec(example_spec))
     prof = profile(model, example, progress=False)
-    items = [Item(link.name, link.saved_bytes, link.input_bytes + link.kept_bytes, link.forward_seconds) for link in chain(prof)]
+    items = [
+        Item(link.name, link.saved_bytes, link.input_bytes + link.kept_bytes, link.forward_seconds)
+        for link in chain(prof)
+    ]
     return items, unplanned_base(prof.peak_bytes, items)
 
 
@@ -70,8 +73,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=200, help="modules in each synthetic chain")
     parser.add_argument("--generations", type=int, default=20)
     args = parser.parse_args()
-    print(f"sublinear, budget half way between the least reachable and the unplanned peak; {args.generations} generations")
-    print("| chain | modules | budget | thresholds only: peak, recompute | with generations | saved (peak, recompute) | evaluations |")
+    print(
+        f"sublinear, budget half way between the least reachable and the unplanned peak; {args.generations} generations"
+    )
+    print(
+        "| chain | modules | budget | thresholds only: peak, recompute | with generations | saved (peak, recompute) | evaluations |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, make in CHAINS.items():
         items, base = make(args.size)

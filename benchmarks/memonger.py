@@ -131,12 +131,23 @@ def measure_model(name, build, example, repeats: int, compiled: bool = False) ->
         elapsed = time.perf_counter() - start
         s = plan.layout.stats
         row["layouts"].append(
-            {"algo": algo, "ordering": ordering, "kept": len(plan.arena_buffers), "could": len(program.arena_buffers()),
-             "slots": len(plan.slots), "baseline": plan.baseline_bytes,
-             "arena": s.arena_bytes, "bound": s.lower_bound_bytes, "optimal": s.optimal, "plan_ms": elapsed * 1e3,
-             "outside": len(plan.outside), "outside_bytes": sum(program.buffers[i].size for i in plan.outside),
-             "scratch": sum(program.buffers[i].scratch for i in plan.arena_buffers),
-             "estimate": plan.arena_peak, "eager_estimate": plan.eager_peak}
+            {
+                "algo": algo,
+                "ordering": ordering,
+                "kept": len(plan.arena_buffers),
+                "could": len(program.arena_buffers()),
+                "slots": len(plan.slots),
+                "baseline": plan.baseline_bytes,
+                "arena": s.arena_bytes,
+                "bound": s.lower_bound_bytes,
+                "optimal": s.optimal,
+                "plan_ms": elapsed * 1e3,
+                "outside": len(plan.outside),
+                "outside_bytes": sum(program.buffers[i].size for i in plan.outside),
+                "scratch": sum(program.buffers[i].scratch for i in plan.arena_buffers),
+                "estimate": plan.arena_peak,
+                "eager_estimate": plan.eager_peak,
+            }
         )
     reference = copy.deepcopy(model)
     _apply(model, ex)
@@ -221,8 +232,17 @@ def measure_synthetic(nodes: int) -> list[dict]:
         result = layout(deps, buffers, algo=algo, ordering=ordering)
         elapsed = time.perf_counter() - start
         s = result.stats
-        rows.append({"algo": algo, "ordering": ordering, "baseline": s.baseline_bytes, "arena": s.arena_bytes,
-                     "bound": s.lower_bound_bytes, "optimal": s.optimal, "plan_s": elapsed})
+        rows.append(
+            {
+                "algo": algo,
+                "ordering": ordering,
+                "baseline": s.baseline_bytes,
+                "arena": s.arena_bytes,
+                "bound": s.lower_bound_bytes,
+                "optimal": s.optimal,
+                "plan_s": elapsed,
+            }
+        )
     return rows
 
 
@@ -231,9 +251,12 @@ def _mib(n: int) -> str:
 
 
 def render(models: list[dict], graph: list[dict], nodes: int) -> str:
-    out = ["### Arena against the lower bound (`peak_slack = 0.02`, the default)", "",
-           "| model | steps | algo | ordering | buffers in the arena | slots | baseline MiB | arena MiB | lower bound MiB | arena / bound | outside the arena | scratch B a call | estimated peak / eager's | plan ms |",
-           "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    out = [
+        "### Arena against the lower bound (`peak_slack = 0.02`, the default)",
+        "",
+        "| model | steps | algo | ordering | buffers in the arena | slots | baseline MiB | arena MiB | lower bound MiB | arena / bound | outside the arena | scratch B a call | estimated peak / eager's | plan ms |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
     for row in models:
         if "refused" in row:
             out.append(f"| {row['model']} | refused: {row['refused']} | | | | | | | | | | | | |")
@@ -246,9 +269,13 @@ def render(models: list[dict], graph: list[dict], nodes: int) -> str:
                 f"{lay['outside']} results, {_mib(lay['outside_bytes'])} MiB | {lay['scratch']} | "
                 f"{lay['estimate'] / lay['eager_estimate']:.3f} | {lay['plan_ms']:.1f} |"
             )
-    out += ["", "### One inference call (CPU meter, `algo = greedy`, `ordering = topological`)", "",
-            "| model | capture s | bit for bit | eager peak MiB | arena: first call MiB | arena: later call + arena MiB | arena / eager | arena / eager, profiler | allocations per call (eager → arena) | every buffer (`peak_slack = 10`): later call + arena MiB | its allocations per call | eager ms | arena ms |",
-            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
+    out += [
+        "",
+        "### One inference call (CPU meter, `algo = greedy`, `ordering = topological`)",
+        "",
+        "| model | capture s | bit for bit | eager peak MiB | arena: first call MiB | arena: later call + arena MiB | arena / eager | arena / eager, profiler | allocations per call (eager → arena) | every buffer (`peak_slack = 10`): later call + arena MiB | its allocations per call | eager ms | arena ms |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |",
+    ]
     for row in models:
         if "refused" in row:
             continue
@@ -263,9 +290,13 @@ def render(models: list[dict], graph: list[dict], nodes: int) -> str:
             f"{row['eager_ms']:.2f} | {row['arena_ms']:.2f} |"
         )
     if any("compiled_peak" in row for row in models):
-        out += ["", "### Against torch.compile (Inductor), peaks from torch.profiler's memory events", "",
-                "| model | eager peak MiB | torch.compile peak MiB | arena: later call + arena MiB | arena / torch.compile | compile s | compiled ms |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        out += [
+            "",
+            "### Against torch.compile (Inductor), peaks from torch.profiler's memory events",
+            "",
+            "| model | eager peak MiB | torch.compile peak MiB | arena: later call + arena MiB | arena / torch.compile | compile s | compiled ms |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for row in models:
             if "compiled_peak" in row:
                 out.append(
@@ -273,9 +304,13 @@ def render(models: list[dict], graph: list[dict], nodes: int) -> str:
                     f"{_mib(row['arena_profiled_peak'])} | {row['arena_profiled_peak'] / row['compiled_peak']:.3f} | "
                     f"{row['compile_s']:.1f} | {row['compiled_ms']:.2f} |"
                 )
-    out += ["", f"### Planning a {nodes:,}-step synthetic graph", "",
-            "| algo | ordering | baseline MiB | arena MiB | lower bound MiB | arena / bound | optimal | plan s |",
-            "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    out += [
+        "",
+        f"### Planning a {nodes:,}-step synthetic graph",
+        "",
+        "| algo | ordering | baseline MiB | arena MiB | lower bound MiB | arena / bound | optimal | plan s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
     for lay in graph:
         out.append(
             f"| {lay['algo']} | {lay['ordering']} | {_mib(lay['baseline'])} | {_mib(lay['arena'])} | "
@@ -291,13 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=None, help="steps of the synthetic graph (default 1000)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per model (median)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison (minutes)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: times that a busy machine does not scatter)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: times that a busy machine does not scatter)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     nodes = args.nodes or (200 if args.quick else 1000)
     compiled = not (args.quick or args.no_compile)
     models = [
-        measure_model(name, build, ex, 3 if args.quick else args.repeats, compiled) for name, build, ex in _models(args.quick)
+        measure_model(name, build, ex, 3 if args.quick else args.repeats, compiled)
+        for name, build, ex in _models(args.quick)
     ]
     print(render(models, measure_synthetic(nodes), nodes))
     return 0

@@ -86,7 +86,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="a small size for a first look: 4 layers x 128 wide, batch 2 x 64, 1 step")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small size for a first look: 4 layers x 128 wide, batch 2 x 64, 1 step"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.layers, args.width, args.batch, args.seq, args.steps = 4, 128, 2, 64, 1
@@ -116,7 +118,9 @@ def main(argv=None) -> int:
         print(f"measured {name}", file=sys.stderr, flush=True)
     peak0, time0 = rows[0][1], rows[0][2]
     print(f"GPT-2 {args.layers} layers x {args.width} wide, batch {args.batch} x {args.seq}, torch {torch.__version__}")
-    print(f"| variant | peak (MiB) | peak / unplanned | step (ms, median of {args.steps}) | step / unplanned | gradients |")
+    print(
+        f"| variant | peak (MiB) | peak / unplanned | step (ms, median of {args.steps}) | step / unplanned | gradients |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for name, peak, seconds, equal in rows:
         print(

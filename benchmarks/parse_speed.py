@@ -68,12 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     cases = [
         (f"{options.rules:,} rules, valid", rules_plan(options.rules), options.rules),
         (f"{options.rules:,} rules, 1 bad line", rules_plan(options.rules, bad_every=options.rules), options.rules),
-        (f"{options.rules:,} rules, 50 bad lines", rules_plan(options.rules, bad_every=max(1, options.rules // 50)), options.rules),
+        (
+            f"{options.rules:,} rules, 50 bad lines",
+            rules_plan(options.rules, bad_every=max(1, options.rules // 50)),
+            options.rules,
+        ),
         (f"{options.segments:,}-segment selector after a bad line", long_selector_plan(options.segments), 0),
         (f"{parser.MAX_PLAN_BYTES + 1:,} characters (over the limit)", "#" * (parser.MAX_PLAN_BYTES + 1), 0),
     ]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, 1-minute load {load:.1f}; best of {options.repeats}")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, 1-minute load {load:.1f}; best of {options.repeats}"
+    )
     print("| plan | size | diagnostics | CPU s | wall s | rules/s (CPU) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, text, rules in cases:

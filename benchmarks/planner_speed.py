@@ -173,14 +173,20 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=sorted(CHAINS), nargs="+")
     parser.add_argument("--generations", type=int, default=20, help="sublinear genetic_nr_iter (default 20)")
     parser.add_argument("--workers", type=int, default=1, help="sublinear num_worker (default 1)")
-    parser.add_argument("--nested", type=int, nargs="*", metavar="N", help="time nested candidates instead (default 200 1000)")
+    parser.add_argument(
+        "--nested", type=int, nargs="*", metavar="N", help="time nested candidates instead (default 200 1000)"
+    )
     args = parser.parse_args(argv)
     if args.nested is not None:
         return nested_main(args.nested or [200, 1000], args.repeat)
     print("$ " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
     print(f"python {sys.version.split()[0]}; targets: optimal <= 1 s at 1,000 items, <= 60 s at 5,000")
-    print(f"budgets: {', '.join(f'{f:.0%}' for f in LEVELS)} of the way from the least reachable peak to the unplanned one;")
-    print(f"sublinear: thresh_nr_try=10, genetic_nr_iter={args.generations}, genetic_pool_size=20, num_worker={args.workers}")
+    print(
+        f"budgets: {', '.join(f'{f:.0%}' for f in LEVELS)} of the way from the least reachable peak to the unplanned one;"
+    )
+    print(
+        f"sublinear: thresh_nr_try=10, genetic_nr_iter={args.generations}, genetic_pool_size=20, num_worker={args.workers}"
+    )
     header = (
         f"{'chain':<18} {'n':>5} {'floor':>6}  {'optimal':>8} {'greedy':>7} {'sublin.':>7} {'cover.':>6}"
         f"  | at the 50% budget: {'optimal':>9} {'greedy':>9} {'sublin.':>9}  | GA: better, max gain"

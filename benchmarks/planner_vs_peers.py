@@ -81,10 +81,10 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -237,7 +237,9 @@ def compare(
     }
 
 
-def timed_rounds(steps: dict[str, Callable[[], Any]], n: int, warmup: int, device: str, seed: int) -> dict[str, list[float]]:
+def timed_rounds(
+    steps: dict[str, Callable[[], Any]], n: int, warmup: int, device: str, seed: int
+) -> dict[str, list[float]]:
     """Every configuration once per round, the order rotated every round; seconds per step."""
     names = list(steps)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -315,13 +317,17 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         }
     )
     steps[every] = eager_step(memoplan.apply(copy.deepcopy(model), plan_text), example)
-    progress(f"[{name}] {every}: {report.planned.peak_bytes / MIB:.2f} MiB, verify {'EQUIVALENT' if report.equivalent else 'DIFFERENT'}")
+    progress(
+        f"[{name}] {every}: {report.planned.peak_bytes / MIB:.2f} MiB, verify {'EQUIVALENT' if report.equivalent else 'DIFFERENT'}"
+    )
 
     # Peers (GPT-2): transformers' own activation checkpointing of every block, or of every n-th.
     if name == "gpt2":
         for every_n in args.hf_every:
             hf = copy.deepcopy(model)
-            label = "transformers activation checkpointing, " + ("every block" if every_n == 1 else f"every {_ordinal(every_n)} block")
+            label = "transformers activation checkpointing, " + (
+                "every block" if every_n == 1 else f"every {_ordinal(every_n)} block"
+            )
             try:
                 _hf_checkpointing(hf, every_n)
             except TypeError as error:  # an older transformers without every_n_layers
@@ -331,7 +337,13 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             hf_memory, _, hf_loss = measured_step(hf, example.args, example.kwargs)
             check = compare(ref_loss, ref_grads, hf_loss.detach(), hf, args.rtol)
             configs.append(
-                {"name": label, "kind": "peer", "peak_bytes": hf_memory.peak_bytes, **check, "check": _check_text(check, args.rtol)}
+                {
+                    "name": label,
+                    "kind": "peer",
+                    "peak_bytes": hf_memory.peak_bytes,
+                    **check,
+                    "check": _check_text(check, args.rtol),
+                }
             )
             steps[label] = eager_step(hf, example)
             progress(f"[{name}] {label}: {hf_memory.peak_bytes / MIB:.2f} MiB, {_check_text(check, args.rtol)}")
@@ -344,14 +356,19 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for mode in args.memoplan:
         nested = mode == "nested"
         links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
-        items = [Item(link.name, link.saved_bytes, link.input_bytes + link.kept_bytes, link.forward_seconds) for link in links]
+        items = [
+            Item(link.name, link.saved_bytes, link.input_bytes + link.kept_bytes, link.forward_seconds)
+            for link in links
+        ]
         base = unplanned_base(prof.peak_bytes, items)
         minimum_estimate = minimum_peak(items, base_bytes=base)[0]
         candidates[mode] = [link.name for link in links]
         minimum_estimates[mode] = minimum_estimate
         for fraction in args.budgets:
             configs.append(
-                _memoplan_config(name, model, example, prof, fraction, nested, minimum_estimate, seed, verify_rtol, steps, args)
+                _memoplan_config(
+                    name, model, example, prof, fraction, nested, minimum_estimate, seed, verify_rtol, steps, args
+                )
             )
 
     # torch.compile with activation_memory_budget.
@@ -437,7 +454,15 @@ def _memoplan_config(
     t0 = time.perf_counter()
     try:
         result = make_plan(
-            model, example, budget, planner=Planner.OPTIMAL, hard=True, prof=prof, progress=False, nested=nested, refine=refine
+            model,
+            example,
+            budget,
+            planner=Planner.OPTIMAL,
+            hard=True,
+            prof=prof,
+            progress=False,
+            nested=nested,
+            refine=refine,
         )
     except PlanError as error:
         entry.update(
@@ -448,7 +473,9 @@ def _memoplan_config(
         )
         # The least-peak plan the planner can write (as a hint), measured.
         try:
-            hint = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False, nested=nested)
+            hint = make_plan(
+                model, example, budget, planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False, nested=nested
+            )
             entry["least_peak_plan"] = {
                 "checkpointed": list(hint.choice.names),
                 "estimated_peak_bytes": hint.choice.estimated_peak,
@@ -479,7 +506,9 @@ def _memoplan_config(
     )
     steps[label] = eager_step(memoplan.apply(copy.deepcopy(model), result.plan), example)
     regions = entry["checkpointed"]
-    progress(f"[{name}]   {len(regions)} regions ({', '.join(regions)}), {peak / MIB:.2f} MiB, budget {entry['status']}")
+    progress(
+        f"[{name}]   {len(regions)} regions ({', '.join(regions)}), {peak / MIB:.2f} MiB, budget {entry['status']}"
+    )
     return entry
 
 
@@ -516,7 +545,11 @@ def _check_text(check: dict[str, Any], rtol: float) -> str:
 
 def verdicts(configs: list[dict[str, Any]], times: dict[str, list[float]]) -> list[dict[str, Any]]:
     """Per memoplan budget: memoplan's step time against the fastest correct peer at or below its peak."""
-    peers = [c for c in configs if c["kind"] in ("peer", "compile") and c.get("peak_bytes") is not None and c["name"] in times]
+    peers = [
+        c
+        for c in configs
+        if c["kind"] in ("peer", "compile") and c.get("peak_bytes") is not None and c["name"] in times
+    ]
     out = []
     for mp in (c for c in configs if c["kind"] == "memoplan"):
         v: dict[str, Any] = {
@@ -654,7 +687,10 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"  1-minute load average while timing: {load['before_timing']} -> {load['after_timing']}")
         comp = [c for c in r["configurations"] if c["kind"] == "compile" and "compile_seconds" in c]
         if comp:
-            lines.append("  compile times: " + ", ".join(f"{c['activation_memory_budget']:g}: {c['compile_seconds']:.1f} s" for c in comp))
+            lines.append(
+                "  compile times: "
+                + ", ".join(f"{c['activation_memory_budget']:g}: {c['compile_seconds']:.1f} s" for c in comp)
+            )
         lines.append(
             "  step times (ms, every timed step): "
             + "; ".join(
@@ -692,7 +728,9 @@ def _version(package: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--budgets", nargs="+", type=float, default=list(DEFAULT_BUDGETS), help="fractions of the unplanned peak")
+    parser.add_argument(
+        "--budgets", nargs="+", type=float, default=list(DEFAULT_BUDGETS), help="fractions of the unplanned peak"
+    )
     parser.add_argument(
         "--compile-budgets",
         nargs="*",
@@ -726,9 +764,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpt2-vocab", type=int, default=2048)
     parser.add_argument("--gpt2-dropout", type=float, default=0.0)
     parser.add_argument(
-        "--hf-every", nargs="*", type=int, default=[1, 2], help="GPT-2 peers: transformers' checkpointing of every n-th block"
+        "--hf-every",
+        nargs="*",
+        type=int,
+        default=[1, 2],
+        help="GPT-2 peers: transformers' checkpointing of every n-th block",
     )
-    parser.add_argument("--rtol", type=float, default=1e-3, help="peers' gradients: max |diff| <= rtol * max |unplanned|")
+    parser.add_argument(
+        "--rtol", type=float, default=1e-3, help="peers' gradients: max |diff| <= rtol * max |unplanned|"
+    )
     parser.add_argument("--profile-repeats", type=int, default=3, help="timed steps of memoplan's profile")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -751,8 +795,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # Compiled random ops draw what eager ones draw, so compiled steps can be compared with eager ones;
     # every budget compiles and partitions afresh (no graph from a cache).  Restored on return.
-    with inductor_config.patch(fallback_random=True, fx_graph_cache=False), functorch_config.patch(
-        enable_autograd_cache=False
+    with (
+        inductor_config.patch(fallback_random=True, fx_graph_cache=False),
+        functorch_config.patch(enable_autograd_cache=False),
     ):
         return _main(args, argv)
 

@@ -27,9 +27,7 @@ class Cell(nn.Module):
 
 def build_model(stages: int = 11, cells: int = 24) -> nn.Module:
     """``stages`` ModuleLists of ``cells`` Cells (each with 3 leaves): 11 * (1 + 24 * 4) = 1,067 modules."""
-    return nn.ModuleDict(
-        {f"stage{s}": nn.ModuleList(Cell() for _ in range(cells)) for s in range(stages)}
-    )
+    return nn.ModuleDict({f"stage{s}": nn.ModuleList(Cell() for _ in range(cells)) for s in range(stages)})
 
 
 def build_plan(model: nn.Module, rules: int = 1000) -> str:

@@ -9,21 +9,24 @@ The first block holds half the activations, so checkpointing the blocks cannot l
 """
 
 import torch
-from torch import nn
 from spikingjelly.activation_based import functional, layer, neuron, surrogate
+from torch import nn
 
 T = 8
+
 
 class SJCNN(nn.Module):
     def __init__(self, channels=(16, 32, 32, 64), classes=10):
         super().__init__()
         blocks, cin = [], 2
         for c in channels:
-            blocks.append(nn.Sequential(
-                layer.Conv2d(cin, c, 3, padding=1, bias=False),
-                neuron.LIFNode(surrogate_function=surrogate.ATan(), detach_reset=True),
-                layer.MaxPool2d(2),
-            ))
+            blocks.append(
+                nn.Sequential(
+                    layer.Conv2d(cin, c, 3, padding=1, bias=False),
+                    neuron.LIFNode(surrogate_function=surrogate.ATan(), detach_reset=True),
+                    layer.MaxPool2d(2),
+                )
+            )
             cin = c
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Sequential(layer.Flatten(), layer.Linear(cin * 4 * 4, classes))
@@ -32,9 +35,11 @@ class SJCNN(nn.Module):
     def forward(self, x):
         return self.head(self.blocks(x)).mean(0)
 
+
 def build():
     torch.manual_seed(0)
     return SJCNN()
+
 
 def example():
     g = torch.Generator().manual_seed(1)

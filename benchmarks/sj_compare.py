@@ -73,7 +73,9 @@ def _spikingjelly(model: nn.Module, x: torch.Tensor) -> nn.Module:
     model = copy.deepcopy(model)
     for block in model.blocks:
         block.__class__ = Block
-    optimize_memory(model, targets=(Block,), example_forward=lambda m: m(x), level=1, checkpoint_budget="memory", compress=True)
+    optimize_memory(
+        model, targets=(Block,), example_forward=lambda m: m(x), level=1, checkpoint_budget="memory", compress=True
+    )
     functional.reset_net(model)
     return model
 
@@ -84,7 +86,11 @@ def _row(name: str, model: nn.Module, x: torch.Tensor, steps: int, reference):
     functional.reset_net(model)
     peak = measure_step(model, (x,)).peak_bytes
     # SpikingJelly's checkpoint wrappers add a segment to the names: the same parameters otherwise.
-    grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
     times = []
     for _ in range(steps + 1):
         functional.reset_net(model)
@@ -111,7 +117,10 @@ def main(argv=None) -> int:
     print(format_plan(generated.plan), file=sys.stderr)
     variants = [
         ("unplanned", lambda: copy.deepcopy(base)),
-        ("memoplan, hand plan (temporal_chunk 4, bit inputs, functional state)", lambda: memoplan.apply(copy.deepcopy(base), HAND)),
+        (
+            "memoplan, hand plan (temporal_chunk 4, bit inputs, functional state)",
+            lambda: memoplan.apply(copy.deepcopy(base), HAND),
+        ),
         (f"memoplan, `plan --budget {args.budget}%`", lambda: memoplan.apply(copy.deepcopy(base), generated.plan)),
         ("SpikingJelly 2.0 optimize_memory level 1 (checkpoint + bit per block)", lambda: _spikingjelly(base, x)),
     ]
@@ -122,10 +131,14 @@ def main(argv=None) -> int:
         rows.append(row)
     peak0, time0, sj = rows[0][1], rows[0][2], rows[-1]
     print(f"SpikingJelly CNN, input (8, {args.batch}, 2, {args.size}, {args.size}), torch {torch.__version__}")
-    print(f"| configuration | peak (B) | / unplanned | / SpikingJelly | step (ms, median of {args.steps}) | / unplanned | max abs gradient difference |")
+    print(
+        f"| configuration | peak (B) | / unplanned | / SpikingJelly | step (ms, median of {args.steps}) | / unplanned | max abs gradient difference |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, peak, seconds, diff, _ in rows:
-        print(f"| {name} | {peak:,} | {peak / peak0:.3f} | {peak / sj[1]:.3f} | {seconds * 1e3:.0f} | {seconds / time0:.2f} | {diff:.2e} |")
+        print(
+            f"| {name} | {peak:,} | {peak / peak0:.3f} | {peak / sj[1]:.3f} | {seconds * 1e3:.0f} | {seconds / time0:.2f} | {diff:.2e} |"
+        )
     return 0
 
 

@@ -447,7 +447,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results["targets"] = [
         _target(
             "memoplan peak / unplanned peak (gradients "
-            + ("identical" if chosen["exact"] else f"equal within {chosen['rtol']:g} x max") + ")",
+            + ("identical" if chosen["exact"] else f"equal within {chosen['rtol']:g} x max")
+            + ")",
             mp / u,
             TARGETS["memoplan / unplanned"],
             grads_equal,
@@ -523,8 +524,10 @@ def render(results: dict[str, Any]) -> str:
         t = ms(times["memoplan"]["median"]) if chosen else "-"
         within = sum(len(v["within"]) for v in r["checks"].values())
         tolerance = f", within {r['rtol']:g} x max: {within} tensors not bit for bit" if within else ""
-        eq = f"yes (verify: EQUIVALENT{tolerance})" if r["equivalent"] else "NO: " + "; ".join(
-            f"{k}: {len(v['differences'])}" for k, v in r["checks"].items() if v["differences"]
+        eq = (
+            f"yes (verify: EQUIVALENT{tolerance})"
+            if r["equivalent"]
+            else "NO: " + "; ".join(f"{k}: {len(v['differences'])}" for k, v in r["checks"].items() if v["differences"])
         )
         name = f"memoplan `{plan}`" + (" (chosen)" if chosen else "")
         lines.append(f"| {name} | {mib(r['peak_bytes'])} | {r['peak_bytes'] / u:.3f} | {t} | {eq} |")

@@ -83,9 +83,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.measure import measure_step
     from memoplan.planner.plan import PlanResult
     from memoplan.planner.request import PlanRequestError, plan
-    from memoplan.runtime.dtr import dtr_stats
     from memoplan.resolver.bind import resolve
     from memoplan.resolver.explain import explain  # the function, not the module of that name
+    from memoplan.runtime.dtr import dtr_stats
     from memoplan.syntax import format_plan, load, parse
     from memoplan.syntax.ast import Plan
     from memoplan.verification import verify

@@ -13,13 +13,13 @@ from pathlib import Path
 from torch import nn
 
 from memoplan import runtime
-from memoplan.runtime import arena, hfcheck
 from memoplan.codegen import emit, import_generated, write_files
 from memoplan.diagnostics import MemoplanWarning, PlanError, Severity, Span
 from memoplan.ir import ResolvedPlan
 from memoplan.memonger.build import missing_example, plan_arena
 from memoplan.memonger.plan import ArenaPlan
 from memoplan.resolver import resolve
+from memoplan.runtime import arena, hfcheck
 from memoplan.syntax import ast, load, parse
 from memoplan.targets import check_target
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from memoplan import cli_output, isolate
 from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
-from memoplan.diagnostics import printable
-from memoplan.diagnostics import Diagnostic, PlanError, Severity
+from memoplan.cli_sublinear import sublinear_config
+from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
 from memoplan.targets import check_output, model_file, plan_inputs, writing
 
 SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
@@ -186,7 +186,9 @@ def _check(args) -> int:
 def _check_one(args, path: Path) -> None:
     plan = _load(path)
     if args.syntax_only:  # no model, no torch: for pre-commit hooks and editors
-        OUTPUT.result(f"{cli_output.display_name(path)}: ok, {len(plan.rules)} rule{'s' if len(plan.rules) != 1 else ''}")
+        OUTPUT.result(
+            f"{cli_output.display_name(path)}: ok, {len(plan.rules)} rule{'s' if len(plan.rules) != 1 else ''}"
+        )
         return
     from memoplan.resolver.effects import statement_effects
 
@@ -282,7 +284,13 @@ def _verify_plan(args) -> int:
     smaller = _example(None, None, args.compare_example, required=True) if args.compare_example else None
     report = _first_step(
         lambda: verify(
-            model, resolved, example, seed=args.seed, rtol=args.rtol, device=device, compare_example=smaller,
+            model,
+            resolved,
+            example,
+            seed=args.seed,
+            rtol=args.rtol,
+            device=device,
+            compare_example=smaller,
             compile=args.compile,
         )
     )
@@ -312,7 +320,9 @@ def _device(text: str | None):
     try:
         device = torch.device(text)
     except RuntimeError:
-        raise PlanError((Diagnostic("MP506", f"`--device {text}` is not a device", help="e.g. cpu, cuda or cuda:1"),)) from None
+        raise PlanError(
+            (Diagnostic("MP506", f"`--device {text}` is not a device", help="e.g. cpu, cuda or cuda:1"),)
+        ) from None
     if device.type == "cuda":
         count = torch.cuda.device_count()
         if not count or (device.index or 0) >= count:
@@ -363,7 +373,13 @@ def _profile(args) -> int:
     shards = _shards(args)
     result = _first_step(
         lambda: take_profile(
-            model, example, method=args.method, note=_progress, repeats=args.repeats, shards=shards, optimizer=args.optimizer
+            model,
+            example,
+            method=args.method,
+            note=_progress,
+            repeats=args.repeats,
+            shards=shards,
+            optimizer=args.optimizer,
         ),
         "profile",
     )
@@ -394,7 +410,9 @@ def _shards(args) -> int:
             )
         )
     if args.shards is None and shards > 1:
-        _progress(f"note: WORLD_SIZE={shards}: planning the step of one of {shards} FSDP2 ranks (--shards 1 for an unsharded one)")
+        _progress(
+            f"note: WORLD_SIZE={shards}: planning the step of one of {shards} FSDP2 ranks (--shards 1 for an unsharded one)"
+        )
     return shards
 
 
@@ -463,72 +481,9 @@ def _out_of_memory(step: str, wanted: int | None, message: str) -> Diagnostic:
     )
 
 
-def _sublinear_config(args, block=None):
-    """The sublinear search's settings: a plan's `sublinear` block with the ``--thresh-nr-try``
-    ... options over it (None when there is neither).
-
-    The options are read as the entries of a `sublinear` block, so the types, ranges and
-    defaults are the language's (`grammar/README.md`), and a bad value is the same diagnostic.
-    """
-    from memoplan.syntax import ast, parse_with_diagnostics
-    from memoplan.syntax.blocks import config_of
-
-    from dataclasses import replace
-
-    base = None if block is None else config_of(block)
-    given = {key: getattr(args, key) for key in SUBLINEAR_OPTIONS if getattr(args, key) is not None}
-    env = _sublinear_env(args, block)
-    if env is not None:  # the environment's keys, under the block's and the options'
-        written = () if block is None else tuple(e.key for e in block.entries)
-        base = env if base is None else replace(env, **{key: getattr(base, key) for key in written})
-    if not given:
-        return base
-    for key, value in given.items():  # one value each: nothing that would start another entry
-        if any(c in value for c in ";{}#=\\\n\r"):
-            raise PlanError((Diagnostic("MP202", f"`--{key.replace('_', '-')} {value}` is not one value"),))
-    entries = "; ".join(f"{key} = {value}" for key, value in given.items())
-    text = f"memplan 1\nsublinear {{ {entries} }}\n"
-    plan, diagnostics = parse_with_diagnostics(text, "<command line>")
-    if plan is None or any(d.is_error for d in diagnostics):
-        raise PlanError(tuple(diagnostics), text)
-    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
-    options = config_of(block)
-    return options if base is None else replace(base, **{key: getattr(options, key) for key in given})
-
-
-def _sublinear_env(args, block):
-    """The sublinear search's settings that ``MGB_SUBLINEAR_MEMORY_*`` variables set (None: none set).
-
-    Read only for ``--planner sublinear`` (or a plan's `sublinear` block); otherwise a note says they
-    were not used.  Each one read is said on stderr: they are defaults, under the block and the options.
-    """
-    import os
-
-    from memoplan.planner.mgb_env import sublinear_env
-    from memoplan.syntax import ast, parse_with_diagnostics
-    from memoplan.syntax.blocks import config_of
-
-    env = sublinear_env(os.environ)
-    if not env:
-        return None
-    if args.planner != "sublinear" and block is None:
-        names = ", ".join(name for name, _ in env.values())
-        _progress(f"note: {names} not used: the sublinear search reads it (--planner sublinear)")
-        return None
-    text = "memplan 1\nsublinear { " + "; ".join(f"{key} = {value}" for key, (_, value) in env.items()) + " }\n"
-    plan, diagnostics = parse_with_diagnostics(text, "<environment>")
-    if plan is None or any(d.is_error for d in diagnostics):
-        raise PlanError(tuple(diagnostics), text)
-    for key, (name, value) in env.items():
-        _progress(f"note: {name} read as the sublinear search's default {key} = {value}")
-    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
-    return config_of(block)
-
-
 def _plan(args) -> int:
     """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
     from memoplan.planner.device_budget import device_budget_bytes, device_budget_refused, device_budget_text
-    from memoplan.planner.estimate import take_profile
     from memoplan.planner.presets import parse_budget
     from memoplan.planner.profile import Profile, merge
     from memoplan.planner.request import PlanRequestError
@@ -543,7 +498,7 @@ def _plan(args) -> int:
             device_budget_refused(_device(args.device), args.budget)
             parsed = parse_budget("1 B" + device_budget[1])
         preset = request.make_preset(parsed)
-        sublinear = _sublinear_config(args, request.sublinear_block())
+        sublinear = sublinear_config(args, request.sublinear_block())
         request.check_preset(preset, sublinear=sublinear is not None)
     except PlanRequestError as exc:
         print(f"memoplan plan: error: {exc}", file=sys.stderr)
@@ -573,33 +528,62 @@ def _plan(args) -> int:
         preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
     shards = _shards(args)
     if args.dtr and shards > 1:
-        print("memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1", file=sys.stderr)
-        return 2
-    if prof is None:
-        # Planning from estimated trials needs the profile's times only roughly: one timed step.
-        repeats = 3 if args.method == "measured" else 1
-        prof = _first_step(
-            lambda: take_profile(
-                model, example, method=args.method, note=_progress, repeats=repeats, fake_peak=args.method == "auto",
-                shards=shards, optimizer=args.optimizer,
-            ),
-            "profile",
+        print(
+            "memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1",
+            file=sys.stderr,
         )
-    if args.method == "measured" and prof.method == "estimated":
-        print("memoplan plan: error: --method measured needs a measured profile; --profile gave an estimated one", file=sys.stderr)
+        return 2
+    prof = _plan_profile(args, model, example, prof, shards)
+    if prof is None:
         return 2
     if args.dtr:
         return _plan_dtr(args, model, example, prof, preset)
     result = _first_step(
         lambda: preset.run(
-            model, example, prof=prof, named=args.preset is not None, nested=args.nested, sublinear=sublinear,
-            start=start, trials="measured" if args.method == "measured" else "estimated",
+            model,
+            example,
+            prof=prof,
+            named=args.preset is not None,
+            nested=args.nested,
+            sublinear=sublinear,
+            start=start,
+            trials="measured" if args.method == "measured" else "estimated",
         ),
         "planned",
         only_oom=True,
     )
     _write_plan(args, start, preset, result, model, example, prof)
     return 0
+
+
+def _plan_profile(args, model, example, prof, shards: int):
+    """The profile ``plan`` searches over: the one given (``--profile``) or one taken now (with
+    ``--method``); None, with the error said, when ``--method measured`` got an estimated one."""
+    from memoplan.planner.estimate import take_profile
+
+    if prof is None:
+        # Planning from estimated trials needs the profile's times only roughly: one timed step.
+        repeats = 3 if args.method == "measured" else 1
+        prof = _first_step(
+            lambda: take_profile(
+                model,
+                example,
+                method=args.method,
+                note=_progress,
+                repeats=repeats,
+                fake_peak=args.method == "auto",
+                shards=shards,
+                optimizer=args.optimizer,
+            ),
+            "profile",
+        )
+    if args.method == "measured" and prof.method == "estimated":
+        print(
+            "memoplan plan: error: --method measured needs a measured profile; --profile gave an estimated one",
+            file=sys.stderr,
+        )
+        return None
+    return prof
 
 
 def _plan_request(args, start):
@@ -637,8 +621,7 @@ def _preset_how(preset) -> str:
 
 def _write_plan(args, start, preset, result, model, example, prof) -> None:
     """Write the plan ``memoplan plan`` made (its sources and budget stated) and say what it did."""
-    from memoplan.planner.write import rebased, with_sources
-    from memoplan.planner.write import with_budget
+    from memoplan.planner.write import rebased, with_budget, with_sources
     from memoplan.resolver import resolve
     from memoplan.syntax import format_plan, parse_example_spec
 
@@ -660,7 +643,9 @@ def _write_plan(args, start, preset, result, model, example, prof) -> None:
     _cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
     verdict = "met" if result.met else "NOT met (hint)"
     if prof.method == "estimated":
-        peaks = f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
+        peaks = (
+            f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
+        )
     elif prof.peak_method == "fake-tensor":
         peaks = f"unplanned peak {result.measured_before} B (on fake tensors) -> measured planned peak {result.measured_after} B"
     else:
@@ -717,7 +702,9 @@ def _report_html(args) -> int:
         raise PlanError(tuple(found), plan.source)
     with writing(args.output):
         result = _first_step(
-            lambda: report_command.write_report(plan, resolved, model, example, args.output, options, device=device, progress=_progress)
+            lambda: report_command.write_report(
+                plan, resolved, model, example, args.output, options, device=device, progress=_progress
+            )
         )
     print(f"wrote {', '.join(str(p) for p in result.written)}: sections {', '.join(result.sections)}")
     return 0
@@ -725,6 +712,7 @@ def _report_html(args) -> int:
 
 def _compile(args) -> int:
     import tempfile
+
     from memoplan.api import compile as compile_plan
 
     plan = _load(args.plan)

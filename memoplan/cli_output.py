@@ -107,7 +107,9 @@ class Output:
                 for diagnostic in result.diagnostics:
                     print(github_annotation(diagnostic, result.path))
                 if result.status == "reformat":
-                    print(f"::error file={_escape_property(result.path)},title=memoplan fmt::would reformat (run memoplan fmt)")
+                    print(
+                        f"::error file={_escape_property(result.path)},title=memoplan fmt::would reformat (run memoplan fmt)"
+                    )
         return code
 
 
@@ -148,7 +150,11 @@ def _span_json(span: Any) -> dict[str, Any]:
 
 
 def _file_json(result: FileResult) -> dict[str, Any]:
-    found = {"path": result.path, "status": result.status, "diagnostics": [diagnostic_json(d) for d in result.diagnostics]}
+    found = {
+        "path": result.path,
+        "status": result.status,
+        "diagnostics": [diagnostic_json(d) for d in result.diagnostics],
+    }
     if result.summary is not None:
         found["summary"] = result.summary
     found.update(result.details)
@@ -189,7 +195,9 @@ def expand_plans(names: list[Path]) -> list[Path]:
     for name in names:
         if str(name) != STDIN and name.is_dir():
             inside = sorted(
-                p for p in name.rglob("*.memplan") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(name).parts)
+                p
+                for p in name.rglob("*.memplan")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(name).parts)
             )
             found.extend(inside)
         else:
@@ -212,7 +220,13 @@ def read_stdin() -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PlanError(
-            (Diagnostic("MP107", f"standard input is not UTF-8 text: byte 0x{data[exc.start]:02x} ({exc.reason})", help="send UTF-8 text"),)
+            (
+                Diagnostic(
+                    "MP107",
+                    f"standard input is not UTF-8 text: byte 0x{data[exc.start]:02x} ({exc.reason})",
+                    help="send UTF-8 text",
+                ),
+            )
         ) from None
 
 
@@ -313,7 +327,10 @@ def run_fmt(args: Any, report: Any) -> int:
             print(f"{'would reformat' if args.check else 'reformatted'} {printable(result.path)}")
         if args.check:
             diff = difflib.unified_diff(
-                plan.source.splitlines(keepends=True), text.splitlines(keepends=True), result.path, f"{result.path} (formatted)"
+                plan.source.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                result.path,
+                f"{result.path} (formatted)",
             )
             shown = "".join(printable(line.rstrip("\n")) + "\n" for line in diff)
             result.details["diff"] = shown
@@ -391,7 +408,12 @@ def verify_details(report: Any) -> dict[str, Any]:
             },
         },
         "checks": [
-            {"name": c.name, "equal": c.equal, "compared": c.compared, "differences": [str(d) for d in c.differences[:10]]}
+            {
+                "name": c.name,
+                "equal": c.equal,
+                "compared": c.compared,
+                "differences": [str(d) for d in c.differences[:10]],
+            }
             for c in report.checks
         ],
         **({} if getattr(report, "arena", None) is None else {"memonger": _arena_details(report.arena)}),

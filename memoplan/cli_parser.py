@@ -59,7 +59,9 @@ def build_parser(run: Mapping[str, Runner], report: Callable[[Any], None]) -> ar
 
 def _check(sub: Any, run: Runner) -> None:
     check = sub.add_parser("check", help="parse and validate a plan (and resolve it against a model)")
-    check.add_argument("plans", type=Path, nargs="+", metavar="PLAN", help="plan files, folders (their *.memplan), or - (stdin)")
+    check.add_argument(
+        "plans", type=Path, nargs="+", metavar="PLAN", help="plan files, folders (their *.memplan), or - (stdin)"
+    )
     model_options(check)
     check.add_argument("--syntax-only", action="store_true", help="parse and check values only: no model, no torch")
     check.set_defaults(run=run)
@@ -216,7 +218,9 @@ def _plan(sub: Any, run: Runner) -> None:
 def _report(sub: Any, run: Runner) -> None:
     from memoplan.report import command as report_command  # no torch, no matplotlib for the parser
 
-    report = sub.add_parser("report", help="one self-contained HTML report with plots: memory over a step, saved bytes, budget sweep")
+    report = sub.add_parser(
+        "report", help="one self-contained HTML report with plots: memory over a step, saved bytes, budget sweep"
+    )
     report.add_argument("plan", type=Path)
     model_options(report)
     device_option(report)

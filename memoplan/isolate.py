@@ -148,7 +148,9 @@ def _crashed(code: int, step: str, plan: Path | None) -> PlanError:
     if code < 0:
         name = _signal_name(-code)
         hint = (
-            "; SIGKILL is most often the kernel's out-of-memory killer" if -code == getattr(signal, "SIGKILL", 9) else ""
+            "; SIGKILL is most often the kernel's out-of-memory killer"
+            if -code == getattr(signal, "SIGKILL", 9)
+            else ""
         )
         diagnostic = Diagnostic(
             "MP530",

@@ -263,7 +263,7 @@ def timeline_step(
     model.zero_grad(set_to_none=True)
     warm_up()
     meter = LiveStorageMeter(record=True)
-    with gc_paused(), meter, (marks(meter.mark) if marks is not None else contextlib.nullcontext()):
+    with gc_paused(), meter, marks(meter.mark) if marks is not None else contextlib.nullcontext():
         output = model(*args, **(kwargs or {}))
         loss = (loss_fn or default_loss)(output)
         assert meter.samples is not None
@@ -307,9 +307,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def step_device(
-    model: nn.Module, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
-) -> torch.device:
+def step_device(model: nn.Module, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> torch.device:
     """Where a step of ``model`` runs: its first parameter's device, else the first tensor argument's, else CPU."""
     for tensor in model.parameters():
         return tensor.device

@@ -99,6 +99,8 @@ def _plain(text: str) -> str:
 
 E, W, N = Severity.ERROR, Severity.WARNING, Severity.NOTE
 
+# One row per code, one line per row (a table to read down): the formatter leaves it as written.
+# fmt: off
 _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     # ---- lexical and grammar
     ("MP100", _S.SYNTAX, E, "syntax error: an unexpected character or token (with what was expected), a unit in the wrong case, a single-quoted string", "write the construct the message expects; units are `B`, `KiB`, `MiB`, `GiB`, strings use double quotes"),
@@ -213,6 +215,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP602", _S.PLANNER, E, "`memoplan plan --dtr`: a budget that is not in bytes, or that eviction cannot meet", "give the budget in bytes, above the least the message gives"),
     ("MP603", _S.PLANNER, E, "`memoplan profile` or `plan`: `--method measured` with `--shards N` (or WORLD_SIZE) above 1: a sharded FSDP2 step runs only under torch.distributed, so memoplan cannot measure it", "leave out `--method measured` (one rank's step is estimated on fake tensors), or profile and plan one unsharded rank with `--shards 1`"),
 )
+# fmt: on
 
 RULES: dict[str, Rule] = {code: Rule(code, stage, sev, summary, help) for code, stage, sev, summary, help in _TABLE}
 

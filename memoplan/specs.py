@@ -79,9 +79,7 @@ class Example:
 # ---------------------------------------------------------------- public API
 
 
-def load_callable(
-    spec: str, *, base_dir: Path | str | None = None, span: Span | None = None
-) -> Callable[..., Any]:
+def load_callable(spec: str, *, base_dir: Path | str | None = None, span: Span | None = None) -> Callable[..., Any]:
     """Import the object named by ``spec`` and check that it is callable."""
     span = _real_span(span)
     obj = _load_object(spec, base_dir, span)
@@ -90,9 +88,7 @@ def load_callable(
     return obj
 
 
-def load_model(
-    spec: str, *, base_dir: Path | str | None = None, span: Span | None = None
-) -> nn.Module:
+def load_model(spec: str, *, base_dir: Path | str | None = None, span: Span | None = None) -> nn.Module:
     """Build the model named by ``spec``: call it with no arguments (or instantiate the class).
 
     An ``nn.Module`` instance named directly is returned as it is.
@@ -104,8 +100,7 @@ def load_model(
     if not callable(obj):
         raise _error(
             "MP505",
-            f"`{spec}` is {_describe(obj)}; expected a callable returning an nn.Module, "
-            "or an nn.Module class",
+            f"`{spec}` is {_describe(obj)}; expected a callable returning an nn.Module, or an nn.Module class",
             span,
         )
     model = _call(obj, spec, span)
@@ -114,9 +109,7 @@ def load_model(
     return model
 
 
-def load_example(
-    spec: str, *, base_dir: Path | str | None = None, span: Span | None = None
-) -> Example:
+def load_example(spec: str, *, base_dir: Path | str | None = None, span: Span | None = None) -> Example:
     """Load example inputs: the callable's result (or the named value itself) as an ``Example``.
 
     A tensor becomes one positional argument, a tuple or list the positional
@@ -127,9 +120,7 @@ def load_example(
     value = obj
     if not isinstance(obj, (torch.Tensor, tuple, list, Example)):
         if not callable(obj):
-            raise _error(
-                "MP505", f"`{spec}` is {_describe(obj)}; expected a callable returning inputs", span
-            )
+            raise _error("MP505", f"`{spec}` is {_describe(obj)}; expected a callable returning inputs", span)
         value = _call(obj, spec, span)
     if isinstance(value, Example):
         return value
@@ -145,9 +136,7 @@ def load_example(
     )
 
 
-def make_example(
-    stmt: ExampleStmt, *, base_dir: Path | str | None = None, seed: int = 0
-) -> Example:
+def make_example(stmt: ExampleStmt, *, base_dir: Path | str | None = None, seed: int = 0) -> Example:
     """The inputs of an ``example`` statement: its loaded spec, or its inline tensors.
 
     Inline tensors are drawn in order from one ``torch.Generator`` seeded with
@@ -186,7 +175,9 @@ def _check_sizes(tensors: tuple[TensorSpec, ...], span: Span | None) -> None:
             raise _error("MP507", f"{where}: a size over 2**63 - 1 overflows 64 bits", at, "use a smaller example")
         if nbytes > INT64_MAX:
             raise _error(
-                "MP507", f"{where}: {elements} elements ({nbytes} bytes) overflow a 64-bit size", at,
+                "MP507",
+                f"{where}: {elements} elements ({nbytes} bytes) overflow a 64-bit size",
+                at,
                 "use a smaller example",
             )
         total += nbytes
@@ -194,8 +185,7 @@ def _check_sizes(tensors: tuple[TensorSpec, ...], span: Span | None) -> None:
             whole = "" if total == nbytes else f" ({_bytes_text(total)} with the tensors before it)"
             raise _error(
                 "MP507",
-                f"{where} needs {_bytes_text(nbytes)}{whole}, more than this machine's "
-                f"{_bytes_text(memory)} of memory",
+                f"{where} needs {_bytes_text(nbytes)}{whole}, more than this machine's {_bytes_text(memory)} of memory",
                 at,
                 "an example is one small batch: shrink its sizes",
             )
@@ -250,9 +240,7 @@ DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
 )
 
 
-def _make_tensor(
-    t: TensorSpec, index: int, generator: torch.Generator, span: Span | None
-) -> torch.Tensor:
+def _make_tensor(t: TensorSpec, index: int, generator: torch.Generator, span: Span | None) -> torch.Tensor:
     where = f"example tensor {index} `{_format_tensor_spec(t)}`"
 
     def bad(message: str, help: str | None = None) -> PlanError:
@@ -271,14 +259,15 @@ def _make_tensor(
 
     if t.fn in (TensorFn.RANDN, TensorFn.RAND):
         if dtype is not None and not dtype.is_floating_point:
-            raise bad(f"{t.fn.value} draws floating-point values; dtype `{t.dtype}` is not one",
-                      "use randint for integer or bool tensors")
+            raise bad(
+                f"{t.fn.value} draws floating-point values; dtype `{t.dtype}` is not one",
+                "use randint for integer or bool tensors",
+            )
         draw = torch.randn if t.fn is TensorFn.RANDN else torch.rand
         return draw(t.shape, generator=generator).to(dtype or torch.float32)
     if t.fn is TensorFn.RANDINT:
         if t.high is None:
-            raise bad("randint needs `high` (exclusive upper bound)",
-                      "e.g. randint(4, 16, high=100)")
+            raise bad("randint needs `high` (exclusive upper bound)", "e.g. randint(4, 16, high=100)")
         low = 0 if t.low is None else t.low
         if low >= t.high:
             raise bad(f"`low` ({low}) must be less than `high` ({t.high})")
@@ -327,21 +316,23 @@ def _parse(spec: str, span: Span | None) -> _Target:
     text = spec.strip()
     location, colon, attr = text.rpartition(":")
     if not colon:
-        raise _error("MP501", f"malformed spec `{spec}`: no `:` between module and callable", span,
-                     _colon_help(text))
+        raise _error("MP501", f"malformed spec `{spec}`: no `:` between module and callable", span, _colon_help(text))
     if not location:
-        raise _error("MP501", f"malformed spec `{spec}`: nothing before `:`", span,
-                     "write `package.module:callable` or `path/to/file.py:callable`")
+        raise _error(
+            "MP501",
+            f"malformed spec `{spec}`: nothing before `:`",
+            span,
+            "write `package.module:callable` or `path/to/file.py:callable`",
+        )
     if not attr:
-        raise _error("MP501", f"malformed spec `{spec}`: no callable after `:`", span,
-                     f"e.g. `{location}:build`")
+        raise _error("MP501", f"malformed spec `{spec}`: no callable after `:`", span, f"e.g. `{location}:build`")
     if not _is_dotted_name(attr):
-        raise _error("MP501", f"malformed spec `{spec}`: `{attr}` is not a (dotted) Python name",
-                     span)
+        raise _error("MP501", f"malformed spec `{spec}`: `{attr}` is not a (dotted) Python name", span)
     is_file = location.endswith(".py") or "/" in location or "\\" in location
     if not is_file and not _is_dotted_name(location):
-        raise _error("MP501", f"malformed spec `{spec}`: `{location}` is neither a module name "
-                     "nor a path to a .py file", span)
+        raise _error(
+            "MP501", f"malformed spec `{spec}`: `{location}` is neither a module name nor a path to a .py file", span
+        )
     return _Target(spec, location, attr, is_file)
 
 
@@ -410,8 +401,9 @@ def _load_file(target: _Target, base_dir: Path | None, span: Span | None) -> Mod
     name = _file_module_name(path)
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
-        raise _error("MP502", f"`{target.location}` is not a Python source file", span,
-                     "name a .py file, e.g. `models.py:build`")
+        raise _error(
+            "MP502", f"`{target.location}` is not a Python source file", span, "name a .py file, e.g. `models.py:build`"
+        )
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # needed by dataclasses, pickling and the like
     try:
@@ -455,8 +447,7 @@ def _get_attr(module: ModuleType, target: _Target, span: Span | None) -> Any:
         except AttributeError:
             owner = target.location if not walked else f"{target.location}:{'.'.join(walked)}"
             public = [n for n in dir(obj) if not n.startswith("_")]
-            raise _error("MP503", f"`{owner}` has no attribute `{part}`", span,
-                         did_you_mean(part, public)) from None
+            raise _error("MP503", f"`{owner}` has no attribute `{part}`", span, did_you_mean(part, public)) from None
         except BaseException as exc:  # a property's code
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -506,9 +497,7 @@ def _error(code: str, message: str, span: Span | None, help: str | None = None) 
     return PlanError((Diagnostic(code, message, span, help),))
 
 
-def _raised(
-    action: str, exc: BaseException, span: Span | None, help: str | None = None
-) -> PlanError:
+def _raised(action: str, exc: BaseException, span: Span | None, help: str | None = None) -> PlanError:
     return _error("MP504", f"{action} raised {describe_exception(exc)}", span, help)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 
 from memoplan.diagnostics import Diagnostic, PlanError
 
@@ -29,13 +29,23 @@ def check_target(path: Path | str, inputs: Iterable[Path | str | None] = ()) -> 
     if info is not None and stat.S_ISDIR(info.st_mode):
         _refuse(path, "it is a directory", "give -o the path of a file")
     if info is not None and not stat.S_ISREG(info.st_mode):
-        _refuse(path, "it is not a regular file (a device, a pipe or a socket): it is never replaced", "give -o the path of a regular file, or leave it absent")
+        _refuse(
+            path,
+            "it is not a regular file (a device, a pipe or a socket): it is never replaced",
+            "give -o the path of a regular file, or leave it absent",
+        )
     parent = path.parent
     if not parent.is_dir():
-        _refuse(path, f"the folder `{parent}` does not exist (it is not created)", f"create it first: mkdir -p {parent}")
+        _refuse(
+            path, f"the folder `{parent}` does not exist (it is not created)", f"create it first: mkdir -p {parent}"
+        )
     for given in inputs:
         if given is not None and info is not None and _same_file(path, Path(given)):
-            _refuse(path, f"it is an input of this command (`{given}`): an input is never a target", "write the output to another path")
+            _refuse(
+                path,
+                f"it is an input of this command (`{given}`): an input is never a target",
+                "write the output to another path",
+            )
     return path
 
 

@@ -24,10 +24,9 @@ import gc
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -288,8 +287,15 @@ def _verify_smaller(
             before, after = both(smaller)
     checks = _checks(before, after, rtol)
     return VerifyReport(
-        resolved, unplanned, memory, checks, rtol, tuple(nondeterministic), dtr=evictions,
-        compared_on=describe_example(smaller), full_example=describe_example(example),
+        resolved,
+        unplanned,
+        memory,
+        checks,
+        rtol,
+        tuple(nondeterministic),
+        dtr=evictions,
+        compared_on=describe_example(smaller),
+        full_example=describe_example(example),
     )
 
 
@@ -330,8 +336,16 @@ def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend:
         checks = _checks(before, after, rtol)
         times = [_timed(run, example, loss_fn, where) for run in runs]
     return VerifyReport(
-        resolved, before.memory, after.memory, checks, rtol, tuple(nondeterministic), *times, dtr=evictions,
-        backend=backend, captures=(captures[0], captures[1]),
+        resolved,
+        before.memory,
+        after.memory,
+        checks,
+        rtol,
+        tuple(nondeterministic),
+        *times,
+        dtr=evictions,
+        backend=backend,
+        captures=(captures[0], captures[1]),
     )
 
 
@@ -495,8 +509,7 @@ def render_report(report: VerifyReport) -> str:
     if report.captures is not None:
         unplanned, planned = report.captures
         lines.append(
-            f"torch.compile (backend {report.backend}): unplanned {unplanned.describe()}; "
-            f"planned {planned.describe()}"
+            f"torch.compile (backend {report.backend}): unplanned {unplanned.describe()}; planned {planned.describe()}"
         )
         if u.method == "live-storage":
             lines.append(
@@ -512,7 +525,9 @@ def render_report(report: VerifyReport) -> str:
         if not check.equal:
             status = "DIFFERENT"
         elif check.within:
-            status = f"equal within {report.rtol:g} x max |unplanned {check.name}| ({len(check.within)} not bit for bit)"
+            status = (
+                f"equal within {report.rtol:g} x max |unplanned {check.name}| ({len(check.within)} not bit for bit)"
+            )
         else:
             status = "equal"
         lines.append(f"  {check.name:<16} {status} ({check.compared} compared)")

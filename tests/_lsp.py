@@ -7,16 +7,15 @@ document.
 
 from __future__ import annotations
 
-from _paths import ROOT
 import asyncio
 import sys
 import threading
 import time
 from pathlib import Path
 
+from _paths import ROOT
 from lsprotocol import types as lsp
 from pygls.lsp.client import LanguageClient
-
 
 
 class Session:
@@ -113,7 +112,9 @@ class Session:
         self.notify(self.client.workspace_did_change_watched_files, lsp.DidChangeWatchedFilesParams(changes=changes))
 
     def close_document(self, uri: str) -> None:
-        self.notify(self.client.text_document_did_close, lsp.DidCloseTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
+        self.notify(
+            self.client.text_document_did_close, lsp.DidCloseTextDocumentParams(lsp.TextDocumentIdentifier(uri))
+        )
 
     def diagnostics(self, uri: str, after: int, until=None, timeout: float = 60) -> list[lsp.Diagnostic]:
         """The first diagnostics published for ``uri`` after publish number ``after`` that satisfy
@@ -133,7 +134,9 @@ class Session:
     # ------------------------------------------------------------ requests
 
     def hover(self, uri: str, line: int, character: int) -> lsp.Hover | None:
-        params = lsp.HoverParams(text_document=lsp.TextDocumentIdentifier(uri=uri), position=lsp.Position(line=line, character=character))
+        params = lsp.HoverParams(
+            text_document=lsp.TextDocumentIdentifier(uri=uri), position=lsp.Position(line=line, character=character)
+        )
         return self.run(self.client.text_document_hover_async(params))
 
     def complete(self, uri: str, line: int, character: int) -> list[lsp.CompletionItem]:
@@ -149,7 +152,10 @@ class Session:
         return lsp.CompletionList(is_incomplete=False, items=list(found or []))
 
     def format(self, uri: str) -> list[lsp.TextEdit] | None:
-        params = lsp.DocumentFormattingParams(text_document=lsp.TextDocumentIdentifier(uri=uri), options=lsp.FormattingOptions(tab_size=4, insert_spaces=True))
+        params = lsp.DocumentFormattingParams(
+            text_document=lsp.TextDocumentIdentifier(uri=uri),
+            options=lsp.FormattingOptions(tab_size=4, insert_spaces=True),
+        )
         return self.run(self.client.text_document_formatting_async(params))
 
     def stop(self) -> int | None:

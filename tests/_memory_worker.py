@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import torch
+from _ddp_worker import entry, serve
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import memoplan
 from memoplan.diagnostics import PlanError
-
-from _ddp_worker import entry, serve
 
 PLAN = "memplan 1\nmodule body.1 { checkpoint }\nmemory { atomic_clean_policy = 0 }\n"
 

@@ -11,13 +11,13 @@ after a first warm-up step to what it uses plus that many MiB (``RLIMIT_AS``).
 
 from __future__ import annotations
 
-from _paths import TESTS
 import os
 import resource
 import sys
 from pathlib import Path
 
 import torch  # noqa: F401 - torch loads before the address-space limit is set
+from _paths import TESTS
 
 sys.path.insert(0, str(TESTS))
 import shard_models  # noqa: E402

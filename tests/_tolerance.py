@@ -27,4 +27,6 @@ def assert_within_chunk_tolerance(
         a, b = ref[name], got[name]
         assert a.shape == b.shape and a.dtype == b.dtype, name
         diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-        assert diff <= CHUNK_RTOL * scale, f"{name}: max |difference| {diff:.3g}, {diff / scale if scale else float('inf'):.2g} x the largest"
+        assert diff <= CHUNK_RTOL * scale, (
+            f"{name}: max |difference| {diff:.3g}, {diff / scale if scale else float('inf'):.2g} x the largest"
+        )

@@ -8,9 +8,8 @@ import shutil
 import tempfile
 
 import pytest
-from hypothesis import settings
-
 from _profiles import PROFILE  # tests/_profiles.py
+from hypothesis import settings
 
 settings.load_profile(PROFILE)
 

@@ -3,7 +3,6 @@ figure of the summary is a number."""
 
 from __future__ import annotations
 
-from _paths import ROOT
 import json
 import math
 import re
@@ -11,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from _paths import ROOT
 
 pytestmark = pytest.mark.bench
 
@@ -18,12 +18,14 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("spikingjelly")  # the spiking benchmark's peer
 
 
-
 def test_quick_benchmarks_write_every_plot_and_only_numbers(tmp_path):
     out = tmp_path / "bench"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**__import__("os").environ, "MEMOPLAN_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -57,7 +59,11 @@ def test_quick_benchmarks_write_every_plot_and_only_numbers(tmp_path):
 
     # Drawn again from the saved results, measuring nothing: the same summary.
     again = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--render", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "benchmarks", "--render", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "summary.md").read_text(encoding="utf-8") == summary

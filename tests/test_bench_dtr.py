@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from _paths import ROOT
 import json
 import math
 import runpy
 
 import pytest
+from _paths import ROOT
 
 pytestmark = pytest.mark.bench
 

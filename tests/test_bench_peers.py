@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from _paths import ROOT
 import json
 import runpy
 from pathlib import Path
 
 import pytest
+from _paths import ROOT
 
 pytestmark = pytest.mark.bench
 
@@ -35,7 +35,9 @@ def _check_model(results: dict, name: str, budgets: list[float], compile_budgets
 
     # Every memoplan hard budget is either met (measured, and the step is equivalent) or reported unreachable.
     planned = [c for c in r["configurations"] if c["kind"] == "memoplan"]
-    assert [(c["mode"], c["budget_fraction"]) for c in planned] == [(m, b) for m in ("blocks", "nested") for b in budgets]
+    assert [(c["mode"], c["budget_fraction"]) for c in planned] == [
+        (m, b) for m in ("blocks", "nested") for b in budgets
+    ]
     for c in planned:
         assert c["status"] in ("met", "unreachable"), c
         assert c["refine"] == ["narrow", "unwrap"]  # the balanced preset's levels, by default

@@ -6,7 +6,6 @@ Diagnostics go to stderr with code, ``file:line:col`` and a caret; results to st
 
 from __future__ import annotations
 
-from _paths import ROOT
 import argparse
 import os
 import re
@@ -16,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _cli import TRACEBACK, run, write
+from _paths import ROOT
 
 from memoplan import cli
 
-from _cli import TRACEBACK, run, write
-
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))
 assert PLANS, "plans/ holds the bundled example plans"
-
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +33,19 @@ def _cache(tmp_path, monkeypatch):
 
 
 def test_subcommands_are_frozen() -> None:
-    assert cli.SUBCOMMANDS == ("check", "fmt", "rule", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
+    assert cli.SUBCOMMANDS == (
+        "check",
+        "fmt",
+        "rule",
+        "explain",
+        "verify",
+        "compile",
+        "profile",
+        "plan",
+        "report",
+        "lsp",
+        "demo",
+    )
     parser = cli._parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert tuple(sub.choices) == cli.SUBCOMMANDS
@@ -202,7 +212,9 @@ def test_model_override_beats_plan_model(capsys, user_model, tmp_path: Path) -> 
 
 
 def test_relative_model_file_resolves_against_the_plan(capsys, user_model, tmp_path: Path, monkeypatch) -> None:
-    plan = write(tmp_path, "rel.memplan", 'memplan 1\nmodel "net.py:build"\nexample randn(3, 4)\nmodule head { checkpoint }\n')
+    plan = write(
+        tmp_path, "rel.memplan", 'memplan 1\nmodel "net.py:build"\nexample randn(3, 4)\nmodule head { checkpoint }\n'
+    )
     monkeypatch.chdir(ROOT)
     code, out, err = run(capsys, "check", plan)
     assert code == 0, err
@@ -362,7 +374,9 @@ def test_verify_every_bundled_plan(capsys, path: Path) -> None:
 
 def test_verify_user_model_with_overrides(capsys, user_model) -> None:
     model, plan = user_model
-    code, out, err = run(capsys, "verify", plan, "--model", f"{model}:build", "--example", "randn(16, 4)", "--seed", "3")
+    code, out, err = run(
+        capsys, "verify", plan, "--model", f"{model}:build", "--example", "randn(16, 4)", "--seed", "3"
+    )
     assert code == 0, out + err
     assert "verdict: EQUIVALENT" in out
     assert "body" in out and "head" in out
@@ -385,7 +399,9 @@ def test_models_are_built_from_the_seed_so_every_run_agrees(capsys) -> None:
 
 def test_verify_on_an_explicit_device(capsys, user_model) -> None:
     model, plan = user_model
-    code, out, err = run(capsys, "verify", plan, "--model", f"{model}:build", "--example", "randn(16, 4)", "--device", "cpu")
+    code, out, err = run(
+        capsys, "verify", plan, "--model", f"{model}:build", "--example", "randn(16, 4)", "--device", "cpu"
+    )
     assert code == 0, out + err
     assert "(live-storage, cpu)" in out and "verdict: EQUIVALENT" in out
 
@@ -400,7 +416,9 @@ def test_verify_on_an_explicit_device(capsys, user_model) -> None:
     ],
 )
 @pytest.mark.parametrize("command", ["verify", "profile", "plan"])
-def test_a_device_that_cannot_run_here_is_a_diagnostic_before_any_work(capsys, tmp_path, user_model, command, device, message):
+def test_a_device_that_cannot_run_here_is_a_diagnostic_before_any_work(
+    capsys, tmp_path, user_model, command, device, message
+):
     model, plan = user_model
     spec = ("--model", f"{model}:build", "--example", "randn(16, 4)")
     argv = {

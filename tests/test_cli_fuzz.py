@@ -7,17 +7,16 @@ ends, escape sequences, bidi overrides, NUL, lone surrogates, deep nesting, a lo
 
 from __future__ import annotations
 
-from _paths import TESTS
 import re
 from pathlib import Path
 
 import pytest
+from _paths import TESTS
+from _profiles import n_examples
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memoplan import cli
-
-from _profiles import n_examples
 
 FIXTURES = TESTS / "fixtures" / "hostile"
 TRACEBACK = "Traceback (most recent call last)"
@@ -25,10 +24,54 @@ TRACEBACK = "Traceback (most recent call last)"
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 PIECES = [
-    "memplan 1", "memplan 2", "module", "a.b", "layers.*", "**", "[0:3]", "class Linear", "not", "{", "}",
-    "checkpoint", "segments = 2", "compress input=uint8", "keep", "budget 4 GiB", "dtr", "eviction_threshold = 1 GiB",
-    "sublinear", "memory", "#", '"', '"x"', "\\", ";", "=", "\n", "\r", "\r\n", "\t", " ", "\ufeff", "\x00", "\x1b[2J",
-    "\u202e", "\x9b", "\u2028", "\ud800", "é", "😀", "1e999", "-1", "0x", "'", "**x", "\\u00", "\f", "\v",
+    "memplan 1",
+    "memplan 2",
+    "module",
+    "a.b",
+    "layers.*",
+    "**",
+    "[0:3]",
+    "class Linear",
+    "not",
+    "{",
+    "}",
+    "checkpoint",
+    "segments = 2",
+    "compress input=uint8",
+    "keep",
+    "budget 4 GiB",
+    "dtr",
+    "eviction_threshold = 1 GiB",
+    "sublinear",
+    "memory",
+    "#",
+    '"',
+    '"x"',
+    "\\",
+    ";",
+    "=",
+    "\n",
+    "\r",
+    "\r\n",
+    "\t",
+    " ",
+    "\ufeff",
+    "\x00",
+    "\x1b[2J",
+    "\u202e",
+    "\x9b",
+    "\u2028",
+    "\ud800",
+    "é",
+    "😀",
+    "1e999",
+    "-1",
+    "0x",
+    "'",
+    "**x",
+    "\\u00",
+    "\f",
+    "\v",
 ]
 
 

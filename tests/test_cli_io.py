@@ -3,7 +3,6 @@ json|github`; distinct exit codes; -q/-v; `python -m memoplan`; `-o -`; `check -
 
 from __future__ import annotations
 
-from _paths import ROOT
 import io
 import json
 import os
@@ -12,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _cli import run, write
+from _paths import ROOT
 
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))
 BROKEN = "memplan 1\nmodule { keep\n"
@@ -149,7 +148,16 @@ def test_verify_json(capsys) -> None:
 
 def test_profile_to_standard_output(capsys, tmp_path) -> None:
     code, out, err = run(
-        capsys, "profile", "--model", "memoplan.examples.cnn:build", "--example", "randn(2, 3, 32, 32)", "--repeats", "1", "-o", "-"
+        capsys,
+        "profile",
+        "--model",
+        "memoplan.examples.cnn:build",
+        "--example",
+        "randn(2, 3, 32, 32)",
+        "--repeats",
+        "1",
+        "-o",
+        "-",
     )
     assert code == 0
     assert json.loads(out)["modules"]
@@ -166,7 +174,11 @@ def test_python_dash_m_and_syntax_only_without_torch(tmp_path) -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-c", probe, str(ROOT / "plans" / "transformer.memplan")], capture_output=True, text=True, env=env, cwd=tmp_path
+        [sys.executable, "-c", probe, str(ROOT / "plans" / "transformer.memplan")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     assert result.stdout.strip().endswith("exit 0 False"), result.stderr
     assert ": ok, 2 rules" in result.stdout

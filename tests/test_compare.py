@@ -40,7 +40,9 @@ def _cache(*tensors):
 def test_equal_tensors_in_distinct_objects_are_equal():
     a = torch.randn(3, 4)
     b = torch.randn(2)
-    check = compare("outputs", {"outputs": Output(a, _cache(a, b))}, {"outputs": Output(a.clone(), _cache(a.clone(), b.clone()))})
+    check = compare(
+        "outputs", {"outputs": Output(a, _cache(a, b))}, {"outputs": Output(a.clone(), _cache(a.clone(), b.clone()))}
+    )
     assert check.equal and check.exact, check.differences
     assert check.compared == 6  # logits, two keys, two values, is_initialized
 
@@ -50,7 +52,10 @@ def test_the_first_differing_tensor_is_named_by_its_path():
     other = b.clone()
     other[1, 2] += 1
     check = compare("outputs", {"outputs": Output(a, _cache(a, b))}, {"outputs": Output(a, _cache(a, other))})
-    assert [d.split(":")[0] for d in check.differences] == ["outputs.past.layers[1].keys", "outputs.past.layers[1].values"]
+    assert [d.split(":")[0] for d in check.differences] == [
+        "outputs.past.layers[1].keys",
+        "outputs.past.layers[1].values",
+    ]
     assert "max abs difference 1" in check.differences[0]
 
 
@@ -71,7 +76,9 @@ def test_a_tuple_is_not_a_list_and_a_missing_leaf_is_a_difference():
 
 
 def test_shape_dtype_and_integer_values():
-    check = compare("g", {"w": torch.zeros(2), "n": torch.tensor([1, 2])}, {"w": torch.zeros(3), "n": torch.tensor([1, 3])})
+    check = compare(
+        "g", {"w": torch.zeros(2), "n": torch.tensor([1, 2])}, {"w": torch.zeros(3), "n": torch.tensor([1, 3])}
+    )
     assert check.differences == ("w: (2,) torch.float32 vs (3,) torch.float32", "n: values differ")
     assert not compare("g", {"w": torch.zeros(2)}, {"w": torch.zeros(2, dtype=torch.float64)}).equal
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from _paths import ROOT
 import re
 
 import pytest
+from _paths import ROOT
 
 import memoplan
 

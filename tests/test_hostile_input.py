@@ -7,7 +7,6 @@ the terminal's encoding or the process's umask is the point.
 
 from __future__ import annotations
 
-from _paths import ROOT
 import os
 import stat
 import subprocess
@@ -15,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import TRACEBACK, run, write
+from _paths import ROOT
 from torch import nn
 
 import memoplan
-
-from _cli import TRACEBACK, run, write
 from memoplan import diagnostics
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.resolver import explain
@@ -27,13 +26,12 @@ from memoplan.resolver.selectors import ModelIndex, Specificity, select, specifi
 from memoplan.syntax import format_plan, parse, parse_example_spec
 
 
-
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMOPLAN_CACHE_DIR", str(tmp_path / "cache"))
 
 
-MODELS_PY = '''
+MODELS_PY = """
 import sys
 import torch
 from torch import nn
@@ -96,7 +94,7 @@ def keywords():
     from memoplan.specs import Example
 
     return Example((), {"x": torch.randn(2, 4)})
-'''
+"""
 
 
 @pytest.fixture()
@@ -323,12 +321,7 @@ def test_strict_utf8_terminal_gets_no_encoding_error(tmp_path, models, all_plan,
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_compile_respects_the_umask(tmp_path, models, all_plan, umask) -> None:
     target = tmp_path / "generated_plan.py"
-    code = (
-        "import os, sys\n"
-        f"os.umask({umask})\n"
-        "from memoplan import cli\n"
-        "sys.exit(cli.main(sys.argv[1:]))\n"
-    )
+    code = f"import os, sys\nos.umask({umask})\nfrom memoplan import cli\nsys.exit(cli.main(sys.argv[1:]))\n"
     env = dict(os.environ, MEMOPLAN_CACHE_DIR=str(tmp_path / "cache"))
     args = ["compile", str(all_plan), "--model", f"{models}:build", "-o", str(target)]
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT)

@@ -3,10 +3,10 @@ policy type and the code generator dispatches per action type (no optional field
 
 from __future__ import annotations
 
-from _paths import ROOT
 import typing
 
 import pytest
+from _paths import ROOT
 
 from memoplan import ir, load, resolve
 from memoplan.codegen.emit import EMITTERS, emit

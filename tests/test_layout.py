@@ -13,9 +13,10 @@ The allowlists below are today's exceptions; each says why, and they are to shri
 
 from __future__ import annotations
 
-from _paths import ROOT
 import ast
 from pathlib import Path
+
+from _paths import ROOT
 
 PACKAGE = ROOT / "memoplan"
 MAX_LINES = 800
@@ -229,8 +230,8 @@ def test_no_private_name_imported_across_modules():
             private = taken.startswith("_") and not (taken.startswith("__") and taken.endswith("__"))
             if private and f"{source}.{taken}" not in MODULES and (name, source, taken) not in PRIVATE_ALLOWED:
                 offenders.append(f"{name} (line {line}) imports {taken} from {source}")
-    assert not offenders, "private names imported across modules (give them a public name where they live):\n" + "\n".join(
-        offenders
+    assert not offenders, (
+        "private names imported across modules (give them a public name where they live):\n" + "\n".join(offenders)
     )
 
 

@@ -79,9 +79,7 @@ def test_meter_follows_out_arguments_that_grow() -> None:
 
 def test_measure_step_is_deterministic() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(64, 128), nn.BatchNorm1d(128), nn.GELU(), nn.Dropout(0.1), nn.Linear(128, 8)
-    )
+    model = nn.Sequential(nn.Linear(64, 128), nn.BatchNorm1d(128), nn.GELU(), nn.Dropout(0.1), nn.Linear(128, 8))
     x = torch.randn(32, 64)
     readings = [measure_step(model, (x,)) for _ in range(3)]
     assert readings[0] == readings[1] == readings[2]

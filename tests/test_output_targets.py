@@ -6,7 +6,6 @@ commands run in-process."""
 
 from __future__ import annotations
 
-from _paths import ROOT
 import os
 import stat
 import subprocess
@@ -14,12 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import run
+from _paths import ROOT
 
 import memoplan
 from memoplan.diagnostics import PlanError
-
-from _cli import run
-
 
 MODEL_PY = """
 from torch import nn
@@ -104,7 +102,10 @@ def test_profile_and_plan_refuse_their_inputs_and_devices(capsys, folder, monkey
         (["profile", "--model", "model.py:build", "--example", "randn(2, 4)", "-o", "no/p.json"], "does not exist"),
         (["plan", "plan.memplan", "--budget", "50%", "-o", "plan.memplan"], "it is an input"),
         (["plan", "plan.memplan", "--budget", "50%", "-o", "model.py"], "it is an input"),
-        (["plan", "--model", "model.py:build", "--example", "randn(2, 4)", "--budget", "50%", "-o", "/dev/null"], "not a regular file"),
+        (
+            ["plan", "--model", "model.py:build", "--example", "randn(2, 4)", "--budget", "50%", "-o", "/dev/null"],
+            "not a regular file",
+        ),
     ]
     for argv, reason in cases:
         code, out, err = run(capsys, *argv)

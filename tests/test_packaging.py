@@ -11,7 +11,6 @@ tests, the docs and the licence.
 
 from __future__ import annotations
 
-from _paths import ROOT, TESTS
 import os
 import shutil
 import subprocess
@@ -22,8 +21,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from _lsp import Session
+from _paths import ROOT, TESTS
 
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))
 TORCH = "torch==2.13.0"
@@ -57,7 +56,9 @@ def sdist(dist) -> Path:
 
 def _pip(python: Path, *args: str) -> None:
     result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True)
-    assert result.returncode == 0, f"pip install {' '.join(args)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    assert result.returncode == 0, (
+        f"pip install {' '.join(args)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +104,16 @@ def test_wheel_contents(wheel):
 def test_sdist_carries_tests_docs_and_licence(sdist):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    for name in ("LICENSE", "README.md", "pyproject.toml", "tests/test_packaging.py", "tests/conftest.py",
-                 "grammar/memplan.lark", "codegen/templates/plan_module.py.j2", "plans/cnn_bn_dropout.memplan"):
+    for name in (
+        "LICENSE",
+        "README.md",
+        "pyproject.toml",
+        "tests/test_packaging.py",
+        "tests/conftest.py",
+        "grammar/memplan.lark",
+        "codegen/templates/plan_module.py.j2",
+        "plans/cnn_bn_dropout.memplan",
+    ):
         assert name in names, name
     assert any(n.startswith("docs/") and n.endswith(".md") for n in names)
     assert not any("node_modules" in n or "__pycache__" in n for n in names)
@@ -112,9 +121,16 @@ def test_sdist_carries_tests_docs_and_licence(sdist):
 
 def test_installed_package_is_the_wheel(fresh_env):
     result = subprocess.run(
-        [str(fresh_env["python"]), "-c",
-         "import memoplan, torch, memoplan._resources as r; print(memoplan.__file__); print(r.templates_dir()); print(torch.__version__)"],
-        env=fresh_env["env"], cwd=fresh_env["cwd"], capture_output=True, text=True, check=True,
+        [
+            str(fresh_env["python"]),
+            "-c",
+            "import memoplan, torch, memoplan._resources as r; print(memoplan.__file__); print(r.templates_dir()); print(torch.__version__)",
+        ],
+        env=fresh_env["env"],
+        cwd=fresh_env["cwd"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     package_file, templates, torch_version = result.stdout.split("\n")[:3]
     venv_root = str(fresh_env["home"])
@@ -150,8 +166,13 @@ def test_compile_and_import_from_the_wheel(fresh_env):
         "cnn_plan.remove(model)\n"
         "print('imported', cnn_plan.__file__)\n"
     )
-    result = subprocess.run([str(fresh_env["python"]), "-c", script], env=fresh_env["env"], cwd=fresh_env["cwd"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(fresh_env["python"]), "-c", script],
+        env=fresh_env["env"],
+        cwd=fresh_env["cwd"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "imported" in result.stdout and str(fresh_env["cwd"]) in result.stdout
 
@@ -192,17 +213,46 @@ def test_user_script_type_checks_against_the_wheel(fresh_env, tmp_path):
     script = TESTS / "fixtures" / "typing" / "user_script.py"
     env = {k: v for k, v in fresh_env["env"].items() if k != "MYPYPATH"}
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(fresh_env["python"]),
-         "--cache-dir", str(tmp_path / "cache"), "--no-error-summary", str(script)],
-        env=env, cwd=fresh_env["cwd"], capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--python-executable",
+            str(fresh_env["python"]),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-error-summary",
+            str(script),
+        ],
+        env=env,
+        cwd=fresh_env["cwd"],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     reveal = tmp_path / "reveal.py"
     reveal.write_text("import memoplan\nreveal_type(memoplan.apply)\n", encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(fresh_env["python"]),
-         "--cache-dir", str(tmp_path / "cache"), "--no-error-summary", "-v", str(reveal)],
-        env=env, cwd=fresh_env["cwd"], capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--python-executable",
+            str(fresh_env["python"]),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-error-summary",
+            "-v",
+            str(reveal),
+        ],
+        env=env,
+        cwd=fresh_env["cwd"],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert "torch.nn.modules.module.Module" in result.stdout, result.stdout[-2000:]
     found = [line for line in result.stderr.splitlines() if "memoplan/__init__.py" in line]

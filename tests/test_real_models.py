@@ -15,13 +15,13 @@ installs them, and CI runs these tests.
 
 from __future__ import annotations
 
-from _paths import TESTS
 import copy
 import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from _paths import TESTS
 
 import memoplan
 from memoplan import specs
@@ -102,7 +102,9 @@ def test_profile_plan_verify_compile_and_train(name, tmp_path, capsys):
     model = specs.load_model(model_spec)
     example = specs.make_example(parse_example_spec(example_spec))
     planned = generated.apply(copy.deepcopy(model))
-    assert [t.path for t in generated.TARGETS] and all("forward" in planned.get_submodule(t.path).__dict__ for t in generated.TARGETS)
+    assert [t.path for t in generated.TARGETS] and all(
+        "forward" in planned.get_submodule(t.path).__dict__ for t in generated.TARGETS
+    )
     assert list(planned.state_dict()) == list(model.state_dict())
 
     expected, actual = _steps(model, example, seed=1), _steps(planned, example, seed=1)
@@ -110,7 +112,6 @@ def test_profile_plan_verify_compile_and_train(name, tmp_path, capsys):
         for category in a:
             check = compare(category, {category: a[category]}, {category: b[category]})
             assert check.exact, f"step {step + 1}, {category}: {check.differences[:3]}"
-
 
 
 @pytest.mark.parametrize("name", list(MODELS))

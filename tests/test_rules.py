@@ -3,10 +3,10 @@ the reference's table generated from it, and `memoplan rule CODE`."""
 
 from __future__ import annotations
 
-from _paths import ROOT
 import re
 
 import pytest
+from _paths import ROOT
 
 from memoplan.cli import main
 from memoplan.rules import BEGIN, END, RULES, range_of, reference_block

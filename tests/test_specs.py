@@ -100,9 +100,7 @@ def test_module_spec_class_and_dotted() -> None:
 
 def test_module_spec_found_via_base_dir(models_dir: Path) -> None:
     # `models` is not importable from sys.path, only from the plan's folder.
-    (models_dir / "plan_local_mod_xyz.py").write_text(
-        "from torch import nn\ndef build():\n    return nn.Identity()\n"
-    )
+    (models_dir / "plan_local_mod_xyz.py").write_text("from torch import nn\ndef build():\n    return nn.Identity()\n")
     model = load_model("plan_local_mod_xyz:build", base_dir=models_dir)
     assert isinstance(model, nn.Identity)
     assert str(models_dir) not in sys.path  # the path was only added for the import
@@ -125,10 +123,7 @@ def test_file_spec_absolute_and_in_subfolder(tmp_path: Path) -> None:
     sub = tmp_path / "nets"
     sub.mkdir()
     (sub / "tiny.py").write_text(
-        "from torch import nn\n"
-        "class Tiny(nn.Linear):\n"
-        "    def __init__(self):\n"
-        "        super().__init__(2, 2)\n"
+        "from torch import nn\nclass Tiny(nn.Linear):\n    def __init__(self):\n        super().__init__(2, 2)\n"
     )
     assert isinstance(load_model(str(sub / "tiny.py") + ":Tiny"), nn.Linear)
     assert isinstance(load_model("nets/tiny.py:Tiny", base_dir=tmp_path), nn.Linear)
@@ -156,8 +151,7 @@ def test_file_loaded_once_under_private_name(models_dir: Path) -> None:
 def test_file_may_import_its_siblings(tmp_path: Path) -> None:
     (tmp_path / "helper_sibling_abc.py").write_text("WIDTH = 5\n")
     (tmp_path / "net.py").write_text(
-        "from torch import nn\nfrom helper_sibling_abc import WIDTH\n"
-        "def build():\n    return nn.Linear(WIDTH, 1)\n"
+        "from torch import nn\nfrom helper_sibling_abc import WIDTH\ndef build():\n    return nn.Linear(WIDTH, 1)\n"
     )
     assert load_model("net.py:build", base_dir=tmp_path).in_features == 5
 

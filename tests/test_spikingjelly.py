@@ -402,8 +402,10 @@ def test_no_grad_evaluation_and_remove():
         ("module blocks.* { checkpoint }", "blocks.0.node"),
         ("module blocks.1 { temporal_chunk 2 dim 0 }", "blocks.1.node"),
         ("module blocks { checkpoint segments = 2 }", "blocks.0.node"),
-        ("module blocks.1 {\n checkpoint\n compress input = bit\n}\nmodule class LIFNode { state = functional }",
-         "blocks.1.node"),
+        (
+            "module blocks.1 {\n checkpoint\n compress input = bit\n}\nmodule class LIFNode { state = functional }",
+            "blocks.1.node",
+        ),
     ],
     ids=["checkpoint", "temporal_chunk", "segments", "only-LIFNode-marked"],
 )

@@ -7,7 +7,6 @@ package is not seen as ``Any``).
 
 from __future__ import annotations
 
-from _paths import ROOT, TESTS
 import ast
 import os
 import subprocess
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _paths import ROOT, TESTS
 
 import memoplan
 

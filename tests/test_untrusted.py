@@ -6,7 +6,6 @@ Every case runs ``python -m memoplan`` as a subprocess: the point is what happen
 
 from __future__ import annotations
 
-from _paths import ROOT
 import json
 import os
 import signal
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _paths import ROOT
 
 from memoplan import isolate
 
@@ -68,7 +68,12 @@ def _memoplan(*argv, cwd: Path, isolate_env: bool = False) -> subprocess.Complet
     if isolate_env:
         env[isolate.ENV] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "memoplan", *map(str, argv)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "memoplan", *map(str, argv)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -109,7 +114,9 @@ def test_a_segfault_in_a_c_call_is_mp530(tmp_path):
 
 @pytest.mark.slow
 def test_os_exit_in_the_model_spec_is_mp531(tmp_path):
-    done = _memoplan("compile", "--isolate", _plan(tmp_path, "models.py:exits"), "-o", tmp_path / "out.py", cwd=tmp_path)
+    done = _memoplan(
+        "compile", "--isolate", _plan(tmp_path, "models.py:exits"), "-o", tmp_path / "out.py", cwd=tmp_path
+    )
     assert done.returncode == 1
     assert "p.memplan:2:1: error[MP531]" in done.stderr and "exit status 7" in done.stderr
     assert "os._exit()" in done.stderr
@@ -122,7 +129,10 @@ def test_the_step_is_named_an_example_by_its_line_a_forward_by_the_plan(tmp_path
     plan.write_text('memplan 1\nmodel "models.py:build"\nexample "models.py:aborting_example"\n')
     done = _memoplan("verify", "--isolate", plan, cwd=tmp_path)
     assert done.returncode == 1
-    assert "p.memplan:3:1: error[MP530]" in done.stderr and "while building example models.py:aborting_example" in done.stderr
+    assert (
+        "p.memplan:3:1: error[MP530]" in done.stderr
+        and "while building example models.py:aborting_example" in done.stderr
+    )
     plan.write_text('memplan 1\nmodel "models.py:exits_in_forward"\nexample randn(2, 4)\n')
     done = _memoplan("verify", "--isolate", plan, cwd=tmp_path)
     assert done.returncode == 1

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from _paths import ROOT
 import dataclasses
 
 import pytest
 import torch
+from _paths import ROOT
 
 import memoplan
 from memoplan import runtime
@@ -133,8 +133,12 @@ def test_reproducible_mode_sets_and_restores_the_global_switches(monkeypatch):
         assert switches() == (True, True, False, False)
         assert torch.is_deterministic_algorithms_warn_only_enabled()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-        warnings.warn("scatter_add_cuda_kernel does not have a deterministic implementation, but you set x", stacklevel=1)
-        warnings.warn("scatter_add_cuda_kernel does not have a deterministic implementation, but you set x", stacklevel=1)
+        warnings.warn(
+            "scatter_add_cuda_kernel does not have a deterministic implementation, but you set x", stacklevel=1
+        )
+        warnings.warn(
+            "scatter_add_cuda_kernel does not have a deterministic implementation, but you set x", stacklevel=1
+        )
     assert found == ["scatter_add_cuda_kernel does not have a deterministic implementation"]
     assert switches() == before
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ

@@ -65,7 +65,9 @@ async def measure(name: str, text: str, edits: int) -> None:
     )
     await asyncio.wait_for(noted.wait(), 300)
     uri = (ROOT / "build" / f"latency-{name}.memplan").as_uri()
-    client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="memplan", version=1, text=text)))
+    client.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="memplan", version=1, text=text))
+    )
     await published.get()  # the first check of this document: not counted
     lines = text.rstrip("\n").split("\n")
     # the last line with a policy: each edit misspells its policy, or puts it back
@@ -82,7 +84,10 @@ async def measure(name: str, text: str, edits: int) -> None:
                 text_document=lsp.VersionedTextDocumentIdentifier(version=version, uri=uri),
                 content_changes=[
                     lsp.TextDocumentContentChangePartial(
-                        range=lsp.Range(start=lsp.Position(line=last, character=0), end=lsp.Position(line=last, character=len(lines[last]))),
+                        range=lsp.Range(
+                            start=lsp.Position(line=last, character=0),
+                            end=lsp.Position(line=last, character=len(lines[last])),
+                        ),
                         text=change,
                     )
                 ],
@@ -96,7 +101,9 @@ async def measure(name: str, text: str, edits: int) -> None:
     position = lsp.Position(line=selector, character=len("module ") + 1)  # on the last rule's selector
     for _ in range(edits):
         started = time.perf_counter()
-        await client.text_document_hover_async(lsp.HoverParams(text_document=lsp.TextDocumentIdentifier(uri=uri), position=position))
+        await client.text_document_hover_async(
+            lsp.HoverParams(text_document=lsp.TextDocumentIdentifier(uri=uri), position=position)
+        )
         hovers.append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
         await client.text_document_completion_async(
@@ -129,7 +136,9 @@ async def first_diagnostics(command: list[str] | None = None, env: dict | None =
     client.initialized(lsp.InitializedParams())
     uri = (ROOT / "build" / "latency-first.memplan").as_uri()
     opened = time.perf_counter()
-    client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="memplan", version=1, text=BROKEN)))
+    client.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="memplan", version=1, text=BROKEN))
+    )
     finished, diagnostics = await asyncio.wait_for(published.get(), 60)
     assert diagnostics and diagnostics[0].code == "MP106", diagnostics
     await client.shutdown_async(None)
@@ -147,9 +156,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.first:
         runs = [asyncio.run(first_diagnostics()) for _ in range(args.runs)]
-        for what, found in (("didOpen -> diagnostics", [r[0] for r in runs]), ("start -> diagnostics", [r[1] for r in runs])):
+        for what, found in (
+            ("didOpen -> diagnostics", [r[0] for r in runs]),
+            ("start -> diagnostics", [r[1] for r in runs]),
+        ):
             found_ms = [t * 1000 for t in found]
-            print(f"first diagnostics  {what:<24} median {statistics.median(found_ms):7.1f} ms   max {max(found_ms):7.1f} ms   ({args.runs} fresh servers)")
+            print(
+                f"first diagnostics  {what:<24} median {statistics.median(found_ms):7.1f} ms   max {max(found_ms):7.1f} ms   ({args.runs} fresh servers)"
+            )
         return 0
     spiking = (ROOT / "plans" / "spiking.memplan").read_text(encoding="utf-8")
     asyncio.run(measure("plans/spiking.memplan", spiking, args.edits))

@@ -196,6 +196,8 @@ def _torch_name(text: str) -> str:
 def _guard(guard) -> str:
     if isinstance(guard, ConstGuard):
         value = guard.value
-        text = f"float({pyrepr(repr(value))})" if isinstance(value, float) and not math.isfinite(value) else pyrepr(value)
+        text = (
+            f"float({pyrepr(repr(value))})" if isinstance(value, float) and not math.isfinite(value) else pyrepr(value)
+        )
         return f"('const', {text})"
     return f"({_torch_name(guard.dtype)}, {pyrepr(tuple(guard.shape))}, {pyrepr(tuple(guard.stride))})"

@@ -34,7 +34,21 @@ from memoplan.memonger.plan import ArenaPlan
 from memoplan.runtime.abi import ABI
 
 # Names the template defines itself.
-RESERVED = ("apply", "remove", "TARGETS", "PLAN_ID", "SOURCE", "RUNTIME_ABI", "MEMORY", "DTR", "_rt", "self", "args", "kwargs", "torch")
+RESERVED = (
+    "apply",
+    "remove",
+    "TARGETS",
+    "PLAN_ID",
+    "SOURCE",
+    "RUNTIME_ABI",
+    "MEMORY",
+    "DTR",
+    "_rt",
+    "self",
+    "args",
+    "kwargs",
+    "torch",
+)
 
 
 @dataclass(frozen=True)
@@ -306,5 +320,3 @@ def plan_table(plan: ResolvedPlan) -> list[str]:
             rows.append((printable(m.path), printable(m.type_name.rsplit(".", 1)[-1]), policy, printable(str(origin))))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-
-

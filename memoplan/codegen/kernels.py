@@ -24,8 +24,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from memoplan.version import __version__
 from memoplan.codegen.render import render
+from memoplan.version import __version__
 
 __all__ = [
     "DTYPES",
@@ -100,8 +100,7 @@ class DtypeSpec:
 def _configs(elements_per_block: int) -> tuple[BlockConfig, ...]:
     """Autotune configs for tiles of :data:`_CUDA_TILE_ELEMENTS`; ``BLOCK`` counts units of ``elements_per_block``."""
     return tuple(
-        BlockConfig(tile // elements_per_block, 8 if tile >= _EIGHT_WARPS_FROM else 4)
-        for tile in _CUDA_TILE_ELEMENTS
+        BlockConfig(tile // elements_per_block, 8 if tile >= _EIGHT_WARPS_FROM else 4) for tile in _CUDA_TILE_ELEMENTS
     )
 
 

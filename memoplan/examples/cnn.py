@@ -32,9 +32,7 @@ _BLOCKS: tuple[tuple[int, int, int, str], ...] = (
 class ConvBlock(nn.Module):
     """Conv2d (3x3, no bias) -> BatchNorm2d -> ReLU or GELU."""
 
-    def __init__(
-        self, in_channels: int, out_channels: int, *, stride: int = 1, activation: str = "relu"
-    ) -> None:
+    def __init__(self, in_channels: int, out_channels: int, *, stride: int = 1, activation: str = "relu") -> None:
         super().__init__()
         if activation not in ("relu", "gelu"):
             raise ValueError(f"activation must be 'relu' or 'gelu', not {activation!r}")

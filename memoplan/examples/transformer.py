@@ -115,9 +115,7 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
 
-    def forward(
-        self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.drop(self.embed(ids) + self.pos(positions))
         for block in self.blocks:

@@ -98,9 +98,7 @@ def _rule_items(ctx: Context) -> list[Item]:
         if policy in language.POLICY_ASSIGNMENTS and len(words) == 2:
             return [Item(v, "value", f"{policy} mode") for v in language.option_values(policy, "=")]
         if policy == "compress" and key == "input":
-            return [
-                Item(codec, "value", "codec", _row("compress", codec)) for codec in language.CODECS
-            ]
+            return [Item(codec, "value", "codec", _row("compress", codec)) for codec in language.CODECS]
         return [Item(v, "value", f"{key} value") for v in language.option_values(policy, key)]
     if policy == "compress" and len(words) == 1:
         return [Item("input", "keyword", "compress input = CODEC", insert="input = ")]

@@ -36,13 +36,13 @@ from memoplan.diagnostics import Diagnostic, Severity
 from memoplan.lsp.analysis import (
     BOM,
     Checked,
-    parse_text,
-    with_effects,
     from_units,
     lines_of,
+    parse_text,
     span_range,
     to_units,
     units,
+    with_effects,
 )
 from memoplan.lsp.completion import completions
 from memoplan.lsp.hover import hover_at
@@ -210,7 +210,11 @@ class PlanServer(LanguageServer):
         for label, span in diagnostic.notes:
             if span is not None and diagnostic.span is not None and span.file == diagnostic.span.file:
                 note_start, note_end = span_range(span, lines, self.encoding)
-                related.append(lsp.DiagnosticRelatedInformation(location=lsp.Location(uri=uri, range=_range(note_start, note_end)), message=label))
+                related.append(
+                    lsp.DiagnosticRelatedInformation(
+                        location=lsp.Location(uri=uri, range=_range(note_start, note_end)), message=label
+                    )
+                )
         message = diagnostic.message + (f"\nhelp: {diagnostic.help}" if diagnostic.help else "")
         return lsp.Diagnostic(
             range=_range(start, end),
@@ -281,7 +285,9 @@ def _file_and_folder(uri: str, root: str | None) -> tuple[str, str]:
 
 
 def _range(start: tuple[int, int], end: tuple[int, int]) -> lsp.Range:
-    return lsp.Range(start=lsp.Position(line=start[0], character=start[1]), end=lsp.Position(line=end[0], character=end[1]))
+    return lsp.Range(
+        start=lsp.Position(line=start[0], character=start[1]), end=lsp.Position(line=end[0], character=end[1])
+    )
 
 
 def _safely(check, *args) -> Checked:
@@ -449,7 +455,7 @@ def _hover_state(ls: PlanServer, plan: ast.Plan | None, checked: tuple[str, Chec
     if not ls.load_model:
         return "The model is not loaded: start the server with the initialization option `loadModel` to see the modules this selects."
     if plan is None or plan.model is None:
-        return "The plan names no model (`model \"pkg.module:factory\"`)."
+        return 'The plan names no model (`model "pkg.module:factory"`).'
     if checked is None or not checked[1].clean:
         return "The plan has errors: once they are fixed, the modules this selects are shown here."
     if reply is None:
@@ -511,14 +517,17 @@ def _completion(ls: PlanServer, params: lsp.CompletionParams) -> lsp.CompletionL
     for item in found[:MAX_COMPLETIONS]:
         start = to_units(lines[line], column - item.replace, ls.encoding)
         edit = lsp.TextEdit(
-            range=_range((line, start), (line, to_units(lines[line], column, ls.encoding))), new_text=item.insert or item.label
+            range=_range((line, start), (line, to_units(lines[line], column, ls.encoding))),
+            new_text=item.insert or item.label,
         )
         items.append(
             lsp.CompletionItem(
                 label=item.label,
                 kind=_KINDS.get(item.kind),
                 detail=item.detail or None,
-                documentation=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=item.documentation) if item.documentation else None,
+                documentation=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=item.documentation)
+                if item.documentation
+                else None,
                 text_edit=edit,
                 filter_text=item.label,
             )

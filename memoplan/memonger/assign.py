@@ -67,8 +67,9 @@ def conflicts_of(ranges: Sequence[LiveRange]) -> list[list[int]]:
     return found
 
 
-def assign(ranges: Sequence[LiveRange], algo: str = "greedy", *, alignment: int = ALIGNMENT,
-           max_steps: int = DP_MAX_STEPS) -> Assignment:
+def assign(
+    ranges: Sequence[LiveRange], algo: str = "greedy", *, alignment: int = ALIGNMENT, max_steps: int = DP_MAX_STEPS
+) -> Assignment:
     if algo == "greedy":
         return assign_greedy(ranges, alignment=alignment)
     if algo == "dp":
@@ -108,8 +109,7 @@ def _lowest_fit(taken: list[tuple[int, int]], size: int) -> int:
     return cursor
 
 
-def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT,
-              max_steps: int = DP_MAX_STEPS) -> Assignment:
+def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT, max_steps: int = DP_MAX_STEPS) -> Assignment:
     greedy = assign_greedy(ranges, alignment=alignment)
     bound = lower_bound(ranges, alignment)
     if greedy.size <= bound:
@@ -169,8 +169,13 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT,
     return Assignment(offsets, best["size"], "dp", finished or best["size"] <= bound, min(steps, max_steps))
 
 
-def verify_assignments(ranges: Sequence[LiveRange], assignment: Assignment | Sequence[int], *,
-                       alignment: int = ALIGNMENT, arena_size: int | None = None) -> list[str]:
+def verify_assignments(
+    ranges: Sequence[LiveRange],
+    assignment: Assignment | Sequence[int],
+    *,
+    alignment: int = ALIGNMENT,
+    arena_size: int | None = None,
+) -> list[str]:
     """Every way ``assignment`` is wrong, in words; empty when it is right.
 
     Wrong: two buffers whose live ranges overlap share a byte, an offset is negative or

@@ -28,8 +28,8 @@ from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from memoplan.diagnostics import Diagnostic, PlanError, Span
-from memoplan.memonger.program import BufferInfo, Const, ConstGuard, Program, Ref, Step, TensorGuard
 from memoplan.memonger.probe import allocated_inside, bind, out_form, real, refs, writes_over
+from memoplan.memonger.program import BufferInfo, Const, ConstGuard, Program, Ref, Step, TensorGuard
 
 _LITERALS = (bool, int, float, str, type(None))
 
@@ -77,8 +77,7 @@ def _export(model: nn.Module, args: tuple, kwargs: dict, span: Span | None):
                 where = f"`{failed_in[-1]}`" if failed_in and failed_in[-1] else describe_model(model)
                 raise _error(
                     "MP240",
-                    f"memonger cannot capture {where} with torch.export: {type(error).__name__}: "
-                    f"{_first_line(error)}",
+                    f"memonger cannot capture {where} with torch.export: {type(error).__name__}: {_first_line(error)}",
                     span,
                     "the arena runs one graph of the whole model; make that forward traceable "
                     "(no data-dependent Python control flow) or remove the `memonger` block; nothing was applied",
@@ -463,11 +462,19 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
         if not note:
             candidate, note, scratch = b.out_variants[step_index]
             if not note:
-                out_step = Step(candidate.op, candidate.args, candidate.kwargs, candidate.result, candidate.function,
-                                candidate.module, len(buffers))
+                out_step = Step(
+                    candidate.op,
+                    candidate.args,
+                    candidate.kwargs,
+                    candidate.result,
+                    candidate.function,
+                    candidate.module,
+                    len(buffers),
+                )
         if note and not step.note:
-            b.steps[step_index] = Step(step.op, step.args, step.kwargs, step.result, step.function,
-                                       step.module, None, note)
+            b.steps[step_index] = Step(
+                step.op, step.args, step.kwargs, step.result, step.function, step.module, None, note
+            )
         buffers.append(
             BufferInfo(
                 value=value,
@@ -496,9 +503,7 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
         in_spec=pytree.treespec_dumps(spec),
         out_spec=pytree.treespec_dumps(out_spec),
         attributes=tuple(attributes),
-        attribute_guards=tuple(
-            _tensor_guard(b.values[len(guards) + i]) for i in range(len(attributes))
-        ),
+        attribute_guards=tuple(_tensor_guard(b.values[len(guards) + i]) for i in range(len(attributes))),
         names=tuple(b.names),
         steps=tuple(b.steps),
         deps=tuple(tuple(sorted(d)) for d in b.deps),

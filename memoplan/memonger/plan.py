@@ -112,8 +112,19 @@ def lay_out(
         chosen.discard(sizes.victim(chosen))
         slots, result, estimate = arranged()
     left_out = tuple(sorted(set(program.arena_buffers()) - chosen))
-    return ArenaPlan(program, result, slots, algo, ordering, left_out, sizes.eager[0], estimate[0], slack,
-                     sizes.eager[1], estimate[1])
+    return ArenaPlan(
+        program,
+        result,
+        slots,
+        algo,
+        ordering,
+        left_out,
+        sizes.eager[0],
+        estimate[0],
+        slack,
+        sizes.eager[1],
+        estimate[1],
+    )
 
 
 def _slot_buffer(program: Program, held: Sequence[int]) -> Buffer:

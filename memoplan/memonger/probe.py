@@ -77,8 +77,11 @@ def writes_over(b: Captured, functional, out_step: Step, tensor: torch.Tensor) -
             continue
         values = {candidate: shared}
         try:
-            _callable(out_step.op)(*(real(a, b, values) for a in out_step.args),
-                                   **{k: real(v, b, values) for k, v in out_step.kwargs}, out=shared)
+            _callable(out_step.op)(
+                *(real(a, b, values) for a in out_step.args),
+                **{k: real(v, b, values) for k, v in out_step.kwargs},
+                out=shared,
+            )
         except Exception:  # the form refuses to write over its input: it keeps a buffer of its own
             continue
         if same_bits(shared, tensor):
@@ -183,7 +186,9 @@ def _with_constants(out, args: tuple, kwargs: tuple, b: Captured) -> tuple[tuple
     return (new_args, new_kwargs) if changed else None
 
 
-def _check(b: Captured, functional, step: Step, call, args: tuple, kwargs: tuple, tensor: torch.Tensor) -> tuple[str, int]:
+def _check(
+    b: Captured, functional, step: Step, call, args: tuple, kwargs: tuple, tensor: torch.Tensor
+) -> tuple[str, int]:
     """Why ``call(*args, **kwargs, out=view)`` does not stand for the step, and the scratch bytes it allocates.
 
     Checked on the captured values, then on other values drawn for the floating tensors the
@@ -197,8 +202,9 @@ def _check(b: Captured, functional, step: Step, call, args: tuple, kwargs: tuple
             generator = torch.Generator(tensor.device).manual_seed(0)
             read = sorted({r.index for r in refs(step.args + tuple(v for _, v in step.kwargs))})
             values = {i: _redrawn(b.values[i], generator) for i in read}
-            expected = functional(*(real(a, b, values) for a in step.args),
-                                  **{k: real(v, b, values) for k, v in step.kwargs})
+            expected = functional(
+                *(real(a, b, values) for a in step.args), **{k: real(v, b, values) for k, v in step.kwargs}
+            )
         real_args = [real(a, b, values) for a in args]
         real_kwargs = {k: real(v, b, values) for k, v in kwargs}
         problem, allocated = _probe(call, real_args, real_kwargs, expected, b.allocates if trial == 0 else None)
@@ -243,8 +249,9 @@ def _probe(out, args, kwargs, expected: torch.Tensor, allocates: dict | None) ->
         return f"its out= variant fails here ({type(error).__name__}): allocated by the op", 0
     allocated = allocates.get(key, 0) if allocates is not None else 0
     if allocated * 8 >= max(1, probe.numel()):
-        return (f"its out= variant allocates {allocated} bytes inside (the op's result, then a copy): "
-                "allocated by the op"), 0
+        return (
+            f"its out= variant allocates {allocated} bytes inside (the op's result, then a copy): allocated by the op"
+        ), 0
     same_place = (
         isinstance(result, torch.Tensor)
         and result.data_ptr() == view.data_ptr() == probe.data_ptr()
@@ -317,8 +324,11 @@ def _out_overload(op):
         others = {a.name for a in schema.arguments if a.name != "out"}
         if not others <= functional.keys() or not (functional.keys() - others) <= _OPTIONS:
             continue
-        if any(str(schema_arg.type) != str(functional[schema_arg.name].type)
-               for schema_arg in schema.arguments if schema_arg.name != "out"):
+        if any(
+            str(schema_arg.type) != str(functional[schema_arg.name].type)
+            for schema_arg in schema.arguments
+            if schema_arg.name != "out"
+        ):
             continue
         return candidate
     return None

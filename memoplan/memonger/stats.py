@@ -44,8 +44,15 @@ def stats_of(ranges: Sequence[LiveRange], assignment: Assignment, *, alignment: 
     )
 
 
-def layout(deps: Sequence[Sequence[int]], buffers: Sequence[Buffer], *, algo: str = "greedy",
-           ordering: str = "topological", alignment: int = ALIGNMENT, max_steps: int = DP_MAX_STEPS) -> Layout:
+def layout(
+    deps: Sequence[Sequence[int]],
+    buffers: Sequence[Buffer],
+    *,
+    algo: str = "greedy",
+    ordering: str = "topological",
+    alignment: int = ALIGNMENT,
+    max_steps: int = DP_MAX_STEPS,
+) -> Layout:
     """Linearize, find live ranges, assign, and check the assignment (``AssertionError`` if it is wrong)."""
     order = linearize(deps, ordering)
     ranges = live_ranges(order, buffers)

@@ -62,7 +62,11 @@ def _ideas(prof: Profile, model: nn.Module, regions: Sequence[str], nested: bool
     if stateful:
         transient = max(link.saved_bytes for link in stateful)
         yield f"`temporal_chunk 4 dim 0` on the stateful regions estimated {_gain(transient, transient // 4)}"
-    binary = [link for link in whole if link.input_binary and link.packed_input_bytes < link.input_bytes and link.name not in regions]
+    binary = [
+        link
+        for link in whole
+        if link.input_binary and link.packed_input_bytes < link.input_bytes and link.name not in regions
+    ]
     if binary:
         saved = sum(link.input_bytes - link.packed_input_bytes for link in binary)
         yield f"`compress input = bit` on {len(binary)} more checkpointed modules with binary inputs saves up to {format_size(saved)}"

@@ -6,8 +6,8 @@ See :mod:`memoplan.planner.search` for the cost model and the nested candidates.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 __all__ = ["Chain", "Estimate", "Item", "estimate", "least_peak", "minimum_peak", "unplanned_base"]
 

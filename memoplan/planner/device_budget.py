@@ -7,7 +7,9 @@ import re
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner.budgets import Bytes
 
-_DEVICE_BUDGET = re.compile(r"^\s*device\s*(?:-\s*([0-9][^a-z]*\s*[a-z]*?))?\s*((?:\s+(?:hard|hint))?)\s*$", re.IGNORECASE)
+_DEVICE_BUDGET = re.compile(
+    r"^\s*device\s*(?:-\s*([0-9][^a-z]*\s*[a-z]*?))?\s*((?:\s+(?:hard|hint))?)\s*$", re.IGNORECASE
+)
 
 
 def device_budget_text(text: str | None):
@@ -17,7 +19,11 @@ def device_budget_text(text: str | None):
     match = _DEVICE_BUDGET.match(text)
     if match is None:
         raise PlanError(
-            (Diagnostic("MP509", f"`--budget {text}` is not a device budget", help="write `device`, or `device - 2GiB`"),)
+            (
+                Diagnostic(
+                    "MP509", f"`--budget {text}` is not a device budget", help="write `device`, or `device - 2GiB`"
+                ),
+            )
         )
     return match.group(1), match.group(2)
 

@@ -19,8 +19,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memoplan.resolver import resolve
-from memoplan.syntax import parse
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner.budgets import ByteBudget, Bytes, FractionOfPeak, byte_limit, format_duration, format_size
 from memoplan.planner.dtr_sim import Simulation, candidates_from_chain, parameter_bytes, simulate, threshold_for
@@ -28,8 +26,9 @@ from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
 from memoplan.planner.schema import Profile, chain
 from memoplan.planner.write import provenance
+from memoplan.resolver import resolve
 from memoplan.specs import Example
-from memoplan.syntax import ast
+from memoplan.syntax import ast, parse
 
 __all__ = ["DtrPlanResult", "MAX_CORRECTIONS", "make_dtr_plan", "dtr_candidates"]
 

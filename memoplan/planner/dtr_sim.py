@@ -26,8 +26,8 @@ threshold whose predicted peak fits a byte limit (the largest threshold evicts l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -98,7 +98,9 @@ class _Replay:
     """The tracker's state while :func:`simulate` replays one step: which calls are alive (their
     outputs still needed), which resident (not evicted), when each was last touched."""
 
-    def __init__(self, calls: Sequence[Candidate], threshold: int, minimum: int, memory_factor: float, time_factor: float):
+    def __init__(
+        self, calls: Sequence[Candidate], threshold: int, minimum: int, memory_factor: float, time_factor: float
+    ):
         self.calls, self.threshold, self.minimum = calls, threshold, minimum
         self.memory_factor, self.time_factor = memory_factor, time_factor
         n = len(calls)
@@ -111,7 +113,9 @@ class _Replay:
 
     def total(self) -> int:
         calls, resident = self.calls, self.resident
-        return sum(c.kept_bytes + (c.evictable_bytes if resident[i] else 0) for i, c in enumerate(calls) if self.alive[i])
+        return sum(
+            c.kept_bytes + (c.evictable_bytes if resident[i] else 0) for i, c in enumerate(calls) if self.alive[i]
+        )
 
     def touch(self, i: int) -> None:
         self.clock += 1
@@ -123,12 +127,15 @@ class _Replay:
         return sorted(
             (
                 max(calls[i].seconds, 1e-9) ** self.time_factor
-                / (calls[i].evictable_bytes**self.memory_factor * max(clock - last[i], 1)),
+                / (calls[i].evictable_bytes ** self.memory_factor * max(clock - last[i], 1)),
                 last[i],
                 i,
             )
             for i in range(len(calls))
-            if self.alive[i] and self.resident[i] and i != keep and calls[i].evictable_bytes
+            if self.alive[i]
+            and self.resident[i]
+            and i != keep
+            and calls[i].evictable_bytes
             and calls[i].evictable_bytes >= self.minimum
         )
 

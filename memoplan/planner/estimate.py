@@ -40,14 +40,24 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from memoplan.version import __version__
-from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, warm_up, step_device, training_step
-from memoplan.planner.profile import module_profile, as_example, input_metas, Probe, Record, Restored, tensor_bytes, unique_storages, profile
+from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, step_device, training_step, warm_up
 from memoplan.planner.copies import unplanned_copy
+from memoplan.planner.profile import (
+    Probe,
+    Record,
+    Restored,
+    as_example,
+    input_metas,
+    module_profile,
+    profile,
+    tensor_bytes,
+    unique_storages,
+)
 from memoplan.planner.schema import Profile
 from memoplan.planner.shard import SHARDS, gathered_bytes, optimizer_state_bytes
 from memoplan.planner.shrink import describe_example, is_out_of_memory, shrink, shrinking
 from memoplan.specs import Example
+from memoplan.version import __version__
 
 __all__ = ["METHODS", "estimate", "sharded_estimate", "take_profile"]
 
@@ -79,7 +89,9 @@ def take_profile(
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     if shards > 1 or optimizer != "none":
-        return sharded_estimate(model, example, shards, optimizer, method=method, note=note, fake_peak=fake_peak, **options)
+        return sharded_estimate(
+            model, example, shards, optimizer, method=method, note=note, fake_peak=fake_peak, **options
+        )
     if method == "estimated":
         return estimate(model, example, note=note, **options)
     if method == "measured":
@@ -119,9 +131,13 @@ def sharded_estimate(
     if shards < 1:
         raise ValueError(f"shards must be a positive integer, not {shards!r}")
     if shards > 1 and method == "measured":
-        raise ValueError("a sharded step runs only under torch.distributed: its profile is estimated (not --method measured)")
+        raise ValueError(
+            "a sharded step runs only under torch.distributed: its profile is estimated (not --method measured)"
+        )
     if shards > 1 and note is not None:
-        note(f"estimating the step of one of {shards} FSDP2 ranks (parameters, gradients, optimizer state sharded 1/{shards})")
+        note(
+            f"estimating the step of one of {shards} FSDP2 ranks (parameters, gradients, optimizer state sharded 1/{shards})"
+        )
     if shards == 1:
         prof = take_profile(model, example, method=method, note=note, fake_peak=fake_peak, **options)
     else:
@@ -161,7 +177,9 @@ def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> 
         record = fake.records.get(id(module), Record())
         binary = name in seen and seen[name].input_binary and record.calls > 0
         modules.append(module_profile(name, module, record, timed[name].forward_seconds, binary))
-    return replace(timed, modules=tuple(modules), peak_bytes=fake.peak_bytes, unattributed_saved_bytes=fake.unattributed)
+    return replace(
+        timed, modules=tuple(modules), peak_bytes=fake.peak_bytes, unattributed_saved_bytes=fake.unattributed
+    )
 
 
 def estimate(
@@ -248,7 +266,9 @@ class _Flops(TorchDispatchMode):
         self.per_module: dict[int, int] = {}
         self.total = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         formula = flop_registry.get(func._overloadpacket)
@@ -420,7 +440,9 @@ def _assemble(
             binary = False
         modules.append(module_profile(name, module, record, seconds, binary))
     if small is not None and reduced is not None:
-        step = small.step_seconds * (_ratio(full.total_flops, reduced.total_flops) or full.peak_bytes / max(1, reduced.peak_bytes))
+        step = small.step_seconds * (
+            _ratio(full.total_flops, reduced.total_flops) or full.peak_bytes / max(1, reduced.peak_bytes)
+        )
     else:
         step = 3 * full.total_flops / throughput if throughput else 0.0
     return Profile(
@@ -452,7 +474,6 @@ def _throughput(device: torch.device) -> float:
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * 256**3 / max(best, 1e-9)
-
 
 
 def estimate_plan(model: nn.Module, example: Example | torch.Tensor | Sequence[Any], plan: Any) -> int:

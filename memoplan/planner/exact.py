@@ -53,8 +53,8 @@ import contextlib
 import math
 import os
 import sys
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from memoplan.planner.budgets import ByteBudget, byte_limit
 from memoplan.planner.chain import Chain, Item

@@ -19,12 +19,21 @@ from memoplan.planner import search, segments
 from memoplan.planner.advice import recommendation
 from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
-from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
 from memoplan.planner.refine import Refinement, measure_plan
-from memoplan.planner.shard import SHARDS
-from memoplan.planner.shrink import ESTIMATING as _ESTIMATING, StepOutOfMemory, is_out_of_memory
-from memoplan.planner.write import comment_line, compressed, provenance, rebased, with_sources, with_state_rules  # noqa: F401  (kept importable from here)
 from memoplan.planner.refine import refine as refine_plan
+from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
+from memoplan.planner.shard import SHARDS
+from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
+from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory
+from memoplan.planner.write import (  # noqa: F401  (kept importable from here)
+    comment_line,
+    compressed,
+    provenance,
+    rebased,
+    sublinear_summary,
+    with_sources,
+    with_state_rules,
+)
 from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
@@ -178,7 +187,9 @@ def _trials(trials: str | None, prof: Profile) -> bool:
     return trials == "estimated"
 
 
-def _widening(model, example, budget, how: Search, hard: bool, prof: Profile, progress: bool, refine, preset, nested: bool, start):
+def _widening(
+    model, example, budget, how: Search, hard: bool, prof: Profile, progress: bool, refine, preset, nested: bool, start
+):
     """The search for ``budget``, widened (runs of a chain, time chunks, parts of blocks) when whole candidates miss it."""
     args = (model, example, budget, how, hard, prof, progress, refine, preset)
     try:
@@ -225,7 +236,9 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
     attempts = [("whole candidates", searched(refine, False, "least"))]
     if _chain_container(model, prof, how) is not None:
         unplanned = BudgetMissed((), limit=0, peak=prof.peak_bytes)
-        attempts.append(("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, unplanned, progress)))
+        attempts.append(
+            ("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, unplanned, progress))
+        )
     for wider, deeper, offered in _widenings(model, prof, refine, how.start is not None):
         attempts.append((offered, searched(wider, deeper, offered)))
     found: list[tuple[str, PlanResult]] = []
@@ -301,12 +314,18 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
     best = None
     for split, policy, what in options:
         term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in parent.split("."))))
-        why = comment_line(f"{what}: {split.runs} regions over {len(children)} children, estimated {rest + split.cost} B")
+        why = comment_line(
+            f"{what}: {split.runs} regions over {len(children)} children, estimated {rest + split.cost} B"
+        )
         rule = ast.ModuleRule(ast.Selector(term), (policy,), comments=ast.Comments(leading=(why,)))
         plan = _draft(None, [], model, {}, how, rules=(rule,))
         peak = _measure(model, example, plan)
         if progress:
-            print(f"memoplan: {what} of {shown}: {split.runs} regions, measured peak {peak} B", file=sys.stderr, flush=True)
+            print(
+                f"memoplan: {what} of {shown}: {split.runs} regions, measured peak {peak} B",
+                file=sys.stderr,
+                flush=True,
+            )
         if best is None or peak < best[0]:
             best = (peak, split, rule, what)
     assert best is not None, "options holds the least-peak split at least"
@@ -315,8 +334,17 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         peak = _checked(model, example, _draft(None, [], model, {}, how, rules=(rule,)))
     status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
     choice = search.Choice(
-        f"segments ({what} of {shown}, the least of {len(options)} measured)", budget, (0,), (parent,),
-        rest + split.cost, prof.peak_bytes, seconds, limit, status, rest + least.cost, proven_optimal=False,
+        f"segments ({what} of {shown}, the least of {len(options)} measured)",
+        budget,
+        (0,),
+        (parent,),
+        rest + split.cost,
+        prof.peak_bytes,
+        seconds,
+        limit,
+        status,
+        rest + least.cost,
+        proven_optimal=False,
     )
     widened = (
         f"runs of the children of {shown} offered: whole candidates measure {missed.peak} B at the least, "
@@ -350,7 +378,9 @@ def _widenings(model: nn.Module, prof: Profile, refine: RefineOptions | None, co
     stateful = _holds_state(model, default_candidates(prof))
     if stateful and not completing:
         yield _with_level(refine, Level.TEMPORAL), False, "time chunks of stateful regions"
-    wider = None if completing else _with_level(_with_level(refine, Level.TEMPORAL) if stateful else refine, Level.SPLIT)
+    wider = (
+        None if completing else _with_level(_with_level(refine, Level.TEMPORAL) if stateful else refine, Level.SPLIT)
+    )
     yield wider, True, "parts of blocks and split regions"
 
 
@@ -415,7 +445,9 @@ def _make_plan(
         if _within(budget, peak, prof.peak_bytes):
             limit = _limit(budget, prof.peak_bytes)
             assert planner.start is not None, "fixed rules come from a start plan"
-            return PlanResult(planner.start, _empty_choice(budget, peak, prof.peak_bytes), prof.peak_bytes, peak, limit, hard)
+            return PlanResult(
+                planner.start, _empty_choice(budget, peak, prof.peak_bytes), prof.peak_bytes, peak, limit, hard
+            )
     base = search.unplanned_base(peak, items)
     choice = planner(items, budget, base)
     limit = choice.limit
@@ -440,7 +472,9 @@ def _make_plan(
         after = _measure(model, example, draft)
     estimated = {}
     if SHARDS.get() > 1:  # one rank of a sharded step: it runs only under torch.distributed
-        estimated = {"sharded": f"over {SHARDS.get()} FSDP2 ranks: one rank's peak, estimated, not checked by a real step"}
+        estimated = {
+            "sharded": f"over {SHARDS.get()} FSDP2 ranks: one rank's peak, estimated, not checked by a real step"
+        }
     elif _ESTIMATING.get():  # the search estimated every trial: one real planned step checks the plan
         estimated = {"planned peak on fake tensors": f"{after} B (every trial of the search estimated)"}
         after = _checked(model, example, draft)
@@ -508,7 +542,8 @@ def _refined_recompute(plan: ast.Plan, choice: search.Choice, prof: Profile) -> 
     regions = [
         format_selector(stmt.selector)
         for stmt in plan.statements
-        if isinstance(stmt, ast.ModuleRule) and any(isinstance(p, (ast.Checkpoint, ast.TemporalChunk)) for p in stmt.policies)
+        if isinstance(stmt, ast.ModuleRule)
+        and any(isinstance(p, (ast.Checkpoint, ast.TemporalChunk)) for p in stmt.policies)
     ]
     if tuple(regions) == tuple(choice.names):
         return {}
@@ -593,7 +628,11 @@ def _least_peak_if_it_fits(
     limit = choice.limit
     assert limit is not None, "a hard budget in bytes has a limit"
     least, measured = _least_peak_within(
-        limit, choice.minimum_peak, items, base, lambda c: _measure(model, example, _draft(c, items, model, {}, planner))
+        limit,
+        choice.minimum_peak,
+        items,
+        base,
+        lambda c: _measure(model, example, _draft(c, items, model, {}, planner)),
     )
     wider = limit + max(0, least.estimated_peak - measured)
     retry = planner(items, search.Bytes(wider), base)
@@ -708,34 +747,17 @@ def _within(budget, peak: int, unplanned: int) -> bool:
 
 def _empty_choice(budget, peak: int, unplanned: int) -> search.Choice:
     return search.Choice(
-        "none: the plan's own rules meet the budget", budget, (), (), peak, unplanned, 0.0,
-        _limit(budget, unplanned), search.Status.OK, peak,
+        "none: the plan's own rules meet the budget",
+        budget,
+        (),
+        (),
+        peak,
+        unplanned,
+        0.0,
+        _limit(budget, unplanned),
+        search.Status.OK,
+        peak,
     )
-
-
-def sublinear_summary(config: SublinearConfig, report: search.GeneticReport) -> str:
-    """The header's ``planner`` line of a sublinear search: its settings and what the genetic
-    refinement gained over the best threshold (bytes and recompute time), or that it gained nothing."""
-    settings = (
-        f"thresh_nr_try {config.thresh_nr_try}, genetic_nr_iter {config.genetic_nr_iter}, "
-        f"genetic_pool_size {config.genetic_pool_size}, lb_memory {config.lb_memory} B, "
-        f"num_worker {config.workers}"
-    )
-    if not report.generations:
-        gain = "no genetic refinement (genetic_nr_iter 0)"
-    elif report.improved:
-        gain = (
-            f"the genetic refinement's set against the best threshold's: peak {_change(report.bytes_saved, 'B')}, "
-            f"recompute {_change(report.seconds_saved * 1e3, 'ms', '.3f')} ({report.evaluations} candidates evaluated)"
-        )
-    else:
-        gain = f"the genetic refinement gained nothing over the best threshold ({report.evaluations} candidates evaluated)"
-    return f"sublinear ({settings}); {gain}"
-
-
-def _change(saved: float, unit: str, spec: str = "") -> str:
-    """``1024 B less``, ``512 B more``: a saving in words, whatever its sign."""
-    return f"{abs(saved):{spec}} {unit} {'less' if saved >= 0 else 'more'}"
 
 
 @dataclass

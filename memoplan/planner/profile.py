@@ -70,12 +70,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memoplan.version import __version__
-
 from memoplan.measure import LossFn, measure_step, step_device, training_step
-from memoplan.runtime import codecs
-from memoplan.runtime.install import qualified_type_name
-from memoplan.runtime.state import get_state, is_stateful, load_state
 from memoplan.planner.schema import (
     FORMAT_VERSION,
     ChainLink,
@@ -88,7 +83,11 @@ from memoplan.planner.schema import (
     nested_candidates,
     some_names,
 )
+from memoplan.runtime import codecs
+from memoplan.runtime.install import qualified_type_name
+from memoplan.runtime.state import get_state, is_stateful, load_state
 from memoplan.specs import Example
+from memoplan.version import __version__
 
 # The profile's records, JSON, merging and candidate chains live in memoplan.planner.schema; they
 # are re-exported here, so ``from memoplan.planner.profile import Profile, chain`` keeps working.
@@ -125,7 +124,9 @@ def _on_device(
     return model, example, target
 
 
-def _timed_steps(model, example: Example, target, restored, bar, repeats: int, loss_fn) -> tuple[list[dict[int, float]], list[float]]:
+def _timed_steps(
+    model, example: Example, target, restored, bar, repeats: int, loss_fn
+) -> tuple[list[dict[int, float]], list[float]]:
     """``repeats`` timed training steps: each module's seconds (by ``id``) and each step's, the
     model restored after each."""
     timings: list[dict[int, float]] = []
@@ -256,12 +257,8 @@ class _Hooks:
     def __enter__(self) -> _Hooks:
         try:
             for module in self.modules:
-                self._handles.append(
-                    module.register_forward_pre_hook(self._pre, with_kwargs=True)
-                )
-                self._handles.append(
-                    module.register_forward_hook(self._post, with_kwargs=True, always_call=True)
-                )
+                self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._post, with_kwargs=True, always_call=True))
         except BaseException:
             self._remove()
             raise
@@ -340,9 +337,7 @@ class Probe(_Hooks):
             record.input_numel += t.numel()
             record.packed_bytes += codecs.estimate_nbytes("bit", t.numel(), t.dtype)
         # Every call's tensor inputs must be binary; a call with none makes it not compressible.
-        binary = bool(tensors) and all(
-            t.layout is torch.strided and self._is_binary(t) for t in tensors
-        )
+        binary = bool(tensors) and all(t.layout is torch.strided and self._is_binary(t) for t in tensors)
         record.binary = record.binary and binary
         self._stack.append(id(module))
 
@@ -480,20 +475,23 @@ class Snapshot:
         self.attributes = [(m, dict(m.__dict__)) for m in modules]
         # (module, name, parameter, its .grad, its requires_grad, its version counter, its full path)
         self.parameters = [
-            (m, name, p, None if p is None else p.grad, None if p is None else p.requires_grad,
-             None if p is None else p._version, f"{paths[id(m)]}.{name}".lstrip("."))
+            (
+                m,
+                name,
+                p,
+                None if p is None else p.grad,
+                None if p is None else p.requires_grad,
+                None if p is None else p._version,
+                f"{paths[id(m)]}.{name}".lstrip("."),
+            )
             for m in modules
             for name, p in m._parameters.items()
         ]
         self.buffers = [
-            (m, name, b, None if b is None else b.detach().clone())
-            for m in modules
-            for name, b in m._buffers.items()
+            (m, name, b, None if b is None else b.detach().clone()) for m in modules for name, b in m._buffers.items()
         ]
         self.states = [(m, get_state(m)) for m in modules if is_stateful(m)]
-        self.example_grads = [
-            (t, t.grad) for t in _tensors((example.args, dict(example.kwargs))) if t.requires_grad
-        ]
+        self.example_grads = [(t, t.grad) for t in _tensors((example.args, dict(example.kwargs))) if t.requires_grad]
         self.rng_cpu = torch.get_rng_state()
         cuda = (device is not None and device.type == "cuda") or torch.cuda.is_initialized()
         self.rng_cuda = torch.cuda.get_rng_state_all() if cuda else None
@@ -633,8 +631,7 @@ def as_example(example: Example | torch.Tensor | Sequence[Any]) -> Example:
     if isinstance(example, (tuple, list)):
         return Example(tuple(example))
     raise TypeError(
-        f"example must be a memoplan.specs.Example, a Tensor or a tuple of arguments, "
-        f"not {type(example).__name__}"
+        f"example must be a memoplan.specs.Example, a Tensor or a tuple of arguments, not {type(example).__name__}"
     )
 
 

@@ -56,12 +56,12 @@ import torch
 from torch import nn
 
 from memoplan import api
-from memoplan.resolver import resolve
 from memoplan.diagnostics import PlanError, printable
 from memoplan.measure import measure_step
 from memoplan.planner.config import ALL_LEVELS, Level, RefineOptions
 from memoplan.planner.copies import unplanned_copy
 from memoplan.planner.profile import Snapshot
+from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
 from memoplan.syntax import ast
@@ -390,7 +390,9 @@ class _Refiner:
             for _, path, module in chosen:
                 by_type.setdefault(type(module), []).append(path)
             groups = [tuple(paths) for paths in by_type.values() if len(paths) > 1]
-            return [_Candidate(paths, edit, _with_save, cheaper=True) for paths in (*groups, *((p,) for _, p, _ in chosen))]
+            return [
+                _Candidate(paths, edit, _with_save, cheaper=True) for paths in (*groups, *((p,) for _, p, _ in chosen))
+            ]
         if level is Level.NARROW:
             out = []
             for _, rule, path, module in sorted(rules, key=lambda r: -r[0]):  # the later first

@@ -37,7 +37,13 @@ def profile_table(prof: Profile) -> str:
         head += f" per rank of {prof.shards} FSDP2 ranks"
     if prof.optimizer_state_bytes:
         head += f"; optimizer state {prof.optimizer_state_bytes:,} B per rank between steps"
-    return head + "\n" + "\n".join(
-        "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-        for row in rows
+    return (
+        head
+        + "\n"
+        + "\n".join(
+            "  ".join(
+                cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
+            for row in rows
+        )
     )

@@ -190,9 +190,7 @@ class Profile:
             raise ValueError(f"a profile is a JSON object, not {type(data).__name__}")
         version = data.get("version")
         if version != FORMAT_VERSION:
-            raise ValueError(
-                f"unsupported profile version {version!r}; this memoplan reads version {FORMAT_VERSION}"
-            )
+            raise ValueError(f"unsupported profile version {version!r}; this memoplan reads version {FORMAT_VERSION}")
         body = {k: v for k, v in data.items() if k != "version"}
         body.setdefault("method", "measured")  # profiles written before estimates existed
         body.setdefault("shards", 1)  # ... and before sharded estimates
@@ -255,9 +253,7 @@ def merge(profiles: Iterable[Profile]) -> Profile:
     first = items[0]
     for i, other in enumerate(items[1:], 1):
         _check_same_modules(first, other, i)
-    modules = tuple(
-        _merge_modules([p.modules[i] for p in items]) for i in range(len(first.modules))
-    )
+    modules = tuple(_merge_modules([p.modules[i] for p in items]) for i in range(len(first.modules)))
     # The largest inputs; among equally large ones the first in sorted JSON (order-independent).
     candidates = sorted((p.inputs for p in items), key=_inputs_text)
     inputs = max(candidates, key=lambda ts: sum(t.nbytes for t in ts))
@@ -291,9 +287,7 @@ def _check_same_modules(a: Profile, b: Profile, index: int) -> None:
             detail.append(f"only in profile {index}: {some_names(extra)}")
         if not detail:
             detail.append("the same paths in a different order")
-        raise ValueError(
-            "cannot merge profiles of different module sets (" + "; ".join(detail) + ")"
-        )
+        raise ValueError("cannot merge profiles of different module sets (" + "; ".join(detail) + ")")
     for x, y in zip(a.modules, b.modules):
         structure = ("type", "children", "is_sequential", "is_module_list")
         differ = [k for k in structure if getattr(x, k) != getattr(y, k)]
@@ -395,9 +389,7 @@ def chain(prof: Profile, candidates: Iterable[str] | None = None, *, nested: boo
         for a in names:
             for b in names:
                 if not nested and a != b and (a == "" or b.startswith(a + ".")):
-                    raise ValueError(
-                        f"chain candidates must not nest: `{b}` is inside `{a or '<root>'}`"
-                    )
+                    raise ValueError(f"chain candidates must not nest: `{b}` is inside `{a or '<root>'}`")
     position = {m.name: i for i, m in enumerate(prof.modules)}
     ran = [prof[n] for n in names if prof[n].order is not None]
     ran.sort(key=lambda m: (m.order, position[m.name]))

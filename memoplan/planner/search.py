@@ -91,7 +91,6 @@ Floating point: times are floats, so "exact" means the optimal time is within a 
 with a DP over bytes).  Pure Python: no numpy, no torch.
 """
 
-
 from memoplan.planner.budgets import (
     Budget,
     ByteBudget,

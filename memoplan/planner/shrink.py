@@ -39,7 +39,9 @@ ESTIMATING: contextvars.ContextVar[bool] = contextvars.ContextVar("memoplan_esti
 # CPU: "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8388608 bytes";
 # CUDA: "CUDA out of memory. Tried to allocate 20.00 MiB"; Python's own MemoryError too.
 # oneDNN says "could not create a primitive" when it cannot allocate its own scratch memory.
-_CPU_OOM = re.compile(r"can't allocate memory|not enough memory|out of memory|could not create a primitive", re.IGNORECASE)
+_CPU_OOM = re.compile(
+    r"can't allocate memory|not enough memory|out of memory|could not create a primitive", re.IGNORECASE
+)
 _CPU_BYTES = re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE)
 _CUDA_BYTES = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -163,7 +165,9 @@ class out_of_memory_as:  # noqa: N801 - used as a context manager, like contextl
         if exc is None or isinstance(exc, StepOutOfMemory) or not is_out_of_memory(exc):
             return False
         text = str(exc).strip()
-        self.caught = StepOutOfMemory(self.step, wanted_bytes(exc), text.splitlines()[0] if text else type(exc).__name__)
+        self.caught = StepOutOfMemory(
+            self.step, wanted_bytes(exc), text.splitlines()[0] if text else type(exc).__name__
+        )
         exc.__traceback__ = None
         gc.collect()
         raise self.caught from None

@@ -7,9 +7,9 @@ import math
 import multiprocessing
 import random
 from bisect import bisect_left, insort
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
-from collections.abc import Sequence
 
 from memoplan.planner.budgets import ByteBudget, byte_limit
 from memoplan.planner.chain import Chain, Estimate, Item

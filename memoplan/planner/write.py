@@ -11,18 +11,28 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from memoplan.version import __version__
 from memoplan.planner.budgets import format_duration, format_size
 from memoplan.planner.chain import Item
 from memoplan.planner.choice import BudgetError, Choice, Status
 from memoplan.planner.schema import Profile
+from memoplan.planner.sublinear import GeneticReport
 from memoplan.runtime.state import is_stateful
 from memoplan.syntax import ast
+from memoplan.syntax.blocks import SublinearConfig
 from memoplan.syntax.formatter import format_selector
+from memoplan.version import __version__
 
 __all__ = [
-    "comment_line", "compressed", "describe", "provenance", "rebased", "recompute_line", "to_plan",
-    "with_sources", "with_state_rules",
+    "comment_line",
+    "compressed",
+    "describe",
+    "provenance",
+    "rebased",
+    "recompute_line",
+    "sublinear_summary",
+    "to_plan",
+    "with_sources",
+    "with_state_rules",
 ]
 
 
@@ -59,7 +69,9 @@ def describe(choice: Choice) -> dict[str, str]:
     entries["estimated peak before"] = f"{format_size(choice.unplanned_peak)} ({choice.unplanned_peak} B)"
     entries["estimated peak after"] = f"{format_size(choice.estimated_peak)} ({choice.estimated_peak} B)"
     entries["recompute"] = recompute_line(
-        choice.recompute_seconds, len(choice.checkpointed), "(proven least)" if choice.proven_optimal and choice.ok else ""
+        choice.recompute_seconds,
+        len(choice.checkpointed),
+        "(proven least)" if choice.proven_optimal and choice.ok else "",
     )
     if choice.status is not Status.OK:
         entries["status"] = f"{choice.status.value}: smallest reachable estimate {format_size(choice.minimum_peak)}"
@@ -227,6 +239,38 @@ def with_state_rules(plan: ast.Plan, model: nn.Module, skip: frozenset[str] = fr
             term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in path.split("."))))
             comments = ast.NO_COMMENTS
             if not rules:
-                comments = ast.Comments(leading=("# keeps state between calls: threaded through regions, advanced once",))
+                comments = ast.Comments(
+                    leading=("# keeps state between calls: threaded through regions, advanced once",)
+                )
             rules.append(ast.ModuleRule(ast.Selector(term), (ast.State(ast.StateMode.FUNCTIONAL),), comments=comments))
     return replace(plan, statements=(*rules, *plan.statements)) if rules else plan
+
+
+# ---------------------------------------------------------------- the sublinear search's header line
+
+
+def sublinear_summary(config: SublinearConfig, report: GeneticReport) -> str:
+    """The header's ``planner`` line of a sublinear search: its settings and what the genetic
+    refinement gained over the best threshold (bytes and recompute time), or that it gained nothing."""
+    settings = (
+        f"thresh_nr_try {config.thresh_nr_try}, genetic_nr_iter {config.genetic_nr_iter}, "
+        f"genetic_pool_size {config.genetic_pool_size}, lb_memory {config.lb_memory} B, "
+        f"num_worker {config.workers}"
+    )
+    if not report.generations:
+        gain = "no genetic refinement (genetic_nr_iter 0)"
+    elif report.improved:
+        gain = (
+            f"the genetic refinement's set against the best threshold's: peak {_change(report.bytes_saved, 'B')}, "
+            f"recompute {_change(report.seconds_saved * 1e3, 'ms', '.3f')} ({report.evaluations} candidates evaluated)"
+        )
+    else:
+        gain = (
+            f"the genetic refinement gained nothing over the best threshold ({report.evaluations} candidates evaluated)"
+        )
+    return f"sublinear ({settings}); {gain}"
+
+
+def _change(saved: float, unit: str, spec: str = "") -> str:
+    """``1024 B less``, ``512 B more``: a saving in words, whatever its sign."""
+    return f"{abs(saved):{spec}} {unit} {'less' if saved >= 0 else 'more'}"

@@ -20,8 +20,8 @@ RNG state are left as they were) and returns JSON-serialisable values for
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +33,6 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memoplan import api
-from memoplan.runtime.dtr import dtr_stats
 from memoplan.diagnostics import PlanError
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import measure_step, timeline_step, training_step
@@ -44,6 +43,7 @@ from memoplan.planner.profile import Snapshot, profile
 from memoplan.planner.schema import Profile, default_candidates
 from memoplan.report import data
 from memoplan.report import peers as compile_peers
+from memoplan.runtime.dtr import dtr_stats
 from memoplan.specs import Example
 from memoplan.syntax import ast
 
@@ -232,7 +232,9 @@ def every_block_plan(prof: Profile) -> tuple[ast.Plan, str]:
         for name in blocks
     )
     parent = blocks[0].rpartition(".")[0] if blocks else ""
-    return ast.Plan(version=1, statements=rules), f"checkpoint every block ({parent + '.*' if parent else 'root children'})"
+    return ast.Plan(
+        version=1, statements=rules
+    ), f"checkpoint every block ({parent + '.*' if parent else 'root children'})"
 
 
 def sweep(
@@ -266,32 +268,21 @@ def sweep(
         torch.manual_seed(seed)
         unplanned = measure_step(copy.deepcopy(model), example.args, example.kwargs).peak_bytes
     points.append(
-        {"label": "unplanned", "kind": "unplanned", "peak_bytes": unplanned, "step_seconds": step_seconds(copy.deepcopy(model), example, repeats)}
+        {
+            "label": "unplanned",
+            "kind": "unplanned",
+            "peak_bytes": unplanned,
+            "step_seconds": step_seconds(copy.deepcopy(model), example, repeats),
+        }
     )
     tick(chosen["label"])
-    points.append(_planned_point(model, chosen["plan"], example, seed, repeats, label=chosen["label"], kind="chosen", chosen=True))
+    points.append(
+        _planned_point(model, chosen["plan"], example, seed, repeats, label=chosen["label"], kind="chosen", chosen=True)
+    )
     for fraction in budgets:
         label = f"memoplan optimal, budget {fraction:g}"
         tick(label)
-        budget = FractionOfPeak(Fraction(str(fraction)))
-        met = True
-        try:
-            result = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=True, prof=prof, progress=False)
-        except PlanError:
-            # Out of reach: the least-peak plan the planner writes for it (as a hint) stands in.
-            met = False
-            label += " (out of reach: least-peak plan)"
-            try:
-                result = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False)
-            except PlanError as error:
-                points.append({"label": label, "kind": "memoplan", "budget": fraction, "error": str(error).splitlines()[0]})
-                continue
-        points.append(
-            _planned_point(
-                model, result.plan, example, seed, repeats, label=label, kind="memoplan", budget=fraction,
-                regions=result.regions, budget_met=met,
-            )
-        )
+        points.append(_budget_point(model, example, prof, fraction, label, seed, repeats))
     every, label = every_block_plan(prof)
     tick(label)
     points.append(_planned_point(model, every, example, seed, repeats, label=label, kind="every block"))
@@ -303,6 +294,37 @@ def sweep(
             tick(f"torch.compile, activation_memory_budget {fraction:g} (compiling)")
             points.append(compile_point(model, example, fraction, seed, repeats))
     return points
+
+
+def _budget_point(
+    model: nn.Module, example: Example, prof: Profile, fraction: float, label: str, seed: int, repeats: int
+) -> dict[str, Any]:
+    """The optimal planner's plan at a hard ``fraction`` of the unplanned peak, measured; out of
+    reach, the least-peak plan it writes as a hint stands in (or the point carries the error)."""
+    budget = FractionOfPeak(Fraction(str(fraction)))
+    met = True
+    try:
+        result = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=True, prof=prof, progress=False)
+    except PlanError:
+        # Out of reach: the least-peak plan the planner writes for it (as a hint) stands in.
+        met = False
+        label += " (out of reach: least-peak plan)"
+        try:
+            result = make_plan(model, example, budget, planner=Planner.OPTIMAL, hard=False, prof=prof, progress=False)
+        except PlanError as error:
+            return {"label": label, "kind": "memoplan", "budget": fraction, "error": str(error).splitlines()[0]}
+    return _planned_point(
+        model,
+        result.plan,
+        example,
+        seed,
+        repeats,
+        label=label,
+        kind="memoplan",
+        budget=fraction,
+        regions=result.regions,
+        budget_met=met,
+    )
 
 
 def uses_spikingjelly(model: nn.Module) -> bool:
@@ -357,9 +379,11 @@ def compile_point(model: nn.Module, example: Example, fraction: float, seed: int
     copied = copy.deepcopy(model)
     entry: dict[str, Any] = {"label": label, "kind": "torch.compile", "budget": fraction}
     try:
-        with inductor_config.patch(fallback_random=True, fx_graph_cache=False), functorch_config.patch(
-            enable_autograd_cache=False
-        ), torch.random.fork_rng(devices=[]):
+        with (
+            inductor_config.patch(fallback_random=True, fx_graph_cache=False),
+            functorch_config.patch(enable_autograd_cache=False),
+            torch.random.fork_rng(devices=[]),
+        ):
             fn = compile_peers.compile_step(copied, device, f"report budget {fraction:g}")
             step = compile_peers.compiled_step(copied, fn, example, fraction)
             torch.manual_seed(seed)

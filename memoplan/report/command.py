@@ -49,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``memoplan report`` after PLAN, --model, --example and --device."""
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .html file to write")
     parser.add_argument(
-        "--json", action="store_true", help="also write the data behind each plot as JSON next to the report (PATH.<plot>.json)"
+        "--json",
+        action="store_true",
+        help="also write the data behind each plot as JSON next to the report (PATH.<plot>.json)",
     )
     parser.add_argument(
         "--sweep",
@@ -59,10 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: when the plan has a budget or was written by `memoplan plan`)",
     )
     parser.add_argument(
-        "--budgets", type=float, nargs="+", metavar="F", help=f"budgets of the sweep, shares of the unplanned peak (default {' '.join(map(str, DEFAULT_BUDGETS))})"
+        "--budgets",
+        type=float,
+        nargs="+",
+        metavar="F",
+        help=f"budgets of the sweep, shares of the unplanned peak (default {' '.join(map(str, DEFAULT_BUDGETS))})",
     )
-    parser.add_argument("--peers", action="store_true", help="add torch.compile with activation_memory_budget to the sweep")
-    parser.add_argument("--seed", type=int, default=0, help="RNG seed for building the model and for every step (default 0)")
+    parser.add_argument(
+        "--peers", action="store_true", help="add torch.compile with activation_memory_budget to the sweep"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="RNG seed for building the model and for every step (default 0)"
+    )
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -90,9 +100,17 @@ def options_from(args: argparse.Namespace) -> ReportOptions:
     bad = [b for b in budgets if not 0 < b <= 1]
     if bad:
         raise PlanError(
-            (Diagnostic("MP512", f"--budgets {bad[0]:g} is not a share of the unplanned peak", help="give values in (0, 1], e.g. 0.75 0.5"),)
+            (
+                Diagnostic(
+                    "MP512",
+                    f"--budgets {bad[0]:g} is not a share of the unplanned peak",
+                    help="give values in (0, 1], e.g. 0.75 0.5",
+                ),
+            )
         )
-    return ReportOptions(json=args.json, sweep=args.sweep, budgets=budgets, peers=args.peers, seed=args.seed, command=command)
+    return ReportOptions(
+        json=args.json, sweep=args.sweep, budgets=budgets, peers=args.peers, seed=args.seed, command=command
+    )
 
 
 def require_matplotlib() -> None:
@@ -166,7 +184,10 @@ def write_report(
         progress("measuring memory over one step, without and with the plan")
         runs = collect.timelines(model, resolved, example, shown, seed=options.seed)
         plots["memory"] = data.memory_plot(runs, shown)
-        plots["memory"]["verify_peak_bytes"] = {"unplanned": report.unplanned.peak_bytes, "planned": report.planned.peak_bytes}
+        plots["memory"]["verify_peak_bytes"] = {
+            "unplanned": report.unplanned.peak_bytes,
+            "planned": report.planned.peak_bytes,
+        }
         peaks.update(timeline_unplanned=runs["unplanned"]["peak_bytes"], timeline_planned=runs["planned"]["peak_bytes"])
 
     progress("profiling saved bytes per module, without and with the plan")
@@ -177,8 +198,15 @@ def write_report(
     if run_sweep:
         chosen = {"label": f"this plan ({resolved.file})", "plan": resolved}
         points = collect.sweep(
-            model, example, prof, chosen, options.budgets, peers=options.peers, seed=options.seed,
-            repeats=options.repeats, progress=progress,
+            model,
+            example,
+            prof,
+            chosen,
+            options.budgets,
+            peers=options.peers,
+            seed=options.seed,
+            repeats=options.repeats,
+            progress=progress,
         )
         plots["sweep"] = data.sweep_plot(points, report.unplanned.peak_bytes)
 
@@ -199,7 +227,9 @@ def _svgs(plots: dict[str, Any]) -> dict[str, str | None]:
         "memory": draw.memory_svg(plots["memory"]) if "memory" in plots else None,
         "saved": draw.saved_svg(plots["saved"]),
         "sweep": draw.sweep_svg(plots["sweep"]) if "sweep" in plots else None,
-        "dtr": draw.dtr_svg(plots["memory"]) if "memory" in plots and "dtr" in plots["memory"]["runs"]["planned"] else None,
+        "dtr": draw.dtr_svg(plots["memory"])
+        if "memory" in plots and "dtr" in plots["memory"]["runs"]["planned"]
+        else None,
     }
 
 
@@ -275,7 +305,11 @@ def _memory_section(report, plots, svgs) -> page.Section:
         u, p = runs["unplanned"]["peak"], runs["planned"]["peak"]
 
         def where(peak: dict) -> str:
-            return f"{peak['phase']} of {peak['module'] or '(root)'}" if peak["module"] is not None else "outside the shown modules"
+            return (
+                f"{peak['phase']} of {peak['module'] or '(root)'}"
+                if peak["module"] is not None
+                else "outside the shown modules"
+            )
 
         memory.add(
             page.figure(
@@ -290,7 +324,13 @@ def _memory_section(report, plots, svgs) -> page.Section:
             page.table(
                 ("run", "peak (B)", "peak (MiB)", "held in", "allocation and free events"),
                 [
-                    (name, f"{r['peak']['bytes']:,}", draw_mib(r["peak"]["bytes"]), where(r["peak"]), f"{r['events']:,}")
+                    (
+                        name,
+                        f"{r['peak']['bytes']:,}",
+                        draw_mib(r["peak"]["bytes"]),
+                        where(r["peak"]),
+                        f"{r['events']:,}",
+                    )
                     for name, r in runs.items()
                 ],
                 numeric=(1, 2, 4),
@@ -343,7 +383,11 @@ def _sweep_section(plots, svgs) -> page.Section:
             svgs["sweep"],
             "Peak memory of one step against the median step time: memoplan's optimal planner at each budget "
             "(a hard budget, a share of the unplanned peak; where it is out of reach, the least-peak plan), checkpointing every block, the unplanned step and this plan"
-            + (", and torch.compile at each activation_memory_budget." if any(k == "torch.compile" for k in sw["series"]) else "."),
+            + (
+                ", and torch.compile at each activation_memory_budget."
+                if any(k == "torch.compile" for k in sw["series"])
+                else "."
+            ),
         )
     )
     rows = [
@@ -367,11 +411,18 @@ def _dtr_section(svgs, dtr) -> page.Section:
                 "evictions and recomputes so far, and the bytes it holds.",
             )
         )
-    section.add(page.paragraph("What the dtr block's tracker did over one training step of a planned copy (memoplan.dtr_stats):"))
+    section.add(
+        page.paragraph(
+            "What the dtr block's tracker did over one training step of a planned copy (memoplan.dtr_stats):"
+        )
+    )
     section.add(
         page.table(
             ("statistic", "value"),
-            [(k, f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else v) for k, v in sorted(dtr["statistics"].items())],
+            [
+                (k, f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else v)
+                for k, v in sorted(dtr["statistics"].items())
+            ],
             numeric=(1,),
         )
     )

@@ -116,9 +116,7 @@ def aligned_axes(runs: Sequence[Mapping[str, Any]]) -> list[list[float]]:
     """
     keys = [_key_points(r["backward"], len(r["samples"]), r["marks"]) for r in runs]
     if any(labels != keys[0][1] for _, labels in keys):
-        keys = [
-            _key_points(r["backward"], len(r["samples"]), []) for r in runs
-        ]
+        keys = [_key_points(r["backward"], len(r["samples"]), []) for r in runs]
     widths = [max(k[0][j + 1] - k[0][j] for k in keys) for j in range(len(keys[0][0]) - 1)]
     starts = [0]
     for w in widths:
@@ -227,7 +225,12 @@ def saved_rows(
     largest first (ties: model order); beyond ``limit`` rows the rest is one ``(others)`` row."""
     order = {name: i for i, name in enumerate(shown)}
     rows = [
-        {"module": name, "class": classes.get(name, ""), "before": int(before.get(name, 0)), "after": int(after.get(name, 0))}
+        {
+            "module": name,
+            "class": classes.get(name, ""),
+            "before": int(before.get(name, 0)),
+            "after": int(after.get(name, 0)),
+        }
         for name in shown
     ]
     rows = [r for r in rows if r["before"] or r["after"]]

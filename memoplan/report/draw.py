@@ -105,7 +105,11 @@ def memory_svg(plot: Mapping[str, Any]) -> str:
         color = COLORS.get(name, "#ff7f0e")
         ax.plot(run["x"], run["bytes"], color=color, lw=1.2, label=label(f"{name} (peak {mib(run['peak']['bytes'])})"))
         peak = run["peak"]
-        where = f"{peak['phase']} of {label(peak['module'] or '(root)')}" if peak["module"] is not None else "outside the shown modules"
+        where = (
+            f"{peak['phase']} of {label(peak['module'] or '(root)')}"
+            if peak["module"] is not None
+            else "outside the shown modules"
+        )
         ax.annotate(
             f"{peak['bytes']:,} B\n{where}",
             xy=(peak["x"], peak["bytes"]),
@@ -135,7 +139,9 @@ def dtr_svg(plot: Mapping[str, Any]) -> str:
     ax.set_ylabel("count")
     ax.set_ylim(bottom=0)
     held = ax.twinx()
-    held.plot(series["x"], series["tracked_bytes"], color=COLORS["planned"], lw=0.8, ls=":", label="bytes held by the tracker")
+    held.plot(
+        series["x"], series["tracked_bytes"], color=COLORS["planned"], lw=0.8, ls=":", label="bytes held by the tracker"
+    )
     _bytes_axis(held, max(series["tracked_bytes"], default=0))
     held.set_ylabel("held (MiB)")
     ax.axvline(run["backward_x"], color="#444444", lw=0.8, ls="--")
@@ -155,7 +161,9 @@ def saved_svg(plot: Mapping[str, Any]) -> str:
     ax = fig.add_subplot()
     ys = list(range(len(rows)))
     height = 0.4
-    ax.barh([y - height / 2 for y in ys], [r["before"] for r in rows], height, color=COLORS["unplanned"], label="unplanned")
+    ax.barh(
+        [y - height / 2 for y in ys], [r["before"] for r in rows], height, color=COLORS["unplanned"], label="unplanned"
+    )
     ax.barh([y + height / 2 for y in ys], [r["after"] for r in rows], height, color=COLORS["planned"], label="planned")
     ax.set_yticks(ys, [label(r["module"] or "(root)") for r in rows], fontsize=8)
     ax.invert_yaxis()
@@ -185,15 +193,24 @@ def sweep_svg(plot: Mapping[str, Any], title: str = "Budget sweep: peak memory a
             ax.plot(
                 [p["step_seconds"] * 1e3 for p in chosen],
                 [p["peak_bytes"] / 2**20 for p in chosen],
-                marker=marker, ms=size, ls="none", color=color,
+                marker=marker,
+                ms=size,
+                ls="none",
+                color=color,
                 markerfacecolor="none" if wrong else color,
                 label=label(kind + (" (results differ)" if wrong else "")),
             )
             hollow_shown |= wrong
         for p in points:
             if p.get("budget") is not None:
-                ax.annotate(f"{p['budget']:g}", (p["step_seconds"] * 1e3, p["peak_bytes"] / 2**20),
-                            xytext=(4, 3), textcoords="offset points", fontsize=7, color=color)
+                ax.annotate(
+                    f"{p['budget']:g}",
+                    (p["step_seconds"] * 1e3, p["peak_bytes"] / 2**20),
+                    xytext=(4, 3),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color=color,
+                )
     ax.set_xlabel("step time (ms, median)")
     ax.set_ylabel("peak memory of one step (MiB)")
     top = max((p["peak_bytes"] for points in plot["series"].values() for p in points), default=0) / 2**20

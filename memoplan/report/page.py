@@ -58,9 +58,9 @@ class Section:
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[int] = ()) -> str:
     """A table; cells are escaped; columns in ``numeric`` are right-aligned."""
     num = set(numeric)
-    head = "".join(f'<th{" class=num" if i in num else ""}>{esc(h)}</th>' for i, h in enumerate(header))
+    head = "".join(f"<th{' class=num' if i in num else ''}>{esc(h)}</th>" for i, h in enumerate(header))
     body = "".join(
-        "<tr>" + "".join(f'<td{" class=num" if i in num else ""}>{esc(c)}</td>' for i, c in enumerate(row)) + "</tr>"
+        "<tr>" + "".join(f"<td{' class=num' if i in num else ''}>{esc(c)}</td>" for i, c in enumerate(row)) + "</tr>"
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -72,7 +72,7 @@ def figure(plot_id: str, svg: str, caption: str) -> str:
 
 
 def paragraph(text: str, css: str = "") -> str:
-    return f'<p{f" class={esc(css)}" if css else ""}>{esc(text)}</p>'
+    return f"<p{f' class={esc(css)}' if css else ''}>{esc(text)}</p>"
 
 
 def preformatted(text: str) -> str:
@@ -87,11 +87,15 @@ def render(title: str, intro: Sequence[str], sections: Sequence[Section]) -> str
     """The page (``report/page.html.j2``): title, an introduction (HTML), a table of contents
     and the sections.  ``intro`` and the sections' bodies are HTML built by the helpers above."""
     safe = markupsafe.Markup
-    return _environment().get_template("report/page.html.j2").render(
-        title=title,
-        style=safe(STYLE),
-        intro=[safe(part) for part in intro],
-        sections=[Section(s.id, s.title, [safe(part) for part in s.body]) for s in sections],
+    return (
+        _environment()
+        .get_template("report/page.html.j2")
+        .render(
+            title=title,
+            style=safe(STYLE),
+            intro=[safe(part) for part in intro],
+            sections=[Section(s.id, s.title, [safe(part) for part in s.body]) for s in sections],
+        )
     )
 
 

@@ -14,8 +14,8 @@ backward graphs while :func:`compiled_peak` measures a step.  Used by ``memoplan
 from __future__ import annotations
 
 import gc
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +32,6 @@ __all__ = [
     "eager_step",
     "sync",
 ]
-
 
 
 class _GraphMeter(LiveStorageMeter):
@@ -141,7 +140,9 @@ def eager_step(model: nn.Module, example: Example) -> Callable[[], torch.Tensor]
     return step
 
 
-def compiled_step(model: nn.Module, fn: Callable[..., torch.Tensor], example: Example, budget: float) -> Callable[[], torch.Tensor]:
+def compiled_step(
+    model: nn.Module, fn: Callable[..., torch.Tensor], example: Example, budget: float
+) -> Callable[[], torch.Tensor]:
     def step() -> torch.Tensor:
         # The budget is read when a graph is partitioned; patched around every call so that a
         # recompilation, should one happen, partitions for this configuration's budget too.
@@ -154,7 +155,9 @@ def compiled_step(model: nn.Module, fn: Callable[..., torch.Tensor], example: Ex
     return step
 
 
-def compiled_peak(step: Callable[[], torch.Tensor], model: nn.Module, device: str, seed: int) -> tuple[int, torch.Tensor]:
+def compiled_peak(
+    step: Callable[[], torch.Tensor], model: nn.Module, device: str, seed: int
+) -> tuple[int, torch.Tensor]:
     """Peak bytes of one compiled step above what was live at its start; and its loss."""
     model.zero_grad(set_to_none=True)
     if device == "cuda":

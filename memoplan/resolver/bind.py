@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from torch import nn
 
 from memoplan import ir
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, did_you_mean
 from memoplan.enums import Aspect, Boundaries, Validate
+from memoplan.resolver.dtr import candidates as dtr_candidates
+from memoplan.resolver.effects import statement_effects
 from memoplan.resolver.selectors import ModelIndex, Specificity, no_match_help, select, specificity
-from memoplan.syntax import ast
 from memoplan.runtime import codecs
 from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import is_stateful
-from memoplan.resolver.dtr import candidates as dtr_candidates
-from memoplan.syntax.parser import parse_with_diagnostics
-from memoplan.resolver.effects import statement_effects
+from memoplan.syntax import ast
 from memoplan.syntax.blocks import config_of
 from memoplan.syntax.formatter import format_policy, format_selector
+from memoplan.syntax.parser import parse_with_diagnostics
 from memoplan.syntax.policies import POLICIES, spec_of, with_defaults
 
 RECOMPUTE = Aspect.RECOMPUTE
@@ -132,7 +132,11 @@ def _choose_evictable(res: Resolution, model: nn.Module) -> None:
         res.error(
             "MP230",
             "the `dtr` block has no module to act on: "
-            + ("every module it names has a rule of its own" if named else "every block of the model has a rule of its own"),
+            + (
+                "every module it names has a rule of its own"
+                if named
+                else "every block of the model has a rule of its own"
+            ),
             replace(block.span, end_line=block.span.line, end_column=block.span.column + len("dtr")),
             "remove the `dtr` block, or the rules on the blocks it should evict "
             "(`memoplan explain` lists the blocks and why each is left out)",
@@ -148,21 +152,33 @@ def _named_candidates(res: Resolution, entry: ast.ConfigEntry) -> list[str] | No
     statements = [] if rule is None else [s for s in rule.statements if isinstance(s, ast.ModuleRule)]
     if errors or len(statements) != 1:
         why = errors[0].message if errors else "it is not one selector"
-        res.error("MP232", f"`modules = {json.dumps(text)}` is not a selector: {why}", entry.span,
-                  'write a selector as in a module rule, e.g. `modules = "layers.*"`')
+        res.error(
+            "MP232",
+            f"`modules = {json.dumps(text)}` is not a selector: {why}",
+            entry.span,
+            'write a selector as in a module rule, e.g. `modules = "layers.*"`',
+        )
         return None
     paths = select(res.index, statements[0].selector)
     if not paths:
-        res.error("MP232", f"`modules = {json.dumps(text)}` matches no module of the model", entry.span,
-                  did_you_mean(text, res.index.paths) or "`memoplan explain` lists the model's modules")
+        res.error(
+            "MP232",
+            f"`modules = {json.dumps(text)}` matches no module of the model",
+            entry.span,
+            did_you_mean(text, res.index.paths) or "`memoplan explain` lists the model's modules",
+        )
         return None
     chosen = set(paths)
     nested = [(".".join(p.split(".")[:k]), p) for p in paths for k in range(1, p.count(".") + 1)]
     nested = [(outer, inner) for outer, inner in nested if outer in chosen]
     if nested:
         outer, inner = nested[0]
-        res.error("MP232", f"`modules = {json.dumps(text)}` selects `{outer}` and `{inner}`, inside it", entry.span,
-                  "candidates must not contain one another: select one level")
+        res.error(
+            "MP232",
+            f"`modules = {json.dumps(text)}` selects `{outer}` and `{inner}`, inside it",
+            entry.span,
+            "candidates must not contain one another: select one level",
+        )
         return None
     return paths
 
@@ -200,7 +216,10 @@ def _match_rules(res: Resolution) -> None:
                         other.policy.span,
                         "make one selector more specific (e.g. an exact path), or drop one rule",
                         notes=(
-                            (f"`{format_policy(winner.policy)}` from `module {format_selector(winner.rule.selector)}`", winner.policy.span),
+                            (
+                                f"`{format_policy(winner.policy)}` from `module {format_selector(winner.rule.selector)}`",
+                                winner.policy.span,
+                            ),
                         ),
                     )
                     break
@@ -436,11 +455,11 @@ def _check_chunk(res: Resolution, path: str, module: nn.Module, chunk: ast.Tempo
         elif isinstance(sub, (nn.MultiheadAttention, nn.RNNBase)) or any("Attention" in b for b in bases[:1]):
             reasons.append(f"`{where}` ({type(sub).__qualname__}) mixes time steps")
         elif "_DropoutNd" in bases:
-            reasons.append(
-                f"Dropout `{where}` would draw its mask chunk by chunk, which need not match one whole draw"
-            )
+            reasons.append(f"Dropout `{where}` would draw its mask chunk by chunk, which need not match one whole draw")
         elif _parallel_neuron(sub):
-            reasons.append(f"`{where}` ({type(sub).__qualname__}) mixes time steps: each step's input is a weighted sum over steps")
+            reasons.append(
+                f"`{where}` ({type(sub).__qualname__}) mixes time steps: each step's input is a weighted sum over steps"
+            )
         elif getattr(sub, "memoplan_mixes_time", False):
             reasons.append(f"`{where}` ({type(sub).__qualname__}) processes the whole sequence at once")
     if reasons:
@@ -462,8 +481,7 @@ _PARALLEL_NEURONS = frozenset({"PSN", "MaskedPSN", "SlidingPSN"})
 def _parallel_neuron(module: nn.Module) -> bool:
     """Whether ``module`` is (a subclass of) one of SpikingJelly's parallel spiking neurons, by name."""
     return any(
-        cls.__name__ in _PARALLEL_NEURONS and cls.__module__.startswith("spikingjelly.")
-        for cls in type(module).__mro__
+        cls.__name__ in _PARALLEL_NEURONS and cls.__module__.startswith("spikingjelly.") for cls in type(module).__mro__
     )
 
 
@@ -486,12 +504,18 @@ def _check_in_place(res: Resolution, path: str, module: nn.Module, recompute, ch
         named = f"`{where}` ({type(res.index.module(where)).__qualname__}, inplace=True)"
         res.error(
             "MP323",
-            (f"{named} overwrites its input in place" if where == path
-             else f"the region of `{path}` starts with {named}, which overwrites the region's input in place")
+            (
+                f"{named} overwrites its input in place"
+                if where == path
+                else f"the region of `{path}` starts with {named}, which overwrites the region's input in place"
+            )
             + "; the recompute in backward would read the overwritten values",
             policy.span,
-            (f"checkpoint the module that calls it instead (e.g. `module {parent} {{ checkpoint }}`), or " if parent
-             else "leave it out of the region, or ")
+            (
+                f"checkpoint the module that calls it instead (e.g. `module {parent} {{ checkpoint }}`), or "
+                if parent
+                else "leave it out of the region, or "
+            )
             + f"build `{where}` with `inplace=False`",
         )
         return

@@ -42,7 +42,9 @@ def candidates(
     """
     paths = {path: module for path, module in model.named_modules(remove_duplicate=False)}
     if named is not None:
-        return _filtered(paths, [p for p in paths if p in set(named)], dict.fromkeys(named, "named by `modules`"), ruled)
+        return _filtered(
+            paths, [p for p in paths if p in set(named)], dict.fromkeys(named, "named by `modules`"), ruled
+        )
     containers = [path for path, module in paths.items() if isinstance(module, _CONTAINERS) and len(module._modules)]
     outer = [p for p in containers if not any(_inside(p, q) for q in containers if q != p)]
     if outer:

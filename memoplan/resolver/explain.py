@@ -42,7 +42,7 @@ def explain(plan: ast.Plan, model: nn.Module) -> list[ExplainRow]:
         outer = resolution.inside_region.get(path)
         if outer is not None:
             region = resolution.decisions[outer]["recompute"].winner
-            where = f"`{outer}`" if outer else "the model itself (`\"\"`)"
+            where = f"`{outer}`" if outer else 'the model itself (`""`)'
             decisions.append(("recomputed", f"inside the checkpoint region of {where} (line {region.line})"))
         chunked = chunked_ancestor(resolution, path)
         if chunked is not None and isinstance(module, nn.modules.batchnorm._BatchNorm):

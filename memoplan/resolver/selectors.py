@@ -27,6 +27,7 @@ from torch import nn
 from memoplan.diagnostics import did_you_mean
 from memoplan.ir import path_key
 from memoplan.syntax import ast
+
 # re-exported: the resolver's names
 from memoplan.syntax.specificity import Specificity as Specificity
 from memoplan.syntax.specificity import specificity as specificity

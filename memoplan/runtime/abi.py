@@ -31,11 +31,7 @@ def require_abi(abi: object, source: str = "") -> None:
                 "MP424",
                 f"the plan module for `{source}` was generated for runtime interface {abi!r}; this memoplan "
                 f"({__version__}) runs interface {runs}",
-                help=(
-                    "upgrade memoplan to the release that generated the module, or "
-                    if newer
-                    else ""
-                )
+                help=("upgrade memoplan to the release that generated the module, or " if newer else "")
                 + "regenerate the module with this memoplan: memoplan compile PLAN -o FILE.py",
             ),
         )

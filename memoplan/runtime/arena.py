@@ -91,8 +91,7 @@ class ArenaState:
             with torch.inference_mode(False), torch.no_grad():
                 arena = torch.empty(spec.nbytes, dtype=torch.uint8, device=device)
                 self.views = tuple(
-                    arena[offset:].view(dtype).as_strided(shape, stride)
-                    for offset, dtype, shape, stride in spec.views
+                    arena[offset:].view(dtype).as_strided(shape, stride) for offset, dtype, shape, stride in spec.views
                 )
             self.arena = arena
         return self.views

@@ -50,7 +50,9 @@ def relu(x: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
     return torch.clamp_min(x, 0, out=out)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, out: torch.Tensor) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, out: torch.Tensor
+) -> torch.Tensor:
     """``aten.linear`` as torch runs it on a contiguous input: one matrix product over the flattened
     leading dimensions, the bias added by ``addmm``."""
     rows = _flat(x, x.shape[-1])
@@ -77,8 +79,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tens
     return out
 
 
-def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1,
-              scale_grad_by_freq: bool = False, sparse: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+def embedding(
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    padding_idx: int = -1,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+    *,
+    out: torch.Tensor,
+) -> torch.Tensor:
     """``aten.embedding``: the rows of ``weight`` that ``indices`` name (``index_select``)."""
     torch.index_select(weight, 0, indices.view(-1), out=_flat(out, weight.shape[1]))
     return out
@@ -106,16 +115,36 @@ def contiguous(x: torch.Tensor, *, memory_format=torch.contiguous_format, out: t
     return out.copy_(x)
 
 
-def to_copy(x: torch.Tensor, *, dtype=None, layout=None, device=None, pin_memory=None,
-            non_blocking: bool = False, memory_format=None, out: torch.Tensor) -> torch.Tensor:
+def to_copy(
+    x: torch.Tensor,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking: bool = False,
+    memory_format=None,
+    out: torch.Tensor,
+) -> torch.Tensor:
     """``aten._to_copy`` (``x.float()``, ``x.to(dtype)``) on one device: a converting copy into ``out``."""
     if device is not None and torch.device(device) != x.device or pin_memory:
         raise ValueError("a copy to another device or into pinned memory: no form")
     return out.copy_(x)
 
 
-def batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float,
-               eps: float, cudnn_enabled: bool, *, out: torch.Tensor) -> torch.Tensor:
+def batch_norm(
+    x: torch.Tensor,
+    weight,
+    bias,
+    running_mean,
+    running_var,
+    training: bool,
+    momentum: float,
+    eps: float,
+    cudnn_enabled: bool,
+    *,
+    out: torch.Tensor,
+) -> torch.Tensor:
     """``aten.batch_norm`` in eval mode, as torch runs it on CPU: ``native_batch_norm`` with the
     running statistics (its saved mean and inverse deviation are empty in eval mode)."""
     if training or running_mean is None or running_var is None or x.device.type != "cpu":

@@ -205,7 +205,9 @@ def given_statistics(fn: Callable[..., Any], run: Pass, *args: Any, **kwargs: An
         return measured.result
 
 
-def combine(parts: Sequence[tuple[torch.Tensor, torch.Tensor]], counts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+def combine(
+    parts: Sequence[tuple[torch.Tensor, torch.Tensor]], counts: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The batch's (mean, biased variance, count) from each chunk's, exactly (with autograd)."""
     total = sum(counts)
     mean = sum(n * m for (m, _), n in zip(parts, counts)) / total
@@ -231,9 +233,7 @@ class Snapshot:
     """The values of every buffer under ``roots``, to put back between passes."""
 
     def __init__(self, roots: Sequence[nn.Module]) -> None:
-        self._entries = [
-            (owner, name, tensor, tensor.detach().clone()) for owner, name, tensor in _buffers(roots)
-        ]
+        self._entries = [(owner, name, tensor, tensor.detach().clone()) for owner, name, tensor in _buffers(roots)]
 
     def restore(self) -> None:
         with torch.no_grad():

@@ -37,9 +37,7 @@ __all__ = ["BufferGuard"]
 
 # root module -> {module.training: qualified names of the buffers its forward changes}.
 # Weak keys: the cache must not keep models alive; a deep copy learns afresh.
-_LEARNED: weakref.WeakKeyDictionary[nn.Module, dict[bool, frozenset[str]]] = (
-    weakref.WeakKeyDictionary()
-)
+_LEARNED: weakref.WeakKeyDictionary[nn.Module, dict[bool, frozenset[str]]] = weakref.WeakKeyDictionary()
 
 _Context = contextlib.AbstractContextManager[None]
 

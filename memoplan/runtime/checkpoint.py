@@ -77,13 +77,20 @@ def run_segmented(
     if region is not None and outside_needed():
         what = f"segments with {region_kind(region.codec, stateful)}"
         return outside_graph(
-            run_segmented, module.__dict__.get(PATH_ATTR, ""), what, module, groups, args, kwargs,
-            preserve_rng=preserve_rng, region=region, stateful=stateful,
+            run_segmented,
+            module.__dict__.get(PATH_ATTR, ""),
+            what,
+            module,
+            groups,
+            args,
+            kwargs,
+            preserve_rng=preserve_rng,
+            region=region,
+            stateful=stateful,
         )
     if type(module).forward is not nn.Sequential.forward:
         raise TypeError(
-            f"memoplan: segments need an nn.Sequential forward, "
-            f"but {type(module).__qualname__} defines its own"
+            f"memoplan: segments need an nn.Sequential forward, but {type(module).__qualname__} defines its own"
         )
     x = _sequential_input(args, kwargs)
     if not torch.is_grad_enabled():

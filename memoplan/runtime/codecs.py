@@ -349,9 +349,7 @@ def decode(payload: Payload) -> torch.Tensor:
     flat = impl.decode(payload.data, payload.numel, payload.dtype, payload.device)
     out = flat.reshape(payload.shape)
     if payload.stride is not None:
-        out = torch.empty_strided(
-            payload.shape, payload.stride, dtype=payload.dtype, device=payload.device
-        ).copy_(out)
+        out = torch.empty_strided(payload.shape, payload.stride, dtype=payload.dtype, device=payload.device).copy_(out)
     return out
 
 
@@ -624,9 +622,7 @@ def _dense_stride(x: torch.Tensor) -> tuple[int, ...] | None:
     if x.is_contiguous() or x.numel() == 0:
         return None
     expected = 1
-    for size, stride in sorted(
-        ((s, st) for s, st in zip(x.shape, x.stride()) if s != 1), key=lambda d: d[1]
-    ):
+    for size, stride in sorted(((s, st) for s, st in zip(x.shape, x.stride()) if s != 1), key=lambda d: d[1]):
         if stride != expected:
             return None
         expected *= size

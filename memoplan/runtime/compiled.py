@@ -60,9 +60,7 @@ def warned_regions() -> frozenset[str]:
     return frozenset(_WARNED)
 
 
-def eager_fallback(
-    call: Callable[..., Any], roots: Sequence[nn.Module], where: str
-) -> Callable[..., Any]:
+def eager_fallback(call: Callable[..., Any], roots: Sequence[nn.Module], where: str) -> Callable[..., Any]:
     """``call`` for torch's checkpoint running eagerly after Dynamo broke the graph at a region.
 
     The returned function is called once for the forward, then once per recompute."""

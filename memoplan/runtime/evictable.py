@@ -47,7 +47,9 @@ __all__ = ["compile_choice", "run_evictable"]
 _SHOWN = 6
 
 
-def run_evictable(module: nn.Module, forward_fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+def run_evictable(
+    module: nn.Module, forward_fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> Any:
     """``forward_fn(module, *args, **kwargs)`` as a candidate of the model's ``dtr`` tracker (what generated code calls).
 
     Under ``torch.compile``: a checkpoint region or the plain forward, as the compile choice says."""
@@ -84,7 +86,9 @@ def _checkpointed(module: nn.Module) -> bool:
         said.add((chosen, reason))
         everyone = sorted(set(tracker.paths.values()))
         names = [n for n in everyone if n in chosen]
-        shown = ", ".join(f"`{n}`" for n in names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+        shown = ", ".join(f"`{n}`" for n in names[:_SHOWN]) + (
+            f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+        )
         warnings.warn(
             f"memoplan: MP418: `dtr` under torch.compile: a compiled graph cannot evict at run time, so the "
             f"candidates run as a static checkpoint choice made now, while Dynamo traces: {len(names)} of "

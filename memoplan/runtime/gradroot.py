@@ -59,7 +59,18 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from memoplan.runtime.install import PATH_ATTR
 
-__all__ = ["Mark", "Sink", "Split", "held_alone", "result_unread", "root_only", "set_probe_region", "stand_in", "takes_root_only", "vouched"]
+__all__ = [
+    "Mark",
+    "Sink",
+    "Split",
+    "held_alone",
+    "result_unread",
+    "root_only",
+    "set_probe_region",
+    "stand_in",
+    "takes_root_only",
+    "vouched",
+]
 
 _LOCAL = threading.local()
 
@@ -167,9 +178,14 @@ def held_alone(grads: Sequence[torch.Tensor | None], site: str = "region") -> li
             counts: tuple[int, ...] = _counts(g)
         else:  # a reshape of a tensor of its own (as a view's backward returns): both must be held alone
             base = g._base
-            if base._base is not None or not base.is_contiguous() or (base.data_ptr(), base.numel()) != (
-                g.data_ptr(),
-                g.numel(),
+            if (
+                base._base is not None
+                or not base.is_contiguous()
+                or (base.data_ptr(), base.numel())
+                != (
+                    g.data_ptr(),
+                    g.numel(),
+                )
             ):
                 continue
             counts = (*_counts(g), *_counts(base))

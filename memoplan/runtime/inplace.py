@@ -53,8 +53,7 @@ def unchanged(tensors: Sequence[object], before: Sequence[int | None], roots: Se
                 f"`{where or type(roots[0]).__qualname__}` overwrote its input in place ({op}); "
                 f"its recompute in backward would read the overwritten values (input of shape "
                 f"{tuple(changed[0].shape)})",
-                help="checkpoint the module that calls it instead, or make the op out of place "
-                "(e.g. `inplace=False`)",
+                help="checkpoint the module that calls it instead, or make the op out of place (e.g. `inplace=False`)",
             ),
         )
     )

@@ -241,8 +241,7 @@ def uninstall(model: nn.Module) -> None:
             module.__dict__.pop(DTR_ATTR, None)
         else:
             warnings.warn(
-                f"memoplan: the forward of `{path}` was replaced after the plan was "
-                "installed; leaving it as it is",
+                f"memoplan: the forward of `{path}` was replaced after the plan was installed; leaving it as it is",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -273,10 +272,7 @@ def _validate(model: nn.Module, targets: tuple[Target, ...]) -> list[nn.Module]:
             problems.append(
                 Diagnostic(
                     code="MP402",
-                    message=(
-                        f"`{target.path}` is a {found}, "
-                        f"but the plan was made for a {target.type_name}"
-                    ),
+                    message=(f"`{target.path}` is a {found}, but the plan was made for a {target.type_name}"),
                     help="the model changed since the plan was compiled; recompile the plan",
                 )
             )
@@ -285,8 +281,7 @@ def _validate(model: nn.Module, targets: tuple[Target, ...]) -> list[nn.Module]:
                 Diagnostic(
                     code="MP403",
                     message=(
-                        f"`{target.path}` is the same module as `{seen[id(module)]}`, "
-                        "which the plan already patches"
+                        f"`{target.path}` is the same module as `{seen[id(module)]}`, which the plan already patches"
                     ),
                 )
             )

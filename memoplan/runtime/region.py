@@ -39,11 +39,12 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils.checkpoint import get_device_states, set_device_states
 
+from memoplan.enums import Boundaries
 from memoplan.runtime import batchnorm, codecs, gradroot, inplace
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.compiled import outside_graph, outside_needed, region_kind
 from memoplan.runtime.install import PATH_ATTR
-from memoplan.enums import Boundaries
+
 # The recompute's surroundings live in their own module; ``_Boundaries`` (the states chunks
 # start from) and ``_saved_as_payload`` keep their names here, where the tests reach them.
 from memoplan.runtime.recompute import ChunkStarts as _Boundaries
@@ -95,9 +96,22 @@ def run_planned(
     """
     if outside_needed():
         return outside_graph(
-            run_planned, where or module.__dict__.get(PATH_ATTR, ""), region_kind(codec, stateful, chunks),
-            module, args, kwargs, codec=codec, validate=validate, tolerance=tolerance, preserve_rng=preserve_rng,
-            where=where, stateful=stateful, chunks=chunks, dim=dim, chunk_args=chunk_args, boundaries=boundaries,
+            run_planned,
+            where or module.__dict__.get(PATH_ATTR, ""),
+            region_kind(codec, stateful, chunks),
+            module,
+            args,
+            kwargs,
+            codec=codec,
+            validate=validate,
+            tolerance=tolerance,
+            preserve_rng=preserve_rng,
+            where=where,
+            stateful=stateful,
+            chunks=chunks,
+            dim=dim,
+            chunk_args=chunk_args,
+            boundaries=boundaries,
         )
     options = RegionOptions(codec, validate, tolerance, preserve_rng, where or module.__dict__.get(PATH_ATTR, ""))
     modules = tuple(module.get_submodule(path) if path else module for path in stateful)
@@ -214,8 +228,7 @@ def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int
         size = tensor.shape[dim]
         if length is not None and size != length:
             raise ValueError(
-                f"memoplan: {options.where}: chunked arguments differ in length along dim {dim} "
-                f"({length} vs {size})"
+                f"memoplan: {options.where}: chunked arguments differ in length along dim {dim} ({length} vs {size})"
             )
         length = size
         if chunks > size and key == chunk_args[0] and (options.where, chunks, size) not in _CLAMPED:
@@ -298,7 +311,9 @@ def _chunks_with_batch_statistics(
             break
         mean, var, total = batchnorm.combine([(m, v) for m, v, _ in outputs], [n for _, _, n in outputs])
         if total <= 1:
-            raise ValueError(f"Expected more than 1 value per channel when training, got {total} (memoplan: {options.where})")
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got {total} (memoplan: {options.where})"
+            )
         stats += [mean, var]
         totals.append(total)
         for mine, (m, v, _) in zip(local, outputs):

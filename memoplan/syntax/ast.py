@@ -373,6 +373,4 @@ class Plan:
         return next((s for s in self.statements if isinstance(s, Budget)), None)
 
     def block(self, kind: BlockKind) -> ConfigBlock | None:
-        return next(
-            (s for s in self.statements if isinstance(s, ConfigBlock) and s.kind is kind), None
-        )
+        return next((s for s in self.statements if isinstance(s, ConfigBlock) and s.kind is kind), None)

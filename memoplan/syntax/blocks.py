@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from memoplan.diagnostics import Diagnostic, Severity, Span, did_you_mean
@@ -188,42 +188,9 @@ def check_block(block: ConfigBlock) -> list[Diagnostic]:
         seen[entry.key] = entry.span
         if entry.value is None:  # a number out of range, already reported
             continue
-        value, problem = _read(key, entry.value)
-        aliases = dict(key.aliases)
-        if problem:
-            diags.append(
-                Diagnostic("MP202", f"`{entry.key}` {problem}", entry.span, _help_for(block.kind, entry.key))
-            )
-        elif key.kind == "choice" and value in aliases:
-            diags.append(
-                Diagnostic(
-                    "MP210",
-                    f"`{entry.key} = {value}` is read as {aliases[value]}",
-                    entry.span,
-                    f"write `{entry.key} = {aliases[value]}`",
-                    severity=Severity.WARNING,
-                )
-            )
-        elif key.kind == "choice" and value not in key.choices:
-            if isinstance(value, str):
-                diags.append(
-                    Diagnostic(
-                        "MP204",
-                        f"unknown value `{value}` for `{entry.key}`",
-                        entry.span,
-                        did_you_mean(value, key.choices) or _help_for(block.kind, entry.key),
-                    )
-                )
-            else:
-                diags.append(
-                    Diagnostic(
-                        "MP203", f"`{entry.key} = {value}` is out of range", entry.span, _help_for(block.kind, entry.key)
-                    )
-                )
-        elif not key.check(value):
-            diags.append(
-                Diagnostic("MP203", f"`{entry.key}` must be {key.rule}", entry.span, _help_for(block.kind, entry.key))
-            )
+        found = _value_diagnostic(block.kind, entry, key)
+        if found is not None:
+            diags.append(found)
     unknown = [e.key for e in block.entries if e.key not in keys]
     for name, key in keys.items():
         misspelt = any(difflib.get_close_matches(u, [name], cutoff=0.6) for u in unknown)
@@ -237,6 +204,40 @@ def check_block(block: ConfigBlock) -> list[Diagnostic]:
                 )
             )
     return diags
+
+
+def _value_diagnostic(kind: BlockKind, entry, key) -> Diagnostic | None:
+    """What is wrong with one known key's value (mistyped, an alias, out of range), if anything."""
+    value, problem = _read(key, entry.value)
+    aliases = dict(key.aliases)
+    if problem:
+        return Diagnostic("MP202", f"`{entry.key}` {problem}", entry.span, _help_for(kind, entry.key))
+    elif key.kind == "choice" and value in aliases:
+        return Diagnostic(
+            "MP210",
+            f"`{entry.key} = {value}` is read as {aliases[value]}",
+            entry.span,
+            f"write `{entry.key} = {aliases[value]}`",
+            severity=Severity.WARNING,
+        )
+    elif key.kind == "choice" and value not in key.choices:
+        if isinstance(value, str):
+            return Diagnostic(
+                "MP204",
+                f"unknown value `{value}` for `{entry.key}`",
+                entry.span,
+                did_you_mean(value, key.choices) or _help_for(kind, entry.key),
+            )
+        else:
+            return Diagnostic(
+                "MP203",
+                f"`{entry.key} = {value}` is out of range",
+                entry.span,
+                _help_for(kind, entry.key),
+            )
+    elif not key.check(value):
+        return Diagnostic("MP203", f"`{entry.key}` must be {key.rule}", entry.span, _help_for(kind, entry.key))
+    return None
 
 
 def _help_for(kind: BlockKind, name: str) -> str:

@@ -32,6 +32,8 @@ def _unit_parts(text: str) -> tuple[str, str]:
     match = _UNIT_RE.fullmatch(text)
     assert match is not None, text
     return match.group(1), match.group(2)
+
+
 _INT_RE = re.compile(r"[+-]?\d+")
 # One JSON string escape, or a backslash that does not start one.
 _ESCAPE_RE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})|(\\)')
@@ -226,7 +228,7 @@ class Builder(Transformer):
         column = token.column + offset
         self.error(
             "MP108",
-            f"invalid escape `{token[offset:offset + 2]}` in a string",
+            f"invalid escape `{token[offset : offset + 2]}` in a string",
             Span(self.file, token.line, column, token.line, column + 2),
             'escapes are those of JSON: \\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX',
         )
@@ -341,11 +343,17 @@ class Builder(Transformer):
             if key is None:
                 if options:
                     self.error(
-                        "MP202", "sizes come before keyword arguments", self.span(token), "e.g. `randint(4, 16, high=100)`"
+                        "MP202",
+                        "sizes come before keyword arguments",
+                        self.span(token),
+                        "e.g. `randint(4, 16, high=100)`",
                     )
                 elif not isinstance(value, int) or value < 0:
                     self.error(
-                        "MP203", f"a dimension must be an integer >= 0, not `{value}`", self.span(token), "e.g. `randn(4, 3, 32, 32)`"
+                        "MP203",
+                        f"a dimension must be an integer >= 0, not `{value}`",
+                        self.span(token),
+                        "e.g. `randn(4, 3, 32, 32)`",
                     )
                 else:
                     shape.append(value)
@@ -526,7 +534,12 @@ class Builder(Transformer):
                 return None
             names.append(item.name)
         if not names:
-            self.error("MP213", "`save = []` keeps nothing: it is a plain `checkpoint`", opt.span, "remove `save` or name an op")
+            self.error(
+                "MP213",
+                "`save = []` keeps nothing: it is a plain `checkpoint`",
+                opt.span,
+                "remove `save` or name an op",
+            )
             return None
         return tuple(names)
 
@@ -581,7 +594,10 @@ class Builder(Transformer):
         dim: int | float | None = number(dim_token)
         if not isinstance(chunks, int) or chunks < 1:
             self.error(
-                "MP203", "the chunk count must be an integer >= 1", self.span(chunks_token), "e.g. `temporal_chunk 4 dim 0`"
+                "MP203",
+                "the chunk count must be an integer >= 1",
+                self.span(chunks_token),
+                "e.g. `temporal_chunk 4 dim 0`",
             )
             chunks = None
         if not isinstance(dim, int):
@@ -603,7 +619,7 @@ class Builder(Transformer):
                         "MP202",
                         "`args` expects argument positions (integers >= 0) or keyword names",
                         opt.span,
-                        "e.g. `args = [0, \"state\"]`",
+                        'e.g. `args = [0, "state"]`',
                     )
                     bad = True
                     break

@@ -81,7 +81,9 @@ def _callback(inner, name: str, method, with_meta: bool):
                 extent = _extent(children)
                 if extent is not None:
                     meta = kept.meta
-                    meta.container_line, meta.container_column, meta.container_end_line, meta.container_end_column = extent
+                    meta.container_line, meta.container_column, meta.container_end_line, meta.container_end_column = (
+                        extent
+                    )
             return kept
         meta = Meta(_extent(children))
         if inlined:  # `_rule`: its parent takes its children as they are (no copy: `a: a _x` stays linear)

@@ -150,7 +150,13 @@ def _read_regular(path: Path) -> bytes:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, a pipe or a socket)"
-            raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: it is {kind}", help="give the path of a .memplan file"),))
+            raise PlanError(
+                (
+                    Diagnostic(
+                        "MP107", f"cannot read plan `{path}`: it is {kind}", help="give the path of a .memplan file"
+                    ),
+                )
+            )
         data = file.read(MAX_PLAN_BYTES + 1)  # a file may grow after fstat: never read more than the limit
     if max(info.st_size, len(data)) > MAX_PLAN_BYTES:
         raise PlanError((too_large(str(path), max(info.st_size, len(data)), "bytes"),))
@@ -290,7 +296,9 @@ def _errors_by_statement(text: str, file: str) -> list[Diagnostic]:
             break
         shift = 0 if first == 1 else first - 2
         found: list = []
-        built, _, errors, values = _parse_tree_locked(chunk if first == 1 else "memplan 1\n" + chunk, file, "start", True, found, shift)
+        built, _, errors, values = _parse_tree_locked(
+            chunk if first == 1 else "memplan 1\n" + chunk, file, "start", True, found, shift
+        )
         syntax_errors += sum(d.code.startswith("MP1") for d in errors)
         if built is not None:  # no syntax error here: its values are still checked
             _, *found = built
@@ -638,7 +646,9 @@ def _attach(nodes, comments: list[Token]):
         changes = {}
         if isinstance(node, (ast.ModuleRule, ast.ConfigBlock)):
             field_name = "policies" if isinstance(node, ast.ModuleRule) else "entries"
-            children, closing = _attach(getattr(node, field_name), inside) if inside else (getattr(node, field_name), ())
+            children, closing = (
+                _attach(getattr(node, field_name), inside) if inside else (getattr(node, field_name), ())
+            )
             if inside:
                 changes = {field_name: tuple(children), "closing": tuple(_text(c) for c in closing)}
         else:

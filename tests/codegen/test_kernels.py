@@ -9,7 +9,6 @@ same checks also run on the GPU through the autotuned launchers.
 
 from __future__ import annotations
 
-from _paths import ROOT, TESTS
 import ast
 import json
 import os
@@ -20,13 +19,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from _paths import ROOT, TESTS
 
 if str(ROOT) not in sys.path:  # when run as a script
     sys.path.insert(0, str(ROOT))
 
+from _imports import imported_modules  # noqa: E402  (tests/_imports.py)
+
 from memoplan import __version__  # noqa: E402
 from memoplan.codegen import kernels as kernelgen  # noqa: E402
-from _imports import imported_modules  # noqa: E402  (tests/_imports.py)
 
 KERNEL_DIR = ROOT / "memoplan" / "runtime" / "kernels"
 SIZES = (0, 1, 7, 9, 63, 65, 1000)

@@ -8,7 +8,6 @@ release, so an upgrade that generates the same code changes no committed file, a
 
 from __future__ import annotations
 
-from _paths import ROOT
 import os
 import subprocess
 import sys
@@ -16,12 +15,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+from _cli import run
+from _paths import ROOT
 
 from memoplan import __version__
 from memoplan.diagnostics import PlanError
 from memoplan.runtime import abi
-
-from _cli import run
 
 GOLDEN = ROOT / "tests" / "golden" / "cnn_bn_dropout_plan.py"
 
@@ -73,7 +72,9 @@ def test_a_committed_module_imports_silently_and_a_future_one_is_refused(tmp_pat
     future.write_text(text.replace(f"RUNTIME_ABI = {abi.ABI}\n", f"RUNTIME_ABI = {abi.ABI + 1}\n"), encoding="utf-8")
     code, out, err = _import(future)
     assert code == 1 and out == ""
-    assert "error[MP424]: the plan module for `plans/cnn_bn_dropout.memplan` was generated for runtime interface 2" in err
+    assert (
+        "error[MP424]: the plan module for `plans/cnn_bn_dropout.memplan` was generated for runtime interface 2" in err
+    )
 
 
 def test_the_header_names_no_release(tmp_path) -> None:

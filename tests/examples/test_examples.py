@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from _paths import ROOT
 import importlib
 
 import pytest
 import torch
+from _paths import ROOT
 from torch import nn
 
 from memoplan.examples import cnn, mlp, spiking, transformer
 from memoplan.neurons import LIF, reset
-
 
 ALL = ["cnn", "transformer", "spiking", "mlp"]
 

@@ -13,7 +13,6 @@ from lsprotocol import types as lsp
 from memoplan.lsp.analysis import check_text, lines_of, span_range
 from memoplan.lsp.reference import reference
 from memoplan.syntax import format_plan, parse
-
 from tests._lsp import ROOT, Session, apply_edits
 
 URI = (ROOT / "build" / "lsp-test.memplan").as_uri()
@@ -94,7 +93,7 @@ def test_notes_and_refusals_of_a_clean_plan(server) -> None:
 
 
 def test_related_locations_of_a_diagnostic(server) -> None:
-    text = "memplan 1\nmodule fc { keep }\nmodel \"a:b\"\nmodel \"c:d\"\n"
+    text = 'memplan 1\nmodule fc { keep }\nmodel "a:b"\nmodel "c:d"\n'
     (found,) = _open(server, text)
     assert found.code == "MP208"
     (note,) = found.related_information
@@ -163,7 +162,9 @@ def test_hover_on_a_key_shows_its_row_of_the_reference(server) -> None:
     row = dict(reference().row("dtr", "evictee_minimum_size").cells)
     assert "`evictee_minimum_size`" in value and "`dtr` block" in value
     assert row["meaning"] in value
-    assert f"type: {row['type']}" in value and f"range: {row['range']}" in value and f"default: {row['default']}" in value
+    assert (
+        f"type: {row['type']}" in value and f"range: {row['range']}" in value and f"default: {row['default']}" in value
+    )
     assert (hover.range.start.line, hover.range.start.character, hover.range.end.character) == (2, 4, 24)
 
 
@@ -240,7 +241,16 @@ def test_completion_in_context(server) -> None:
         "budget 4 GiB \n"  # 11: modes
     )
     _open(server, text)
-    assert _labels(server.complete(URI, 1, 0)) == ["model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger"]
+    assert _labels(server.complete(URI, 1, 0)) == [
+        "model",
+        "example",
+        "module",
+        "budget",
+        "dtr",
+        "sublinear",
+        "memory",
+        "memonger",
+    ]
     assert _labels(server.complete(URI, 3, 28)) == ["split", "rng", "impl", "nested", "save"]
     assert _labels(server.complete(URI, 4, 21)) == ["none", "bool", "uint8", "bit", "sparse", "auto", "int8"]
     assert _labels(server.complete(URI, 5, 4)) == ["temporal_chunk", "keep", "state", "buffers"]

@@ -13,12 +13,11 @@ import pytest
 from lsprotocol import types as lsp
 
 from memoplan.lsp.worker import ModelWorker
-
 from tests._lsp import ROOT, Session
 
 CNN_PLAN = ROOT / "plans" / "cnn_bn_dropout.memplan"
 
-NET = '''\
+NET = """\
 from collections import OrderedDict
 
 from torch import nn
@@ -28,7 +27,7 @@ print("building the model")  # the model's own output must not reach the protoco
 
 def build():
     return nn.Sequential(OrderedDict([({NAME!r}, nn.Linear(2, 2)), ("act", nn.ReLU())]))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -184,5 +183,17 @@ def test_a_large_models_paths_come_a_thousand_at_a_time(server, tmp_path: Path) 
     assert len(everything.items) == 1000 and everything.is_incomplete
     server.change(uri, text.replace("module \n", "module 149\n"))
     narrowed = server.completion_list(uri, 3, len("module 149"))
-    assert [item.label for item in narrowed.items] == ["149", "1490", "1491", "1492", "1493", "1494", "1495", "1496", "1497", "1498", "1499"]
+    assert [item.label for item in narrowed.items] == [
+        "149",
+        "1490",
+        "1491",
+        "1492",
+        "1493",
+        "1494",
+        "1495",
+        "1496",
+        "1497",
+        "1498",
+        "1499",
+    ]
     assert not narrowed.is_incomplete

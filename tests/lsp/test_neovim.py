@@ -12,7 +12,6 @@ is skipped on a developer's machine and fails under ``CI=true``, saying what is 
 
 from __future__ import annotations
 
-from _paths import ROOT, TESTS
 import json
 import os
 import re
@@ -22,10 +21,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from _clients import require
+from _paths import ROOT, TESTS
 
 import memoplan
-
-from _clients import require
 
 DOC = ROOT / "docs" / "editors.md"
 DRIVER = TESTS / "fixtures" / "neovim" / "drive.lua"
@@ -93,9 +92,16 @@ def test_documented_set_up_in_headless_neovim(name, tmp_path):
     env.update(MEMOPLAN_NVIM_PLAN=str(plan), MEMOPLAN_NVIM_OUT=str(out))
     result = subprocess.run(
         [nvim, "--headless", "-n", "-i", "NONE", "-u", str(init), "-c", f"luafile {DRIVER}"],
-        env=env, cwd=project, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
     )
-    assert out.is_file(), f"Neovim wrote nothing (exit {result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+    assert out.is_file(), (
+        f"Neovim wrote nothing (exit {result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+    )
     seen = json.loads(out.read_text(encoding="utf-8"))
     assert seen["ok"], seen.get("error")
     assert seen["filetype"] == "memplan"
@@ -105,4 +111,6 @@ def test_documented_set_up_in_headless_neovim(name, tmp_path):
     assert "did you mean `checkpoint`" in seen["diagnostics"][0]["message"]
     assert "`module blocks.* : Block`" in (seen.get("hover") or ""), seen.get("hover")
     assert seen["cleared"]
-    assert seen["formatted"] == memoplan.format_plan(memoplan.parse("memplan 1\n\nmodule blocks.* { checkpoint }\n")).rstrip("\n").split("\n")
+    assert seen["formatted"] == memoplan.format_plan(
+        memoplan.parse("memplan 1\n\nmodule blocks.* { checkpoint }\n")
+    ).rstrip("\n").split("\n")

@@ -8,21 +8,20 @@ lexer makes of the same text while parsing it.
 
 from __future__ import annotations
 
-from _paths import ROOT
 import json
+import re
 import shutil
 import subprocess
-import re
 from pathlib import Path
 
 import pytest
+from _clients import require
+from _paths import ROOT
 from lark import Lark
 from lark.exceptions import UnexpectedInput
 
 from memoplan._resources import grammar_text
 from memoplan.lsp import textmate
-
-from _clients import require
 
 FILES = sorted(ROOT.glob("plans/*.memplan")) + sorted((ROOT / "tests" / "fixtures" / "syntax").rglob("*.memplan"))
 GRAMMAR = json.loads(textmate.OUTPUT.read_text(encoding="utf-8"))
@@ -92,7 +91,7 @@ def test_every_lark_keyword_is_highlighted() -> None:
 
 def test_the_vocabulary_drives_the_grammar() -> None:
     # A keyword added to the Lark grammar appears in the TextMate grammar by itself.
-    more = grammar_text() + '\n_OFFLOAD.4: /offload(?!\\w)/\n'
+    more = grammar_text() + "\n_OFFLOAD.4: /offload(?!\\w)/\n"
     vocab = textmate.vocabulary(more)
     assert "offload" in vocab.others
     tokens = textmate.Tokenizer(json.loads(textmate.render(vocab))).tokenize("memplan 1\nmodule a { keep offload }")
@@ -202,7 +201,11 @@ NODE_MODULES = ROOT / "editors" / "node_modules"
 def test_python_tokenizer_agrees_with_vscode_textmate() -> None:
     """The same scopes, character by character, as vscode-textmate with Oniguruma gives."""
     require(shutil.which("node") is not None, "Node.js", "apt-get install nodejs npm")
-    require((NODE_MODULES / "vscode-textmate").is_dir(), "VS Code's tokenizer (vscode-textmate)", "`make editors` (npm ci in editors/)")
+    require(
+        (NODE_MODULES / "vscode-textmate").is_dir(),
+        "VS Code's tokenizer (vscode-textmate)",
+        "`make editors` (npm ci in editors/)",
+    )
     paths = [str(p) for p in FILES]
     run = subprocess.run(
         ["node", str(ROOT / "editors" / "tokenize.js"), str(textmate.OUTPUT), *paths],

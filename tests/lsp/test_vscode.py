@@ -12,7 +12,6 @@ on a developer's machine, a failure under ``CI=true``.
 
 from __future__ import annotations
 
-from _paths import ROOT
 import json
 import os
 import shutil
@@ -22,10 +21,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _clients import require
+from _paths import ROOT
 
 import memoplan
-
-from _clients import require
 
 EDITORS = ROOT / "editors"
 PACKAGE = json.loads((EDITORS / "package.json").read_text(encoding="utf-8"))
@@ -55,8 +54,16 @@ def test_vscodeignore_leaves_out_sources_modules_and_test_helpers():
 
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    require(shutil.which("node") is not None and shutil.which("npm") is not None, "Node.js and npm", "apt-get install nodejs npm")
-    require((EDITORS / "node_modules" / "esbuild").is_dir(), "the extension's npm packages", "`make editors` (npm ci in editors/)")
+    require(
+        shutil.which("node") is not None and shutil.which("npm") is not None,
+        "Node.js and npm",
+        "apt-get install nodejs npm",
+    )
+    require(
+        (EDITORS / "node_modules" / "esbuild").is_dir(),
+        "the extension's npm packages",
+        "`make editors` (npm ci in editors/)",
+    )
     subprocess.run(["npm", "run", "--silent", "bundle"], cwd=EDITORS, check=True, capture_output=True, timeout=300)
     out = EDITORS / "dist" / "extension.js"
     text = out.read_text(encoding="utf-8")
@@ -70,12 +77,19 @@ def bundle() -> Path:
 def vsix(bundle, tmp_path_factory) -> Path:
     """The extension packaged as VS Code's marketplace takes it (`vsce package`), unpacked: the
     files VS Code installs, and nothing else (no node_modules: the bundle must stand alone)."""
-    require((EDITORS / "node_modules" / ".bin" / "vsce").is_file(), "vsce (@vscode/vsce)", "`make editors` (npm ci in editors/)")
+    require(
+        (EDITORS / "node_modules" / ".bin" / "vsce").is_file(),
+        "vsce (@vscode/vsce)",
+        "`make editors` (npm ci in editors/)",
+    )
     out = tmp_path_factory.mktemp("vsix")
     package = out / "memplan.vsix"
     result = subprocess.run(
         ["npm", "run", "--silent", "package", "--", "-o", str(package)],
-        cwd=EDITORS, capture_output=True, text=True, timeout=300,
+        cwd=EDITORS,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     with zipfile.ZipFile(package) as archive:
@@ -88,7 +102,9 @@ def test_package_holds_the_bundle_and_no_helpers(vsix):
     assert "dist/extension.js" in files and "package.json" in files
     assert any(f.startswith("LICENSE") for f in files)
     assert "memplan.tmLanguage.json" in files and "language-configuration.json" in files
-    assert not any(f.startswith(("node_modules/", "test/")) or f in ("tokenize.js", "extension.js") for f in files), files
+    assert not any(f.startswith(("node_modules/", "test/")) or f in ("tokenize.js", "extension.js") for f in files), (
+        files
+    )
 
 
 def _activate(plan: Path, *extra: str) -> dict:
@@ -97,7 +113,11 @@ def _activate(plan: Path, *extra: str) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(Path(memoplan.__file__).parents[1]), env.get("PYTHONPATH", "")])
     result = subprocess.run(
         ["node", str(EDITORS / "test" / "activate.js"), str(plan), *extra],
-        cwd=plan.parent, env=env, capture_output=True, text=True, timeout=200,
+        cwd=plan.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no report (exit {result.returncode}): {result.stdout[-2000:]}{result.stderr[-2000:]}"
@@ -120,7 +140,10 @@ def test_packaged_extension_activates_with_the_selected_interpreter(vsix, tmp_pa
     plan.write_text(BROKEN, encoding="utf-8")
     seen = _activate(plan, "--python", sys.executable, "--extension", str(vsix))
     _check(seen, plan)
-    assert f"starting {sys.executable} -m memoplan lsp (from the Python extension's selected interpreter)" in seen["commandFrom"]
+    assert (
+        f"starting {sys.executable} -m memoplan lsp (from the Python extension's selected interpreter)"
+        in seen["commandFrom"]
+    )
 
 
 @pytest.mark.slow

@@ -7,10 +7,9 @@ import itertools
 import random
 
 import pytest
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 from memoplan.memonger import (
     Buffer,
@@ -99,7 +98,9 @@ def test_interference_is_every_overlapping_pair(ranges):
 def _brute_lower_bound(ranges):
     aligned = [-(-r.size // UNIT) * UNIT for r in ranges]
     horizon = max((r.end for r in ranges), default=0)
-    return max((sum(a for r, a in zip(ranges, aligned) if r.start <= t <= r.end) for t in range(horizon + 1)), default=0)
+    return max(
+        (sum(a for r, a in zip(ranges, aligned) if r.start <= t <= r.end) for t in range(horizon + 1)), default=0
+    )
 
 
 def _brute_optimum(ranges):
@@ -115,8 +116,10 @@ def _brute_optimum(ranges):
             best[0] = top
             return
         for offset in range(best[0] - units[i] + 1):
-            if all(not ranges[i].overlaps(ranges[j]) or offset + units[i] <= offsets[j]
-                   or offsets[j] + units[j] <= offset for j in range(i)):
+            if all(
+                not ranges[i].overlaps(ranges[j]) or offset + units[i] <= offsets[j] or offsets[j] + units[j] <= offset
+                for j in range(i)
+            ):
                 offsets[i] = offset
                 place(i + 1, max(top, offset + units[i]))
 
@@ -183,8 +186,12 @@ def test_verify_assignments_names_every_kind_of_mistake():
     assert any("past the arena" in p for p in verify_assignments(ranges, [0, 128, 0], arena_size=150))
 
 
-@given(dags(max_steps=15), st.randoms(use_true_random=False), st.sampled_from(["greedy", "dp"]),
-       st.sampled_from(["topological", "longest_path"]))
+@given(
+    dags(max_steps=15),
+    st.randoms(use_true_random=False),
+    st.sampled_from(["greedy", "dp"]),
+    st.sampled_from(["topological", "longest_path"]),
+)
 def test_layout_of_a_random_graph_is_verified_and_its_figures_add_up(deps, rnd, algo, ordering):
     users = [[s for s, before in enumerate(deps) if p in before] for p in range(len(deps))]
     buffers = [Buffer(rnd.randint(1, 5000), p, tuple(users[p])) for p in range(len(deps))]

@@ -20,7 +20,7 @@ from memoplan.runtime.arena import arena_state
 
 CNN = 'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(8, 3, 32, 32)\n'
 MASKED = 'memplan 1\nmodel "memoplan.examples.transformer:build"\nexample "memoplan.examples.transformer:example_with_mask"\n'
-SMALL_CNN = 'memplan 1\nexample randn(4, 3, 8, 8)\n'
+SMALL_CNN = "memplan 1\nexample randn(4, 3, 8, 8)\n"
 
 
 def _small_cnn():
@@ -42,7 +42,7 @@ def _eager(model, *args, **kwargs):
         return model(*args, **kwargs)
 
 
-SMALL_MLP = 'memplan 1\nexample randn(32, 64)\n'
+SMALL_MLP = "memplan 1\nexample randn(32, 64)\n"
 
 
 def _small_mlp():
@@ -53,8 +53,13 @@ def _small_mlp():
     "build,head,inputs,algo,ordering",
     [
         (cnn.build, CNN, lambda: ((torch.randn(8, 3, 32, 32),), {}), "greedy", "topological"),
-        (transformer.build, MASKED, lambda: ((transformer.example_with_mask().args[0],),
-                                             dict(transformer.example_with_mask().kwargs)), "dp", "longest_path"),
+        (
+            transformer.build,
+            MASKED,
+            lambda: ((transformer.example_with_mask().args[0],), dict(transformer.example_with_mask().kwargs)),
+            "dp",
+            "longest_path",
+        ),
         (_small_mlp, SMALL_MLP, lambda: ((torch.randn(32, 64),), {}), "dp", "topological"),
     ],
     ids=["cnn", "transformer-mask", "mlp"],
@@ -323,8 +328,11 @@ def test_a_submodule_replaced_after_apply_is_used():
     "build,head,inputs",
     [
         (cnn.build, CNN, lambda: ((torch.randn(8, 3, 32, 32),), {})),
-        (transformer.build, MASKED, lambda: ((transformer.example_with_mask().args[0],),
-                                             dict(transformer.example_with_mask().kwargs))),
+        (
+            transformer.build,
+            MASKED,
+            lambda: ((transformer.example_with_mask().args[0],), dict(transformer.example_with_mask().kwargs)),
+        ),
     ],
     ids=["cnn", "transformer-mask"],
 )

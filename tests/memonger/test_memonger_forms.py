@@ -70,8 +70,11 @@ def _cases():
         "clone": (aten.clone.default, (t,), {}),
         "contiguous": (aten.contiguous.default, (t,), {}),
         "to_copy": (aten._to_copy.default, (a,), {"dtype": torch.float64}),
-        "batch_norm": (aten.batch_norm.default, (x, bn.weight, bn.bias, bn.running_mean, bn.running_var,
-                                                 False, 0.1, 1e-5, False), {}),
+        "batch_norm": (
+            aten.batch_norm.default,
+            (x, bn.weight, bn.bias, bn.running_mean, bn.running_var, False, 0.1, 1e-5, False),
+            {},
+        ),
         "adaptive_avg_pool2d": (aten.adaptive_avg_pool2d.default, (x, [1, 1]), {}),
         "and": (aten.__and__.Tensor, (ints, ints.flip(0)), {}),
         "or": (aten.__or__.Tensor, (ints, ints.flip(1)), {}),
@@ -147,7 +150,9 @@ def test_an_attention_model_on_the_arena_is_bit_for_bit_and_allocates_only_its_o
     model = Attention().eval()
     reference = Attention().eval()
     reference.load_state_dict(model.state_dict())
-    memoplan.apply(model, 'memplan 1\nexample "tests.memonger.test_memonger_forms:example"\nmemonger { peak_slack = 10 }\n')
+    memoplan.apply(
+        model, 'memplan 1\nexample "tests.memonger.test_memonger_forms:example"\nmemonger { peak_slack = 10 }\n'
+    )
     with torch.no_grad():
         for _ in range(3):
             ids, mask = torch.randint(0, 50, (2, 6)), torch.rand(6, 6) > 0.5

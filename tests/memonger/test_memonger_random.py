@@ -5,19 +5,29 @@ from __future__ import annotations
 import copy
 
 import torch
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
-
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 import memoplan
 from memoplan.runtime.arena import arena_state
 
 WIDTH = 8  # square values, so a transpose (a view) keeps the shape
 OPS = (
-    "linear", "relu", "gelu", "add", "mul", "transpose", "scale_", "tanh", "softmax", "cat_half",
-    "chunk_swap", "rowmax", "relu_",
+    "linear",
+    "relu",
+    "gelu",
+    "add",
+    "mul",
+    "transpose",
+    "scale_",
+    "tanh",
+    "softmax",
+    "cat_half",
+    "chunk_swap",
+    "rowmax",
+    "relu_",
 )
 
 
@@ -78,14 +88,22 @@ def graphs(draw):
 
 
 @settings(max_examples=n_examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs(), st.sampled_from(["greedy", "dp"]), st.sampled_from(["topological", "longest_path"]),
-       st.integers(0, 2**16), st.sampled_from(["", "; peak_slack = 10"]))
+@given(
+    graphs(),
+    st.sampled_from(["greedy", "dp"]),
+    st.sampled_from(["topological", "longest_path"]),
+    st.integers(0, 2**16),
+    st.sampled_from(["", "; peak_slack = 10"]),
+)
 def test_random_graphs_give_eager_outputs_bit_for_bit(graph, algo, ordering, seed, slack):
     recipe, outputs = graph
     torch.manual_seed(seed)
     model = RandomGraph(recipe, outputs).eval()
     reference = copy.deepcopy(model)
-    memoplan.apply(model, f"memplan 1\nexample randn({WIDTH}, {WIDTH})\nmemonger {{ algo = {algo}; ordering = {ordering}{slack} }}\n")
+    memoplan.apply(
+        model,
+        f"memplan 1\nexample randn({WIDTH}, {WIDTH})\nmemonger {{ algo = {algo}; ordering = {ordering}{slack} }}\n",
+    )
     for _ in range(2):
         x = torch.randn(WIDTH, WIDTH)
         with torch.no_grad():

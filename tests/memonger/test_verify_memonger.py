@@ -3,7 +3,6 @@ bit, peak, allocations) in the report and its JSON, and no profiler lines on std
 
 from __future__ import annotations
 
-from _paths import ROOT
 import copy
 import json
 import os
@@ -13,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _paths import ROOT
 from torch import nn
 
 import memoplan
 from memoplan.memonger.quiet import is_profiler_line, profiler_quiet
 from memoplan.specs import Example
 from memoplan.verification import arena_check, render_arena, verify
-
 
 MODELS = """
 from torch import nn

@@ -19,17 +19,17 @@ import torch
 
 import memoplan
 from memoplan import cli
+from memoplan.diagnostics import PlanError
 from memoplan.examples import cnn, transformer
-from memoplan.runtime import dtr as dtr_runtime
+from memoplan.measure import default_loss
+from memoplan.planner.budgets import Bytes, Coverage, FractionOfPeak
 from memoplan.planner.dtr_plan import dtr_candidates, make_dtr_plan
 from memoplan.planner.dtr_sim import Candidate, candidates_from_chain, parameter_bytes, simulate, threshold_for
-from memoplan.planner.budgets import Bytes, Coverage, FractionOfPeak
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
 from memoplan.planner.schema import chain
+from memoplan.runtime import dtr as dtr_runtime
 from memoplan.specs import Example
-from memoplan.diagnostics import PlanError
-from memoplan.measure import default_loss
 
 CALLS = [Candidate(f"b{i}", 1000, 100, 0.01 * (i + 1), grad_bytes=50, param_bytes=10) for i in range(5)]
 

@@ -7,13 +7,13 @@ and every per-module byte figure, call count, order and binary flag must be the 
 
 from __future__ import annotations
 
-from _paths import TESTS
 import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _paths import TESTS
 
 from memoplan.examples import cnn, mlp, spiking, transformer
 from memoplan.planner.estimate import estimate, take_profile
@@ -139,8 +139,12 @@ def test_auto_estimates_when_the_step_runs_out_of_memory() -> None:
 
 
 def test_out_of_memory_errors() -> None:
-    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8388608 bytes.")
-    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79 GiB")
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8388608 bytes."
+    )
+    cuda = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79 GiB"
+    )
     assert is_out_of_memory(cpu) and is_out_of_memory(cuda) and is_out_of_memory(MemoryError())
     assert not is_out_of_memory(RuntimeError("shape mismatch")) and not is_out_of_memory(ValueError("x"))
     assert wanted_bytes(cpu) == 8388608 and wanted_bytes(cuda) == 20 * 2**20
@@ -170,7 +174,9 @@ def test_shrinking_tries_the_smallest_batch_it_reaches() -> None:
     from memoplan.planner.shrink import shrinking
 
     seen: list[int] = []
-    used, result = shrinking(Example((torch.ones(2, 3),)), lambda ex: seen.append(ex.args[0].shape[0]) or "ran", first=2)
+    used, result = shrinking(
+        Example((torch.ones(2, 3),)), lambda ex: seen.append(ex.args[0].shape[0]) or "ran", first=2
+    )
     assert seen == [1] and used.args[0].shape == (1, 3) and result == "ran"
 
     def hungry(ex: Example) -> str:

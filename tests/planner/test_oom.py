@@ -10,7 +10,6 @@ equivalence proven on a smaller example).  Without the limit, the plan meets its
 
 from __future__ import annotations
 
-from _paths import TESTS
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _paths import TESTS
 
 from memoplan.measure import measure_step
 from memoplan.planner.refine import measure_plan
@@ -53,18 +53,35 @@ def test_profile_plan_verify_a_model_that_does_not_fit(tmp_path: Path) -> None:
     unplanned = measure_step(oom_models.build(), oom_models.example()).peak_bytes
     assert unplanned > 2 * MARGIN_MIB * 2**20 * 0.6  # the model is as large as the margin assumes
 
-    measured = _limited("profile", "--method", "measured", "--model", MODEL, "--example", EXAMPLE, "--repeats", "1", "-o", "m.json", cwd=tmp_path)
+    measured = _limited(
+        "profile",
+        "--method",
+        "measured",
+        "--model",
+        MODEL,
+        "--example",
+        EXAMPLE,
+        "--repeats",
+        "1",
+        "-o",
+        "m.json",
+        cwd=tmp_path,
+    )
     assert measured.returncode == 1 and "error[MP411]: the profile training step ran out of memory" in measured.stderr
     assert not (tmp_path / "m.json").exists()  # nothing written half-done
 
-    profiled = _limited("profile", "--model", MODEL, "--example", EXAMPLE, "--repeats", "1", "-o", "p.json", cwd=tmp_path)
+    profiled = _limited(
+        "profile", "--model", MODEL, "--example", EXAMPLE, "--repeats", "1", "-o", "p.json", cwd=tmp_path
+    )
     assert profiled.returncode == 0, profiled.stderr
     assert "ran out of memory" in profiled.stderr and "estimating its profile instead" in profiled.stderr
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["method"] == "estimated" and data["peak_bytes"] == unplanned
     assert "method: estimated" in profiled.stdout
 
-    planned = _limited("plan", "--model", MODEL, "--example", EXAMPLE, "--budget", "40%", "-o", "fit.memplan", cwd=tmp_path)
+    planned = _limited(
+        "plan", "--model", MODEL, "--example", EXAMPLE, "--budget", "40%", "-o", "fit.memplan", cwd=tmp_path
+    )
     assert planned.returncode == 0, planned.stderr
     text = (tmp_path / "fit.memplan").read_text()
     assert "budget 40% hard" in text and "# unplanned peak on fake tensors:" in text
@@ -114,7 +131,9 @@ def test_verify_proves_equivalence_on_a_given_smaller_example(capsys, tmp_path: 
         "module blocks.* { checkpoint }\n",
         encoding="utf-8",
     )
-    code, stdout, _ = run(capsys, "verify", plan, "--compare-example", "memoplan.examples.transformer:example_with_mask")
+    code, stdout, _ = run(
+        capsys, "verify", plan, "--compare-example", "memoplan.examples.transformer:example_with_mask"
+    )
     assert code == 0, stdout
     assert "peak memory, full example (args[0] 4x32 int64)" in stdout
     assert "equivalence, smaller example (args[0] 4x32 int64, kwargs['attention_mask'] 4x32 bool)" in stdout

@@ -100,7 +100,10 @@ def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies
     assert main(["plan", "--model", model, "--example", example, "--preset", "memory", "-o", str(out)]) == 0
     captured = capsys.readouterr()
     assert "budget met" in captured.out and "refinement trials kept" in captured.out
-    assert "memoplan: preset memory: the least peak (every search measured), refinement levels: split, temporal, narrow, unwrap, save" in captured.err
+    assert (
+        "memoplan: preset memory: the least peak (every search measured), refinement levels: split, temporal, narrow, unwrap, save"
+        in captured.err
+    )
     assert "memoplan: refine temporal [1/8]" in captured.err  # a progress line per trial
     text = out.read_text()
     assert memoplan.format_plan(memoplan.parse(text)) == text
@@ -114,10 +117,27 @@ def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies
 def _fake_run(seen):
     """Stand-in for PlannerPreset.run: records the preset the CLI built, plans nothing."""
 
-    def run(self, model, example, *, prof=None, progress=True, named=True, nested=False, sublinear=None, start=None, trials=None):
+    def run(
+        self,
+        model,
+        example,
+        *,
+        prof=None,
+        progress=True,
+        named=True,
+        nested=False,
+        sublinear=None,
+        start=None,
+        trials=None,
+    ):
         seen.append((self, named))
         return SimpleNamespace(
-            plan=memoplan.parse("memplan 1\n"), met=True, refinement=None, regions=0, measured_before=1, measured_after=1
+            plan=memoplan.parse("memplan 1\n"),
+            met=True,
+            refinement=None,
+            regions=0,
+            measured_before=1,
+            measured_after=1,
         )
 
     return run
@@ -217,7 +237,20 @@ def test_profiles_from_several_ranks_are_merged_before_planning(tmp_path, capsys
     assert main(["plan", *TRANSFORMER, "--budget", "70%", "--profile", str(a), str(b), "-o", str(out)]) == 0
     assert "budget met" in capsys.readouterr().out
     cnn = tmp_path / "cnn.json"
-    assert main(["profile", "--model", "memoplan.examples.cnn:build", "--example", "memoplan.examples.cnn:example", "-o", str(cnn)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "memoplan.examples.cnn:build",
+                "--example",
+                "memoplan.examples.cnn:example",
+                "-o",
+                str(cnn),
+            ]
+        )
+        == 0
+    )
     out.unlink()
     assert main(["plan", *TRANSFORMER, "--budget", "70%", "--profile", str(a), str(cnn), "-o", str(out)]) == 1
     assert "cannot merge profiles" in capsys.readouterr().err
@@ -289,7 +322,9 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
     items = [search.Item(link.name, link.saved_bytes, link.input_bytes, link.forward_seconds) for link in chain(prof)]
     base = search.unplanned_base(prof.peak_bytes, items)
     budget = search.FractionOfPeak(Fraction(7, 10))
-    least = search.optimal(items, search.Bytes(search.optimal(items, budget, base_bytes=base).minimum_peak), base_bytes=base)
+    least = search.optimal(
+        items, search.Bytes(search.optimal(items, budget, base_bytes=base).minimum_peak), base_bytes=base
+    )
     seen: list[tuple[str, ...]] = []
 
     def fake(model, example, plan):
@@ -357,13 +392,28 @@ def test_the_header_says_what_ran_and_what_the_refined_plan_recomputes(tmp_path,
 
 
 def test_one_checkpoint_is_singular(tmp_path, monkeypatch, capsys):
-    def run(self, model, example, *, prof=None, progress=True, named=True, nested=False, sublinear=None, start=None, trials=None):
+    def run(
+        self,
+        model,
+        example,
+        *,
+        prof=None,
+        progress=True,
+        named=True,
+        nested=False,
+        sublinear=None,
+        start=None,
+        trials=None,
+    ):
         plan = memoplan.parse("memplan 1\nmodule blocks.0 { checkpoint }\n")
         return SimpleNamespace(plan=plan, met=True, refinement=None, regions=1, measured_before=2, measured_after=1)
 
     monkeypatch.setattr(PlannerPreset, "run", run)
     assert main(["plan", *TRANSFORMER, "--budget", "50%", "-o", str(tmp_path / "plan.memplan")]) == 0
-    assert ": 1 checkpoint, unplanned peak 2 B (on fake tensors) -> measured planned peak 1 B, budget met" in capsys.readouterr().out
+    assert (
+        ": 1 checkpoint, unplanned peak 2 B (on fake tensors) -> measured planned peak 1 B, budget met"
+        in capsys.readouterr().out
+    )
 
 
 FAILING = """

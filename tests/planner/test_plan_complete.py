@@ -37,7 +37,9 @@ def _rules(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("module ")]
 
 
-def test_the_planner_completes_the_plan_around_its_rules_and_again_changes_nothing(tmp_path, transformer_profile, capsys):
+def test_the_planner_completes_the_plan_around_its_rules_and_again_changes_nothing(
+    tmp_path, transformer_profile, capsys
+):
     assert memoplan.format_plan(memoplan.parse(START)) == START  # canonical: kept byte for byte
     start = tmp_path / "start.memplan"
     start.write_text(START)
@@ -71,9 +73,7 @@ def test_the_sublinear_block_sets_the_search_and_options_override_it(tmp_path, t
     out = tmp_path / "done.memplan"
     assert main(["plan", str(start), "--profile", transformer_profile, "--thresh-nr-try", "5", "-o", str(out)]) == 0
     (line,) = [line_ for line_ in out.read_text().splitlines() if line_.startswith("# planner:")]
-    assert (
-        "sublinear (thresh_nr_try 5, genetic_nr_iter 2, genetic_pool_size 3, lb_memory 1024 B, num_worker 1)" in line
-    )
+    assert "sublinear (thresh_nr_try 5, genetic_nr_iter 2, genetic_pool_size 3, lb_memory 1024 B, num_worker 1)" in line
     canonical = memoplan.format_plan(memoplan.parse(start.read_text()))
     assert canonical.split("memplan 1\n", 1)[1] in out.read_text()  # the block stays, in canonical form
     assert main(["plan", str(start), "--profile", transformer_profile, "--planner", "optimal", "-o", str(out)]) == 2

@@ -140,9 +140,7 @@ def test_a_script_run_as_main_applies_a_plan_compiled_from_its_file(tmp_path, mo
             "    model = net_plan.apply(build())\n"
             "    print(type(model[0]).__module__, 'forward' in model[0].__dict__)\n"
         )
-    done = subprocess.run(
-        [sys.executable, "train_ident_e.py"], cwd=root, capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "train_ident_e.py"], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["__main__", "True"]
 
@@ -152,7 +150,22 @@ def test_a_profile_names_classes_of_a_file_model_by_their_importable_name(tmp_pa
 
     root = _repo(tmp_path / "repo", "class_net_ident_f")
     monkeypatch.chdir(root)
-    assert main(["profile", "--model", "class_net_ident_f.py:build", "--example", "randn(2, 4)", "--repeats", "1", "-o", "p.json"]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "class_net_ident_f.py:build",
+                "--example",
+                "randn(2, 4)",
+                "--repeats",
+                "1",
+                "-o",
+                "p.json",
+            ]
+        )
+        == 0
+    )
     text = (root / "p.json").read_text()
     assert "_memoplan_file" not in text
     assert "class_net_ident_f.Blk" in {m["type"] for m in json.loads(text)["modules"]}

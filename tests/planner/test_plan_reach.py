@@ -8,11 +8,11 @@ Every generated plan is checked equivalent by ``memoplan verify``'s rules.
 
 from __future__ import annotations
 
-from _paths import ROOT
 from fractions import Fraction
 
 import pytest
 import torch
+from _paths import ROOT
 from torch import nn
 
 from memoplan.examples import spiking

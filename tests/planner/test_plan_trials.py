@@ -10,8 +10,8 @@ import torch
 from memoplan.cli import main
 from memoplan.examples.transformer import build
 from memoplan.planner import estimate as estimate_module
-from memoplan.planner.presets import parse_budget
 from memoplan.planner.plan import make_plan
+from memoplan.planner.presets import parse_budget
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
 from memoplan.specs import Example
@@ -81,7 +81,9 @@ def test_a_missed_check_searches_again_with_real_steps(capsys, monkeypatch):
 def test_measured_trials_need_a_measured_profile():
     model, example = _model_and_example()
     prof = profile(model, example, repeats=1, progress=False)
-    estimated = type(prof)(**{**{f: getattr(prof, f) for f in prof.__dataclass_fields__ if f != "_index"}, "method": "estimated"})
+    estimated = type(prof)(
+        **{**{f: getattr(prof, f) for f in prof.__dataclass_fields__ if f != "_index"}, "method": "estimated"}
+    )
     with pytest.raises(ValueError, match="measured trials need a measured profile"):
         make_plan(model, example, parse_budget("50%")[0], prof=estimated, trials="measured")
     with pytest.raises(ValueError, match="trials must be one of"):

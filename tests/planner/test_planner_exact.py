@@ -25,10 +25,9 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 pytest.importorskip("scipy")
 
@@ -48,7 +47,9 @@ from memoplan.planner.search import (  # noqa: E402
     to_plan,
 )
 
-SETTINGS = settings(max_examples=n_examples(120), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=n_examples(120), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 TOL = dict(rel=1e-9, abs=1e-12)
 
 seconds = st.one_of(

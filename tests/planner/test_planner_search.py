@@ -28,10 +28,9 @@ import time
 from fractions import Fraction
 
 import pytest
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 from memoplan.planner import search
 from memoplan.planner.search import (
@@ -71,9 +70,7 @@ seconds = st.one_of(
 def chains(draw, max_items: int = 12):
     scale = draw(st.sampled_from([3, 20, 1000, 2**30]))  # small scales make many ties
     n = draw(st.integers(0, max_items) | st.just(max_items))
-    items = [
-        Item(f"m{k}", draw(st.integers(0, scale)), draw(st.integers(0, scale)), draw(seconds)) for k in range(n)
-    ]
+    items = [Item(f"m{k}", draw(st.integers(0, scale)), draw(st.integers(0, scale)), draw(seconds)) for k in range(n)]
     base = draw(st.integers(0, scale))
     return items, base
 
@@ -89,11 +86,7 @@ def budgets(items, base):
 def peak_of(items, base, chosen) -> int:
     if not chosen:
         return unplanned(items, base)
-    return (
-        unplanned(items, base)
-        - sum(items[i].saving for i in chosen)
-        + max(items[i].saved_bytes for i in chosen)
-    )
+    return unplanned(items, base) - sum(items[i].saving for i in chosen) + max(items[i].saved_bytes for i in chosen)
 
 
 def brute_force(items, base, limit):
@@ -164,7 +157,12 @@ def test_budget_from_the_plan_statement():
 
 
 def test_items_and_chains_are_validated():
-    for bad in (dict(saved_bytes=-1), dict(input_bytes=1.5), dict(forward_seconds=float("inf")), dict(forward_seconds=-1.0)):
+    for bad in (
+        dict(saved_bytes=-1),
+        dict(input_bytes=1.5),
+        dict(forward_seconds=float("inf")),
+        dict(forward_seconds=-1.0),
+    ):
         fields = dict(name="a", saved_bytes=1, input_bytes=0, forward_seconds=0.0) | bad
         with pytest.raises(ValueError):
             Item(**fields)
@@ -237,8 +235,12 @@ def test_optimal_equals_a_byte_dp_on_long_chains(data):
     for k in range(data.draw(st.integers(10, 150))):
         s = rng.choice(shapes) if rng.random() < 0.6 else rng.randint(0, scale)
         x = rng.randint(0, s) if rng.random() < 0.8 else rng.randint(0, scale)
-        t = {"integer": float(rng.randint(0, 4)), "float": rng.random(), "equal": 1.0,
-             "proportional": max(0, s - x) * rng.uniform(0.9, 1.1)}[kind]
+        t = {
+            "integer": float(rng.randint(0, 4)),
+            "float": rng.random(),
+            "equal": 1.0,
+            "proportional": max(0, s - x) * rng.uniform(0.9, 1.1),
+        }[kind]
         items.append(Item(f"m{k}", s, x, t))
     base = rng.randint(0, scale)
     floor = minimum_peak(items, base_bytes=base)[0]
@@ -333,15 +335,22 @@ def test_optimal_on_larger_chains_beats_or_matches_the_heuristics(data):
     best = optimal(items, Bytes(limit))
     check_choice(best, items, 0)
     assert best.ok
-    for other in (greedy_bytes(items, Bytes(limit)), sublinear(items, Bytes(limit), SublinearConfig(num_worker=1)).choice):
+    for other in (
+        greedy_bytes(items, Bytes(limit)),
+        sublinear(items, Bytes(limit), SublinearConfig(num_worker=1)).choice,
+    ):
         if other.ok:
             assert best.recompute_seconds <= other.recompute_seconds * (1 + 1e-9) + 1e-12
 
 
 def _transformer(blocks: int, noise: float, seed: int = 0):
     rng = random.Random(seed)
-    kinds = {"ln1": ((16 << 20) + 65536, 16 << 20, 2.5e-5), "attn": (320 << 20, 16 << 20, 2.6e-4),
-             "ln2": ((16 << 20) + 65536, 16 << 20, 2.5e-5), "mlp": (144 << 20, 16 << 20, 3.4e-4)}
+    kinds = {
+        "ln1": ((16 << 20) + 65536, 16 << 20, 2.5e-5),
+        "attn": (320 << 20, 16 << 20, 2.6e-4),
+        "ln2": ((16 << 20) + 65536, 16 << 20, 2.5e-5),
+        "mlp": (144 << 20, 16 << 20, 3.4e-4),
+    }
     return [
         Item(f"blocks.{b}.{k}", s, x, t * (1 + rng.uniform(-noise, noise)))
         for b in range(blocks)
@@ -428,7 +437,11 @@ def process_pool():
 
 def _key(items, base, chosen, limit, lb):
     if chosen:
-        peak = unplanned(items, base) - sum(items[i].saving for i in chosen) + max(lb, max(items[i].saved_bytes for i in chosen))
+        peak = (
+            unplanned(items, base)
+            - sum(items[i].saving for i in chosen)
+            + max(lb, max(items[i].saved_bytes for i in chosen))
+        )
     else:
         peak = unplanned(items, base)
     return (max(0, peak - (limit or 0)), math.fsum(items[i].forward_seconds for i in chosen), peak)
@@ -485,8 +498,10 @@ def test_sublinear_starts_its_own_pool_and_gives_the_same_answer():
 
 def test_sublinear_genetic_search_can_beat_the_thresholds():
     rng = random.Random(0)
-    items = [Item(f"m.{k}", s, int(s * rng.uniform(0.05, 1)), rng.uniform(1e-4, 1e-2))
-             for k, s in enumerate(rng.randint(1 << 20, 64 << 20) for _ in range(300))]
+    items = [
+        Item(f"m.{k}", s, int(s * rng.uniform(0.05, 1)), rng.uniform(1e-4, 1e-2))
+        for k, s in enumerate(rng.randint(1 << 20, 64 << 20) for _ in range(300))
+    ]
     floor = minimum_peak(items)[0]
     budget = Bytes(floor + (unplanned(items, 0) - floor) // 10)
     plain = sublinear(items, budget, SublinearConfig(genetic_nr_iter=0, num_worker=1), seed=1)
@@ -509,7 +524,10 @@ def test_sublinear_lb_memory_floors_the_thresholds():
     items = [Item(f"m{k}", 10 * (k + 1), 0, 1.0) for k in range(5)]
     result = sublinear(items, None, SublinearConfig(lb_memory=25, num_worker=1))
     assert result.report.thresholds == (25, 30, 40, 50)  # 25 admits the modules of 10 and 20
-    assert sublinear(items, None, SublinearConfig(lb_memory=0, thresh_nr_try=2, num_worker=1)).report.thresholds == (30, 50)
+    assert sublinear(items, None, SublinearConfig(lb_memory=0, thresh_nr_try=2, num_worker=1)).report.thresholds == (
+        30,
+        50,
+    )
 
 
 def test_sublinear_time_is_not_monotonic_in_the_budget():
@@ -533,9 +551,9 @@ def _sublinear_counterexample():
 
 # ---------------------------------------------------------------- to a plan
 
-names = st.lists(
-    st.text(st.characters(exclude_characters="."), min_size=1, max_size=6), min_size=1, max_size=3
-).map(".".join)
+names = st.lists(st.text(st.characters(exclude_characters="."), min_size=1, max_size=6), min_size=1, max_size=3).map(
+    ".".join
+)
 
 
 @SETTINGS
@@ -544,7 +562,9 @@ def test_plans_round_trip_through_the_formatter(data):
     paths = data.draw(st.lists(names, min_size=0, max_size=6, unique=True))
     # candidates are disjoint modules: drop any path that contains or is contained in another
     paths = [p for p in paths if not any(q != p and (q.startswith(p + ".") or p.startswith(q + ".")) for q in paths)]
-    items = [Item(p, data.draw(st.integers(0, 2**40)), data.draw(st.integers(0, 2**40)), data.draw(seconds)) for p in paths]
+    items = [
+        Item(p, data.draw(st.integers(0, 2**40)), data.draw(st.integers(0, 2**40)), data.draw(seconds)) for p in paths
+    ]
     choice = greedy_coverage(items, data.draw(st.sampled_from(list(Preset))))
     header = data.draw(st.dictionaries(st.text(max_size=12), st.text(max_size=30), max_size=4))
     plan = to_plan(choice, items, header=header | describe(choice))

@@ -192,9 +192,7 @@ def test_json_rejects_other_versions_and_malformed(gelu_profile: Profile) -> Non
 
 def _tweak(p: Profile, **changes) -> Profile:
     """A copy of ``p`` with every module's fields changed by ``changes[field](module)``."""
-    modules = tuple(
-        dataclasses.replace(m, **{k: f(m) for k, f in changes.items()}) for m in p.modules
-    )
+    modules = tuple(dataclasses.replace(m, **{k: f(m) for k, f in changes.items()}) for m in p.modules)
     return dataclasses.replace(p, modules=modules)
 
 
@@ -338,9 +336,7 @@ def test_chain_on_cnn() -> None:
     for link in links:
         assert isinstance(link, ChainLink)
         assert link.saved_bytes == p.subtree_saved_bytes(link.name)
-        assert link.saved_bytes == sum(
-            p[f"{link.name}.{c}"].saved_bytes for c in ("conv", "bn", "act")
-        )
+        assert link.saved_bytes == sum(p[f"{link.name}.{c}"].saved_bytes for c in ("conv", "bn", "act"))
         assert link.input_bytes == p[link.name].input_bytes
         assert link.forward_seconds == p[link.name].forward_seconds
     assert links[0].input_bytes == 2 * 3 * 32 * 32 * F32
@@ -454,9 +450,7 @@ def test_in_place_parameter_change_is_reported() -> None:
 
 
 def test_merge_of_differing_inputs_is_order_independent(gelu_profile: Profile) -> None:
-    small = dataclasses.replace(
-        gelu_profile, inputs=(dataclasses.replace(gelu_profile.inputs[0], shape=(1, WIDTH)),)
-    )
+    small = dataclasses.replace(gelu_profile, inputs=(dataclasses.replace(gelu_profile.inputs[0], shape=(1, WIDTH)),))
     assert merge([small, gelu_profile]).inputs == gelu_profile.inputs
     assert merge([gelu_profile, small]) == merge([small, gelu_profile])
 

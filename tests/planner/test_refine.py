@@ -127,7 +127,9 @@ def spiking_run():
     model = spiking.SpikingCNN(channels=(4, 4))
     example = spiking.example(steps=4, batch=1, size=4)
     model(*example)  # leaves membrane potentials with autograd history, BatchNorm statistics moved
-    plan = _plan("module class LIF { state = functional }", "module blocks.0 { checkpoint }", "module blocks.1 { checkpoint }")
+    plan = _plan(
+        "module class LIF { state = functional }", "module blocks.0 { checkpoint }", "module blocks.1 { checkpoint }"
+    )
     options = RefineOptions(levels=(Level.TEMPORAL,), max_trials=4, chunks=(2, 4))
     return _refine(model, example, plan, options, {"blocks.0": 30, "blocks.1": 20})
 
@@ -213,8 +215,15 @@ def test_temporal_skips_chunks_the_resolver_refuses_without_measuring():
     plan = _plan("module class LIF { state = functional }", "module blocks.1 { checkpoint }")
     log = io.StringIO()
     # A made-up baseline: any measurement would replace it with a real peak.
-    result = refine(model, spiking.example(2, 1, 4), plan, RefineOptions(levels=(Level.TEMPORAL,)),
-                    baseline=123, weights={}, stream=log)
+    result = refine(
+        model,
+        spiking.example(2, 1, 4),
+        plan,
+        RefineOptions(levels=(Level.TEMPORAL,)),
+        baseline=123,
+        weights={},
+        stream=log,
+    )
     assert [(t.edit, t.after, t.kept) for t in result.trials] == [
         ("temporal_chunk 2 dim 0", None, False),
         ("temporal_chunk 4 dim 0", None, False),
@@ -257,8 +266,14 @@ def test_make_plan_refines_and_verifies_a_hard_budget_by_measurement():
     prof = profile(model, example, repeats=1, progress=False)
     before = _snapshot(model)
     result = make_plan(
-        model, example, search.FractionOfPeak.percent(70), hard=True, prof=prof, progress=False,
-        refine=RefineOptions(levels=(Level.UNWRAP,), max_trials=2), preset="balanced",
+        model,
+        example,
+        search.FractionOfPeak.percent(70),
+        hard=True,
+        prof=prof,
+        progress=False,
+        refine=RefineOptions(levels=(Level.UNWRAP,), max_trials=2),
+        preset="balanced",
     )
     _assert_same(before, _snapshot(model))
     assert result.refinement is not None and len(result.refinement.trials) == 2

@@ -10,7 +10,6 @@ their gradients equal the unplanned sharded model's.
 
 from __future__ import annotations
 
-from _paths import TESTS
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from _paths import TESTS
 
 from memoplan.cli import main
 from memoplan.planner.estimate import fake_step, sharded_estimate
@@ -36,7 +36,9 @@ BUDGET = "44MiB"
 pytestmark = [
     pytest.mark.dist,
     pytest.mark.slow,
-    pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is needed"),
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is needed"
+    ),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status: Linux"),
 ]
 
@@ -55,8 +57,13 @@ def _ranks(folder: Path, world: int, plan: Path | None, limit: int | None) -> li
         env["MEMOPLAN_TEST_LIMIT_MIB"] = str(limit)
     command = [str(WORKER), "RANK", str(world), str(folder), *([str(plan)] if plan else [])]
     procs = [
-        subprocess.Popen([sys.executable, *[str(rank) if c == "RANK" else c for c in command]], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, *[str(rank) if c == "RANK" else c for c in command]],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in range(world)
     ]
     logs = [proc.communicate(timeout=300)[0] for proc in procs]

@@ -28,13 +28,23 @@ def _plan(tmp_path, transformer_profile, name: str, *knobs: str) -> str:
 
 def test_the_settings_reach_the_search_and_the_header_says_what_the_genetic_search_did(tmp_path, transformer_profile):
     text = _plan(
-        tmp_path, transformer_profile, "a.memplan", "--thresh-nr-try", "3", "--genetic-nr-iter", "4",
-        "--genetic-pool-size", "5", "--lb-memory", "64 KiB", "--num-worker", "1",
+        tmp_path,
+        transformer_profile,
+        "a.memplan",
+        "--thresh-nr-try",
+        "3",
+        "--genetic-nr-iter",
+        "4",
+        "--genetic-pool-size",
+        "5",
+        "--lb-memory",
+        "64 KiB",
+        "--num-worker",
+        "1",
     )
     (line,) = [line_ for line_ in text.splitlines() if line_.startswith("# planner:")]
     assert (
-        "sublinear (thresh_nr_try 3, genetic_nr_iter 4, genetic_pool_size 5, lb_memory 65536 B, num_worker 1)"
-        in line
+        "sublinear (thresh_nr_try 3, genetic_nr_iter 4, genetic_pool_size 5, lb_memory 65536 B, num_worker 1)" in line
     )
     assert "the genetic refinement" in line and "candidates evaluated" in line
     plain = _plan(tmp_path, transformer_profile, "b.memplan", "--num-worker", "1")

@@ -3,20 +3,20 @@ the plot data (pure functions), and the page in a real headless browser."""
 
 from __future__ import annotations
 
-from _paths import ROOT
 import json
 import re
 import shutil
 import subprocess
 
 import pytest
+from _paths import ROOT
 
 pytest.importorskip("matplotlib")
 
-from memoplan.report import data, draw  # noqa: E402
-
 from _cli import run, write  # noqa: E402
 from _clients import require  # noqa: E402
+
+from memoplan.report import data, draw  # noqa: E402
 
 CNN_PLAN = ROOT / "plans" / "cnn_bn_dropout.memplan"
 
@@ -85,13 +85,27 @@ def test_report_sections_plots_and_peaks_equal_verify(cnn_report, capsys):
 
 
 def test_sweep_for_a_plan_with_a_budget(tmp_path, capsys):
-    plan = write(tmp_path, "budget.memplan", CNN_PLAN.read_text(encoding="utf-8").replace(
-        'model "memoplan.examples.cnn:build"', 'model "memoplan.examples.cnn:build"\nbudget 90% hint'
-    ))
+    plan = write(
+        tmp_path,
+        "budget.memplan",
+        CNN_PLAN.read_text(encoding="utf-8").replace(
+            'model "memoplan.examples.cnn:build"', 'model "memoplan.examples.cnn:build"\nbudget 90% hint'
+        ),
+    )
     out = tmp_path / "r.html"
     code, stdout, err = run(
-        capsys, "report", plan, "--model", "memoplan.examples.cnn:build", "--example", "randn(2, 3, 32, 32)",
-        "-o", out, "--json", "--budgets", "0.8",
+        capsys,
+        "report",
+        plan,
+        "--model",
+        "memoplan.examples.cnn:build",
+        "--example",
+        "randn(2, 3, 32, 32)",
+        "-o",
+        out,
+        "--json",
+        "--budgets",
+        "0.8",
     )
     assert code == 0, err
     assert "sweep 4/4" in err  # progress on stderr, as `memoplan plan` shows it
@@ -111,14 +125,20 @@ def test_sweep_for_a_plan_with_a_budget(tmp_path, capsys):
 
 
 def test_a_plan_that_does_not_resolve_gives_checks_diagnostics_and_no_file(tmp_path, capsys):
-    plan = write(tmp_path, "bad.memplan", 'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(2, 3, 32, 32)\nmodule featurez.* { checkpoint }\n')
+    plan = write(
+        tmp_path,
+        "bad.memplan",
+        'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(2, 3, 32, 32)\nmodule featurez.* { checkpoint }\n',
+    )
     out = tmp_path / "r.html"
     code, _, err_check = run(capsys, "check", plan)
     assert code == 1
     code, _, err_report = run(capsys, "report", plan, "-o", out, "--json")
     assert code == 1
     diagnostics = [line for line in err_check.splitlines() if not line.startswith("memoplan: ")]
-    assert diagnostics and diagnostics == [line for line in err_report.splitlines() if not line.startswith("memoplan: ")]
+    assert diagnostics and diagnostics == [
+        line for line in err_report.splitlines() if not line.startswith("memoplan: ")
+    ]
     assert "MP3" in err_report or "MP2" in err_report
     assert list(tmp_path.iterdir()) == [plan] or sorted(p.name for p in tmp_path.iterdir()) == ["bad.memplan", "cache"]
 
@@ -169,13 +189,17 @@ def test_frontier_expands_containers_that_hold_planned_modules():
 
 def test_regions_and_alignment():
     fs, fe, bs = data.FWD_START, data.FWD_END, data.BWD_START
-    a = {"samples": [0, 5, 9, 4, 6, 0], "backward": 2,
-         "marks": [(0, f"{fs} m"), (2, f"{fe} m"), (3, f"{bs} m")]}
-    b = {"samples": [0, 5, 9, 4, 7, 8, 7, 1, 0], "backward": 2,
-         "marks": [(0, f"{fs} m"), (2, f"{fe} m"), (3, f"{bs} m")]}
+    a = {"samples": [0, 5, 9, 4, 6, 0], "backward": 2, "marks": [(0, f"{fs} m"), (2, f"{fe} m"), (3, f"{bs} m")]}
+    b = {
+        "samples": [0, 5, 9, 4, 7, 8, 7, 1, 0],
+        "backward": 2,
+        "marks": [(0, f"{fs} m"), (2, f"{fe} m"), (3, f"{bs} m")],
+    }
     spans = data.regions(len(a["samples"]), a["backward"], a["marks"])
-    assert spans == [{"module": "m", "phase": "forward", "start": 0, "end": 2},
-                     {"module": "m", "phase": "backward", "start": 3, "end": 5}]
+    assert spans == [
+        {"module": "m", "phase": "forward", "start": 0, "end": 2},
+        {"module": "m", "phase": "backward", "start": 3, "end": 5},
+    ]
     xa, xb = data.aligned_axes([a, b])
     assert xa[0] == xb[0] == 0 and xa[2] == xb[2] and xa[3] == xb[3]  # every mark at one x
     assert xa[-1] == xb[-1] == 3 + 5  # the backward piece is as wide as the longer run's
@@ -239,12 +263,23 @@ def test_report_renders_in_a_headless_browser(cnn_report, tmp_path):
     shot = tmp_path / "shot.png"
     subprocess.run(
         [
-            _browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,2400",
-            f"--screenshot={shot}", cnn_report.as_uri(),
+            _browser(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1200,2400",
+            f"--screenshot={shot}",
+            cnn_report.as_uri(),
         ],
-        check=True, capture_output=True, timeout=120,
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     pixels = imread(str(shot))[:, :, :3]
     assert pixels.shape[0] == 2400 and pixels.shape[1] == 1200
@@ -360,7 +395,9 @@ def test_hostile_module_names_are_escaped_in_the_page_and_the_plots(tmp_path, ca
         "def build():\n"
         "    return Weird()\n",
     )
-    plan = write(tmp_path, "weird.memplan", 'memplan 1\nmodel "weird.py:build"\nexample randn(4, 8)\nmodule * { checkpoint }\n')
+    plan = write(
+        tmp_path, "weird.memplan", 'memplan 1\nmodel "weird.py:build"\nexample randn(4, 8)\nmodule * { checkpoint }\n'
+    )
     out = tmp_path / "r.html"
     code, _, err = run(capsys, "report", plan, "-o", out, "--json")
     assert code == 0, err

@@ -11,7 +11,6 @@ from memoplan.examples import transformer
 from memoplan.report import command, page
 
 
-
 def test_the_report_lists_the_dtr_rows_the_compiled_header_shows():
     resolved = resolve(load(ROOT / "plans" / "transformer_dtr.memplan"), transformer.build())
     rows = command.plan_rows(resolved)

@@ -7,17 +7,16 @@ Diagnostics are asserted by code and span, never by wording alone.
 
 from __future__ import annotations
 
-from _paths import ROOT
 import copy
 from pathlib import Path
 
 import pytest
 import torch
+from _paths import ROOT
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
-
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 from memoplan import ir, parse, resolve
 from memoplan.diagnostics import PlanError, Severity
@@ -232,7 +231,15 @@ def test_hostile_names_resolve() -> None:
     plan = resolved("module * { keep }\n", model)
     assert {m.path for m in plan.modules} == set(names)
     for name in names:
-        quoted = '"' + name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\x00", "\\u0000") + '"'
+        quoted = (
+            '"'
+            + name.replace("\\", "\\\\")
+            .replace('"', '\\"')
+            .replace("\n", "\\n")
+            .replace("\r", "\\r")
+            .replace("\x00", "\\u0000")
+            + '"'
+        )
         assert selected(quoted, model) == [name], name
 
 
@@ -727,15 +734,17 @@ def test_explain_names_winner_and_beaten_lines() -> None:
         "module *.1 { checkpoint }\n"  # 5, agrees with 2
     )
     rows = {r.path: r for r in explain(plan_of(body), Tree())}
-    (what, why), = rows["a.0"].decisions
+    ((what, why),) = rows["a.0"].decisions
     assert what == "keep"
     assert why.startswith("line 4 `module a[0]`")
     assert "than lines 2, 3" in why
     (what, why), *inside = rows["a.1"].decisions
     assert what == "checkpoint"
     assert why.startswith("line 2 `module a.*`") and "than line 3" in why and "line 5 agree" in why
-    assert rows["a.2"].decisions == (("checkpoint", "line 2 `module a.*`, the only rule that sets recompute for this module"),)
-    (what, why), = rows["a.1.conv"].decisions
+    assert rows["a.2"].decisions == (
+        ("checkpoint", "line 2 `module a.*`, the only rule that sets recompute for this module"),
+    )
+    ((what, why),) = rows["a.1.conv"].decisions
     assert what == "recomputed" and "`a.1`" in why and "line 2" in why
     assert rows["b.3"].decisions[0][1].startswith("line 3 ")
 

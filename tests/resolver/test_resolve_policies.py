@@ -139,8 +139,13 @@ def test_compress_with_temporal_chunk_alone_is_accepted():
 
 
 def test_explain_says_batchnorm_in_chunks_takes_whole_batch_statistics():
-    rows = {r.path: r for r in memoplan.explain(memoplan.parse("memplan 1\n" + STATE + "module normed { temporal_chunk 2 dim 0 }\n"), model())}
-    (what, why), = rows["normed.norm"].decisions
+    rows = {
+        r.path: r
+        for r in memoplan.explain(
+            memoplan.parse("memplan 1\n" + STATE + "module normed { temporal_chunk 2 dim 0 }\n"), model()
+        )
+    }
+    ((what, why),) = rows["normed.norm"].decisions
     assert what == "whole-batch statistics" and "time chunks of `normed` (line 3)" in why
     assert rows["normed.conv"].decisions == ()  # other layers simply run chunk by chunk
     assert rows["plain.conv"].decisions == ()
@@ -162,7 +167,9 @@ def test_a_region_inside_time_chunks_needs_nested():
 
 
 def test_a_nested_region_without_batchnorm_inside_time_chunks_is_accepted():
-    plan = resolved(STATE + "module normed { temporal_chunk 4 dim 0 }\nmodule normed.conv { checkpoint nested = true }\n")
+    plan = resolved(
+        STATE + "module normed { temporal_chunk 4 dim 0 }\nmodule normed.conv { checkpoint nested = true }\n"
+    )
     assert plan.module("normed.conv") is not None
 
 

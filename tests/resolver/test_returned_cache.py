@@ -27,7 +27,9 @@ from tests._cli import run, write
 
 pytest.importorskip("transformers")
 
-EXAMPLE = torch.randint(0, real_models.VOCAB, (real_models.BATCH, real_models.SEQ), generator=torch.Generator().manual_seed(0))
+EXAMPLE = torch.randint(
+    0, real_models.VOCAB, (real_models.BATCH, real_models.SEQ), generator=torch.Generator().manual_seed(0)
+)
 # batch, key-value heads, tokens, head width, float32; keys and values; two layers
 GPT2_CACHE = real_models.BATCH * real_models.HEADS * real_models.SEQ * (real_models.D // real_models.HEADS) * 4 * 2 * 2
 LLAMA_CACHE = GPT2_CACHE // 2  # two key-value heads of four
@@ -83,7 +85,7 @@ def test_check_and_verify_print_the_warning_at_the_rule(tmp_path, capsys):
     plan = write(
         tmp_path,
         "gpt2.memplan",
-        f"memplan 1\nmodel \"{models}:gpt2\"\nexample randint(2, 16, high=128)\nmodule transformer.h.* {{ checkpoint }}\n",
+        f'memplan 1\nmodel "{models}:gpt2"\nexample randint(2, 16, high=128)\nmodule transformer.h.* {{ checkpoint }}\n',
     )
     code, _, err = run(capsys, "check", plan)
     assert code == 0
@@ -98,7 +100,16 @@ def test_plan_warns_for_the_plan_it_writes(tmp_path, capsys):
     models = Path(real_models.__file__).resolve()
     out = tmp_path / "out.memplan"
     code, _, err = run(
-        capsys, "plan", "--model", f"{models}:gpt2", "--example", "randint(2, 16, high=128)", "--budget", "60% hint", "-o", out
+        capsys,
+        "plan",
+        "--model",
+        f"{models}:gpt2",
+        "--example",
+        "randint(2, 16, high=128)",
+        "--budget",
+        "60% hint",
+        "-o",
+        out,
     )
     assert code == 0 and "module transformer.h" in out.read_text()
     assert "warning[MP327]: in training, the model returns a DynamicCache" in err

@@ -63,7 +63,10 @@ POLICIES = {
 def test_the_tables_cover_every_statement_and_key():
     assert set(VALUES) == {key for _, keys in SCHEMA.values() for key in keys}
     assert set(REFUSED) == set(ast.BlockKind) - {
-        ast.BlockKind.MEMORY, ast.BlockKind.SUBLINEAR, ast.BlockKind.DTR, ast.BlockKind.MEMONGER
+        ast.BlockKind.MEMORY,
+        ast.BlockKind.SUBLINEAR,
+        ast.BlockKind.DTR,
+        ast.BlockKind.MEMONGER,
     }
     assert set(POLICIES) == set(POLICY_NAMES)
     assert set(STATEMENT_NAMES) == {"model", "example", "module", "budget"} | {k.value for k in ast.BlockKind}
@@ -75,8 +78,11 @@ def test_every_memonger_key_acts_in_the_arena_module(key, tmp_path):
     text = HEAD + f"memonger {{ {key} = {VALUES[key]} }}\n"
     model = build()
     path = memoplan.compile(model, parse(text, "p.memplan"), tmp_path / "plan_module.py")
-    word = {"algo": "assigned by `dp`", "ordering": "steps in `longest_path` order",
-            "peak_slack": "`peak_slack = 0.5`: "}[key]
+    word = {
+        "algo": "assigned by `dp`",
+        "ordering": "steps in `longest_path` order",
+        "peak_slack": "`peak_slack = 0.5`: ",
+    }[key]
     assert word in path.read_text()
     memoplan.apply(model, parse(text, "p.memplan"))
     assert "forward" in model.__dict__  # the arena forward of the whole model
@@ -104,7 +110,9 @@ def test_every_dtr_key_reaches_the_tracker(key):
 
 
 def test_a_dtr_block_with_nothing_to_evict_is_refused():
-    plan = parse(HEAD + "module features.* : ConvBlock { checkpoint }\ndtr { eviction_threshold = 2 MiB }\n", "p.memplan")
+    plan = parse(
+        HEAD + "module features.* : ConvBlock { checkpoint }\ndtr { eviction_threshold = 2 MiB }\n", "p.memplan"
+    )
     model = build()
     with pytest.raises(PlanError) as caught:
         memoplan.apply(model, plan)
@@ -182,7 +190,9 @@ def test_check_says_where_a_sublinear_block_acts(tmp_path, capsys):
     plan = tmp_path / "p.memplan"
     plan.write_text(HEAD + "sublinear { genetic_nr_iter = 3 }\n")
     assert cli.main(["check", str(plan)]) == 0
-    assert f"{plan}:4:1: note[MP222]: the `sublinear` block sets the search of `memoplan plan`" in capsys.readouterr().err
+    assert (
+        f"{plan}:4:1: note[MP222]: the `sublinear` block sets the search of `memoplan plan`" in capsys.readouterr().err
+    )
     memoplan.apply(build(), memoplan.load(plan))  # applying uses the rules; the block needs nothing of it
 
 

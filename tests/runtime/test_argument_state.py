@@ -70,7 +70,9 @@ def test_recompute_sees_and_leaves_the_argument_object_as_the_forward_did():
 
 def test_gpt2_cache_after_a_planned_step_holds_each_position_once():
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=64, n_positions=8, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=8, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
     ids = torch.randint(0, 64, (2, 8))

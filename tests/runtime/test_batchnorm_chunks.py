@@ -136,7 +136,10 @@ def test_a_nested_region_without_batchnorm_inside_the_chunks_matches_to_rounding
     inner region holds no BatchNorm (the resolver refuses one that does, MP320)."""
     torch.manual_seed(0)
     model = Net(block(nn.BatchNorm1d(F))).double()
-    plan = STATE + "module body { temporal_chunk 3 dim 0; compress input = bit }\nmodule body.0 { checkpoint nested = true }\n"
+    plan = (
+        STATE
+        + "module body { temporal_chunk 3 dim 0; compress input = bit }\nmodule body.0 { checkpoint nested = true }\n"
+    )
     compare(model, plan, spikes(7, 3, torch.float64), rtol=1e-10)
 
 
@@ -144,7 +147,9 @@ def test_two_batchnorms_and_a_shared_one_take_one_pass_each() -> None:
     """BN -> LIF -> BN (needs the first's statistics and the neuron's state) and one BN called twice."""
     torch.manual_seed(2)
     shared = TimeNorm(nn.BatchNorm1d(F))
-    body = nn.Sequential(TimeLinear(F, F), TimeNorm(nn.BatchNorm1d(F)), LIF(threshold=0.3), TimeLinear(F, F), shared, nn.Tanh(), shared)
+    body = nn.Sequential(
+        TimeLinear(F, F), TimeNorm(nn.BatchNorm1d(F)), LIF(threshold=0.3), TimeLinear(F, F), shared, nn.Tanh(), shared
+    )
     model = Net(body).double()
     calls = []
     model.body[0].register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[0]))

@@ -42,7 +42,9 @@ class Layer(nn.Module):
 def _planned(norm: bool = False, layers: int = 2, chunks: int = 4) -> nn.Module:
     torch.manual_seed(0)
     net = nn.Sequential(*(Layer(norm) for _ in range(layers)))
-    plan = f"memplan 1\nmodule class LIF {{ state = functional }}\nmodule * : Layer {{ temporal_chunk {chunks} dim 0 }}\n"
+    plan = (
+        f"memplan 1\nmodule class LIF {{ state = functional }}\nmodule * : Layer {{ temporal_chunk {chunks} dim 0 }}\n"
+    )
     return memoplan.apply(net, plan)
 
 
@@ -148,7 +150,9 @@ def test_recompute_boundaries_keep_about_twice_the_square_root_of_the_chunks(mon
         pass
 
     replays: list[int] = []
-    monkeypatch.setattr(recompute, "_replay", lambda ctx, state, where: replays.append(ctx.i) or [torch.tensor(ctx.i + 1.0)])
+    monkeypatch.setattr(
+        recompute, "_replay", lambda ctx, state, where: replays.append(ctx.i) or [torch.tensor(ctx.i + 1.0)]
+    )
     nodes = [Node() for _ in range(8)]
     boundaries = region._Boundaries("layer")
     for i, node in enumerate(nodes):

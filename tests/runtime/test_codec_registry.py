@@ -3,10 +3,9 @@ memoplan/runtime/codecs.py for the runtime), and everything else derived from it
 
 from __future__ import annotations
 
-from _paths import ROOT
-
 import pytest
 import torch
+from _paths import ROOT
 from torch import nn
 
 import memoplan
@@ -18,7 +17,6 @@ from memoplan.lsp import language
 from memoplan.lsp.completion import completions
 from memoplan.runtime import codec_impls, codecs
 from memoplan.syntax import ast, format_plan, parse
-
 
 
 def test_the_language_names_exactly_the_registered_codecs():

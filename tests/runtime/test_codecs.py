@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from _paths import ROOT
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from _imports import imported_modules  # tests/_imports.py
+from _paths import ROOT
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
-
 from memoplan.diagnostics import PlanError
 from memoplan.runtime import codec_impls, codecs
-from _imports import imported_modules  # tests/_imports.py
 from memoplan.runtime.codecs import (
     SAMPLE_LIMIT,
     CodecError,
@@ -544,12 +543,17 @@ def test_codecs_import_only_torch_stdlib_and_leaves():
     for module in (codecs, codec_impls):
         for name in imported_modules(Path(module.__file__)):
             top = name.split(".")[0]
-            assert top in sys.stdlib_module_names or top == "torch" or name in (
-                "memoplan.diagnostics",
-                "memoplan.enums",  # the codec specs: a leaf without torch
-                "memoplan.runtime",  # from memoplan.runtime import codec_impls
-                "memoplan.runtime.codec_impls",
-                "memoplan.runtime.kernels",  # imported lazily, for CUDA tensors only
+            assert (
+                top in sys.stdlib_module_names
+                or top == "torch"
+                or name
+                in (
+                    "memoplan.diagnostics",
+                    "memoplan.enums",  # the codec specs: a leaf without torch
+                    "memoplan.runtime",  # from memoplan.runtime import codec_impls
+                    "memoplan.runtime.codec_impls",
+                    "memoplan.runtime.kernels",  # imported lazily, for CUDA tensors only
+                )
             ), name
 
 

@@ -93,7 +93,9 @@ def test_untraceable_region_warns_once_with_path_and_reason_and_trains_as_eager(
 
 def test_traceable_region_gives_no_warning():
     torch.manual_seed(0)
-    planned = memoplan.apply(nn.Sequential(nn.Linear(F, F), nn.Tanh(), nn.Linear(F, 2)), "memplan 1\nmodule 0 { checkpoint }\n")
+    planned = memoplan.apply(
+        nn.Sequential(nn.Linear(F, F), nn.Tanh(), nn.Linear(F, 2)), "memplan 1\nmodule 0 { checkpoint }\n"
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train(planned, "aot_eager", steps=1)

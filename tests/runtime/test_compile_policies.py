@@ -169,9 +169,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, key: str) -> None:
 FAST = {"transformer-nested", "transformer-memory", "spiking-segments"}  # under 10 s each on two cores
 
 
-@pytest.mark.parametrize(
-    "case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
-)
+@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_policy_under_compile(case):
     build, _example, rules, expected = CASES[case]
     model, base, ref = unplanned(build)
@@ -241,7 +239,9 @@ def test_counting_backend_counts_ops_inside_a_checkpoint_subgraph():
 
     torch.compile(forward, backend=keep)(torch.randn(2, 4, requires_grad=True))
     (gm,) = graphs
-    hops = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
+    hops = [
+        n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)
+    ]
     assert len(hops) == 1  # the checkpoint
     assert count_ops(gm) == 4  # linear, tanh, linear inside it; sum outside
 

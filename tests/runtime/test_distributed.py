@@ -27,7 +27,6 @@ its backward, where memoplan's regions recompute with them.
 
 from __future__ import annotations
 
-from _paths import ROOT, TESTS
 import os
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-
+from _paths import ROOT, TESTS
 from _tolerance import assert_within_chunk_tolerance  # tests/_tolerance.py
 
 WORLD = 2
@@ -247,7 +246,14 @@ def test_chunked_regions_encode_every_chunk(results):
 def test_auto_codec_is_the_same_on_every_rank_and_the_most_general_one(results):
     # Without agreement rank 0 would pick `bit` (binary events) and rank 1 `uint8` (counts).
     assert [results[r]["planned"]["choose"][0] for r in range(WORLD)] == ["bit", "uint8"]
-    for scenario in ("planned", "chunked", "planned_find_unused", "planned_static_graph", "fsdp_planned", "fsdp_chunked"):
+    for scenario in (
+        "planned",
+        "chunked",
+        "planned_find_unused",
+        "planned_static_graph",
+        "fsdp_planned",
+        "fsdp_chunked",
+    ):
         for rank in range(WORLD):
             for step in range(2):
                 stem = [c for w, c in results[rank][scenario]["codecs"][step] if w == "stem"]

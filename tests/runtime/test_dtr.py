@@ -14,11 +14,10 @@ import warnings
 
 import pytest
 import torch
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
-
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 import memoplan
 from memoplan import cli, neurons
@@ -383,7 +382,7 @@ def test_tensor_only_candidates_without_buffers_evict_and_recompute_bit_for_bit(
     the gradients and the tracked bytes those of the full bookkeeping."""
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Dropout(0.3)) for _ in range(3)))
-    planned = memoplan.apply(copy.deepcopy(model), _plan(1, memory=1.0) .replace("dtr {", 'dtr { modules = "*";'))
+    planned = memoplan.apply(copy.deepcopy(model), _plan(1, memory=1.0).replace("dtr {", 'dtr { modules = "*";'))
     x = torch.randn(BATCH, WIDTH)
     grads = []
     for m in (model, planned):

@@ -268,7 +268,11 @@ class _FailsOnSecondCall(nn.Module):
 RECOMPUTED = [
     ("checkpoint", "memplan 1\nmodule 1 { checkpoint }\n", "`1` (a checkpointed region)"),
     ("region", "memplan 1\nmodule 1 { checkpoint; compress input = auto }\n", "`1` (a memoplan region)"),
-    ("dtr", "memplan 1\ndtr { eviction_threshold = 1 B; evictee_minimum_size = 0 B }\n", "`1` (an evicted dtr candidate)"),
+    (
+        "dtr",
+        "memplan 1\ndtr { eviction_threshold = 1 B; evictee_minimum_size = 0 B }\n",
+        "`1` (an evicted dtr candidate)",
+    ),
 ]
 
 

@@ -3,7 +3,6 @@ against PyTorch's per-parameter gradients, and the CUDA allocator policies' deci
 
 from __future__ import annotations
 
-from _paths import TESTS
 import copy
 import io
 import os
@@ -13,6 +12,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from _paths import TESTS
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -177,7 +177,9 @@ def test_a_deep_copy_has_its_own_buffer_and_pickling_fails_at_save_time():
 
 def test_verify_holds_a_plan_with_a_memory_block_equivalent(tmp_path, capsys):
     plan = tmp_path / "p.memplan"
-    plan.write_text(FLAT.replace("memplan 1\n", 'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(8, 3, 32, 32)\n'))
+    plan.write_text(
+        FLAT.replace("memplan 1\n", 'memplan 1\nmodel "memoplan.examples.cnn:build"\nexample randn(8, 3, 32, 32)\n')
+    )
     assert cli.main(["verify", str(plan)]) == 0
     assert "verdict: EQUIVALENT" in capsys.readouterr().out
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 import copy
 
 import torch
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
-
 import memoplan
 from memoplan.compare import compare
-from memoplan.syntax.formatter import format_path
 from memoplan.syntax import ast
+from memoplan.syntax.formatter import format_path
 
 WIDTH = 6
 CHANNELS = 3

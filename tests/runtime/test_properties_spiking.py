@@ -18,11 +18,10 @@ from __future__ import annotations
 import copy
 
 import torch
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
-
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 import memoplan
 from memoplan.compare import compare
@@ -127,7 +126,9 @@ def _step(model: nn.Module, x: torch.Tensor, weight: torch.Tensor):
     x = x.clone().requires_grad_()
     out = model(x)
     (out * weight).sum().backward()
-    states = [m.v.detach().clone() if isinstance(m.v, torch.Tensor) else m.v for m in model.modules() if isinstance(m, LIF)]
+    states = [
+        m.v.detach().clone() if isinstance(m.v, torch.Tensor) else m.v for m in model.modules() if isinstance(m, LIF)
+    ]
     return out.detach(), x.grad, torch.get_rng_state(), states
 
 

@@ -288,7 +288,9 @@ def test_a_region_whose_first_child_is_in_place_is_refused_and_the_enclosing_blo
     assert caught.value.codes == ["MP323"] and "`0.0`" in str(caught.value)
     memoplan.resolve(memoplan.parse(plan("module 0.1 { checkpoint }\n")), seq)
     reference = resnet()
-    assert_same_step(reference, memoplan.apply(copy.deepcopy(reference), plan("module layer1.* { checkpoint }\n")), IMAGES)
+    assert_same_step(
+        reference, memoplan.apply(copy.deepcopy(reference), plan("module layer1.* { checkpoint }\n")), IMAGES
+    )
 
 
 def test_a_split_region_that_starts_with_an_in_place_module_is_refused():
@@ -326,7 +328,9 @@ def test_a_region_that_overwrites_its_input_at_run_time_names_the_module(policy)
 
 def gpt2():
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=16, n_head=2, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(config)
 

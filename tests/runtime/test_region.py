@@ -8,6 +8,7 @@ import functools
 
 import pytest
 import torch
+from _tolerance import assert_within_chunk_tolerance  # tests/_tolerance.py
 from torch import nn
 
 from memoplan.diagnostics import PlanError
@@ -15,7 +16,6 @@ from memoplan.measure import LiveStorageMeter
 from memoplan.neurons import LIF, reset
 from memoplan.runtime import run_planned, state
 from memoplan.runtime.region import RegionOptions, run_chunked, run_region
-from _tolerance import assert_within_chunk_tolerance  # tests/_tolerance.py
 
 # Temporal chunks sum weight gradients chunk by chunk: equal up to float reassociation.
 CHUNK_RTOL = 1e-5  # max |difference| <= CHUNK_RTOL * max |gradient|, per tensor

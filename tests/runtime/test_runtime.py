@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 import torch
+from _imports import imported_modules  # tests/_imports.py
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memoplan import runtime as rt
 from memoplan.runtime.install import qualified_type_name
-from _imports import imported_modules  # tests/_imports.py
 
 # --- what generated code looks like -------------------------------------------------
 
@@ -142,9 +142,7 @@ class KwargsNet(nn.Module):
         self.inner = KwargsBlock()
 
     def forward(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        out = self.inner(
-            x, 0.5, extra={"shift": shift}, use_reentrant="double", context_fn=torch.sin
-        )
+        out = self.inner(x, 0.5, extra={"shift": shift}, use_reentrant="double", context_fn=torch.sin)
         assert out["pair"][1] == "double"
         return out["y"] + out["pair"][0]
 
@@ -171,9 +169,7 @@ def _assert_same_state(a: nn.Module, b: nn.Module) -> None:
         assert torch.equal(sa[key], sb[key]), key
 
 
-def _assert_equivalent_steps(
-    plain: nn.Module, planned: nn.Module, *args: Any, steps: int = 2
-) -> None:
+def _assert_equivalent_steps(plain: nn.Module, planned: nn.Module, *args: Any, steps: int = 2) -> None:
     for step in range(steps):
         out_plain = _seeded_step(plain, *args, seed=step)
         rng_plain = torch.get_rng_state()
@@ -478,9 +474,7 @@ def test_install_refuses_changed_class() -> None:
     model = Net()
     before = _snapshot(model)
     targets = _targets(model, ["blocks.0"]) + (
-        rt.Target(
-            path="head", type_name="torch.nn.modules.conv.Conv2d", forward=_policy_checkpoint
-        ),
+        rt.Target(path="head", type_name="torch.nn.modules.conv.Conv2d", forward=_policy_checkpoint),
     )
     with pytest.raises(rt.PlanMismatchError) as info:
         rt.install(model, targets, plan_id="p")
@@ -559,7 +553,11 @@ def test_runtime_imports_only_torch_stdlib_and_leaves() -> None:
     # memoplan.planner.dtr_sim (with the schema it reads): the dtr simulator, imported lazily by
     # runtime/evictable.py when torch.compile traces a `dtr` block (torch and the stdlib only)
     allowed_memoplan = {
-        "memoplan.diagnostics", "memoplan.enums", "memoplan.runtime", "memoplan.version", "memoplan.planner.dtr_sim",
+        "memoplan.diagnostics",
+        "memoplan.enums",
+        "memoplan.runtime",
+        "memoplan.version",
+        "memoplan.planner.dtr_sim",
     }
     for path in Path(rt.__file__).parent.glob("*.py"):
         for name in imported_modules(path):
@@ -569,6 +567,6 @@ def test_runtime_imports_only_torch_stdlib_and_leaves() -> None:
                     f"{path.name} imports {name}"
                 )
             else:
-                assert (
-                    top == "torch" or top in sys.stdlib_module_names or top == "__future__"
-                ), f"{path.name} imports {name}"
+                assert top == "torch" or top in sys.stdlib_module_names or top == "__future__", (
+                    f"{path.name} imports {name}"
+                )

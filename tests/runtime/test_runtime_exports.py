@@ -3,13 +3,13 @@ reads (documented in docs/reference/api.md): nothing more, and nothing generated
 
 from __future__ import annotations
 
-from _paths import ROOT
 import importlib
 import importlib.util
 import re
 import warnings
 
 import pytest
+from _paths import ROOT
 
 import memoplan.runtime
 import memoplan.runtime.arena

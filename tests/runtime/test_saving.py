@@ -20,7 +20,12 @@ from memoplan.verification import verify
 class _Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.up, self.down, self.norm, self.drop = nn.Linear(64, 256), nn.Linear(256, 64), nn.LayerNorm(64), nn.Dropout(0.1)
+        self.up, self.down, self.norm, self.drop = (
+            nn.Linear(64, 256),
+            nn.Linear(256, 64),
+            nn.LayerNorm(64),
+            nn.Dropout(0.1),
+        )
         self.conv = nn.Conv1d(64, 64, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +133,10 @@ def test_the_save_level_keeps_op_saving_where_the_peak_does_not_rise():
 
     torch.manual_seed(0)
     model, example = _PeakInTheStem(), Example((torch.randn(64, 32),))
-    plan = parse("memplan 1\nmodule blocks.0 { checkpoint }\nmodule blocks.1 { checkpoint }\nmodule blocks.2 { checkpoint }\n", "p")
+    plan = parse(
+        "memplan 1\nmodule blocks.0 { checkpoint }\nmodule blocks.1 { checkpoint }\nmodule blocks.2 { checkpoint }\n",
+        "p",
+    )
     result = refine(model, example, plan, RefineOptions(levels=(Level.SAVE,)), progress=False)
     assert result.kept and result.after <= result.before == measure_plan(model, example, plan)
     text = format_plan(result.plan)

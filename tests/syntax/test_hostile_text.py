@@ -7,16 +7,15 @@ huge line is clipped around the caret.  The CLI runs in-process (``memoplan.cli.
 
 from __future__ import annotations
 
-from _paths import ROOT, TESTS
 import re
 from pathlib import Path
 
 import pytest
+from _cli import run
+from _paths import ROOT, TESTS
 
 import memoplan
 from memoplan.diagnostics import EXCERPT_WIDTH, PlanError
-
-from _cli import run
 
 FIXTURES = TESTS / "fixtures" / "hostile"
 
@@ -176,7 +175,11 @@ def test_endless_standard_input_is_read_only_up_to_the_limit(tmp_path) -> None:
     with open("/dev/zero", "rb") as endless:
         done = subprocess.run(
             [sys.executable, "-m", "memoplan", "check", "--syntax-only", "-"],
-            stdin=endless, capture_output=True, text=True, timeout=120, cwd=root,
+            stdin=endless,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=root,
             env={**__import__("os").environ, "PYTHONPATH": str(root)},
         )
     assert done.returncode == 1

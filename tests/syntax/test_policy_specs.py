@@ -4,11 +4,11 @@ spec alone reaches each of them."""
 
 from __future__ import annotations
 
-from _paths import ROOT
 import dataclasses
 import re
 
 import pytest
+from _paths import ROOT
 from torch import nn
 
 import memoplan

@@ -9,10 +9,10 @@
 
 from __future__ import annotations
 
-from _paths import ROOT, TESTS
 from pathlib import Path
 
 import pytest
+from _paths import ROOT, TESTS
 
 from memoplan.diagnostics import PlanError
 from memoplan.syntax import format_plan, parse, parse_with_diagnostics

@@ -8,11 +8,11 @@ diagnostics in the same order.
 
 from __future__ import annotations
 
-from _paths import TESTS
 import dataclasses
 from pathlib import Path
 
 import pytest
+from _paths import TESTS
 from lark import Lark
 from lark.exceptions import UnexpectedInput
 
@@ -96,4 +96,3 @@ def test_a_failed_parse_leaves_no_value_errors_behind() -> None:
     plan, diagnostics = parser.parse_with_diagnostics("memplan 1\nmodule a { checkpoint }\n", "ok.memplan")
     assert plan is not None and diagnostics == []
     assert plan.statements[0].span.line == 2 and plan.statements[0].span.end_column == 24
-

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from _paths import TESTS
 import string
 from dataclasses import replace
 
+from _paths import TESTS
+from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from _profiles import n_examples  # tests/_profiles.py: the hypothesis profile
 
 from memoplan.diagnostics import PlanError
 from memoplan.syntax import ast, format_plan, parse, parse_example_spec
@@ -199,9 +198,7 @@ def plans(draw) -> ast.Plan:
             statements.append(draw(config_blocks(kind)))
     statements = [_with_comments(s, draw(comments())) for s in statements]
     statements = draw(st.permutations(statements))
-    return ast.Plan(
-        1, tuple(statements), draw(comments()), tuple(draw(st.lists(comment, max_size=2)))
-    )
+    return ast.Plan(1, tuple(statements), draw(comments()), tuple(draw(st.lists(comment, max_size=2))))
 
 
 # ---------------------------------------------------------------- round trips

@@ -1,0 +1,77 @@
+"""The sublinear search's settings from the command line: ``--thresh-nr-try`` ... options over a
+plan's `sublinear` block, over ``MGB_SUBLINEAR_MEMORY_*`` variables (for users coming from MegEngine)."""
+
+from __future__ import annotations
+
+from memoplan import cli_output, isolate
+from memoplan.cli_parser import SUBLINEAR_OPTIONS
+from memoplan.diagnostics import Diagnostic, PlanError
+
+__all__ = ["sublinear_config", "sublinear_env_config"]
+
+
+def _progress(message: str) -> None:
+    cli_output.OUTPUT.progress(message)
+    isolate.note(message)
+
+
+def sublinear_config(args, block=None):
+    """The sublinear search's settings: a plan's `sublinear` block with the ``--thresh-nr-try``
+    ... options over it (None when there is neither).
+
+    The options are read as the entries of a `sublinear` block, so the types, ranges and
+    defaults are the language's (`grammar/README.md`), and a bad value is the same diagnostic.
+    """
+    from dataclasses import replace
+
+    from memoplan.syntax import ast, parse_with_diagnostics
+    from memoplan.syntax.blocks import config_of
+
+    base = None if block is None else config_of(block)
+    given = {key: getattr(args, key) for key in SUBLINEAR_OPTIONS if getattr(args, key) is not None}
+    env = sublinear_env_config(args, block)
+    if env is not None:  # the environment's keys, under the block's and the options'
+        written = () if block is None else tuple(e.key for e in block.entries)
+        base = env if base is None else replace(env, **{key: getattr(base, key) for key in written})
+    if not given:
+        return base
+    for key, value in given.items():  # one value each: nothing that would start another entry
+        if any(c in value for c in ";{}#=\\\n\r"):
+            raise PlanError((Diagnostic("MP202", f"`--{key.replace('_', '-')} {value}` is not one value"),))
+    entries = "; ".join(f"{key} = {value}" for key, value in given.items())
+    text = f"memplan 1\nsublinear {{ {entries} }}\n"
+    plan, diagnostics = parse_with_diagnostics(text, "<command line>")
+    if plan is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), text)
+    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
+    options = config_of(block)
+    return options if base is None else replace(base, **{key: getattr(options, key) for key in given})
+
+
+def sublinear_env_config(args, block):
+    """The sublinear search's settings that ``MGB_SUBLINEAR_MEMORY_*`` variables set (None: none set).
+
+    Read only for ``--planner sublinear`` (or a plan's `sublinear` block); otherwise a note says they
+    were not used.  Each one read is said on stderr: they are defaults, under the block and the options.
+    """
+    import os
+
+    from memoplan.planner.mgb_env import sublinear_env
+    from memoplan.syntax import ast, parse_with_diagnostics
+    from memoplan.syntax.blocks import config_of
+
+    env = sublinear_env(os.environ)
+    if not env:
+        return None
+    if args.planner != "sublinear" and block is None:
+        names = ", ".join(name for name, _ in env.values())
+        _progress(f"note: {names} not used: the sublinear search reads it (--planner sublinear)")
+        return None
+    text = "memplan 1\nsublinear { " + "; ".join(f"{key} = {value}" for key, (_, value) in env.items()) + " }\n"
+    plan, diagnostics = parse_with_diagnostics(text, "<environment>")
+    if plan is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), text)
+    for key, (name, value) in env.items():
+        _progress(f"note: {name} read as the sublinear search's default {key} = {value}")
+    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
+    return config_of(block)
