@@ -31,6 +31,7 @@ from memoplan.planner.write import (  # noqa: F401  (kept importable from here)
     provenance,
     rebased,
     sublinear_summary,
+    under_header,
     with_sources,
     with_state_rules,
 )
@@ -424,16 +425,9 @@ def _make_plan(
     """:func:`make_plan` over one set of candidates (``nested``: with their parts); ``widened``: why."""
     links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
     links = [link for link in links if not planner.blocks(link.name)]
-    # A checkpoint keeps its input (bit-packed where the profile saw only 0 and 1 in it: the plan
-    # then says `compress input = bit`), and what the model's output keeps of the region's bytes.
-    planner = replace(planner, packed=_packed(links))
+    planner = replace(planner, packed=_packed(links))  # inputs seen binary: `compress input = bit`
     items = [
-        search.Item(
-            link.name,
-            link.saved_bytes,
-            (link.packed_input_bytes if link.name in planner.packed else link.input_bytes) + link.kept_bytes,
-            link.forward_seconds,
-        )
+        search.Item(link.name, link.saved_bytes, _kept_input(link, planner.packed), link.forward_seconds)
         for link in links
     ]
     peak = prof.peak_bytes
@@ -470,14 +464,7 @@ def _make_plan(
         draft = refined.plan
         # Verify by measurement: the budget is checked against the plan as written.
         after = _measure(model, example, draft)
-    estimated = {}
-    if SHARDS.get() > 1:  # one rank of a sharded step: it runs only under torch.distributed
-        estimated = {
-            "sharded": f"over {SHARDS.get()} FSDP2 ranks: one rank's peak, estimated, not checked by a real step"
-        }
-    elif _ESTIMATING.get():  # the search estimated every trial: one real planned step checks the plan
-        estimated = {"planned peak on fake tensors": f"{after} B (every trial of the search estimated)"}
-        after = _checked(model, example, draft)
+    estimated, after = _final_check(model, example, draft, after)
     header = {
         **provenance("memoplan plan", prof),
         **({"preset": preset} if preset else {}),
@@ -496,20 +483,30 @@ def _make_plan(
     advice = recommendation(prof, model, regions, limit, after, nested=nested)
     if advice:
         header["recommendation"] = advice
-    plan = _draft(choice, items, model, header, planner)
-    # The (refined) rules, under the provenance header and the notes refinement added to it.
-    notes = draft.header_comments.leading
-    if planner.start is not None:  # the draft starts with the completed plan's own header
-        notes = notes[len(planner.start.header_comments.leading) :]
-    plan = replace(
-        plan,
-        statements=draft.statements,
-        header_comments=replace(plan.header_comments, leading=(*plan.header_comments.leading, *notes)),
-    )
+    plan = under_header(draft, _draft(choice, items, model, header, planner), planner.start)
     result = PlanResult(plan, choice, prof.peak_bytes, after, limit, hard, refined)
     if hard and not result.met:
         raise replace(_missed(limit, after, choice.minimum_peak, least_measured=least_set), result=result)
     return result
+
+
+def _kept_input(link, packed: frozenset[str]) -> int:
+    """What a checkpoint of ``link`` keeps: its input (bit-packed where ``packed``), and what the
+    model's output keeps of the region's bytes."""
+    return (link.packed_input_bytes if link.name in packed else link.input_bytes) + link.kept_bytes
+
+
+def _final_check(model: nn.Module, example: Example, draft: ast.Plan, after: int) -> tuple[dict[str, str], int]:
+    """The header lines that say how the planned peak was found, and that peak: one real planned
+    step checks a plan whose every trial was estimated; a sharded step is one rank's estimate."""
+    if SHARDS.get() > 1:  # one rank of a sharded step: it runs only under torch.distributed
+        return {
+            "sharded": f"over {SHARDS.get()} FSDP2 ranks: one rank's peak, estimated, not checked by a real step"
+        }, after
+    if _ESTIMATING.get():
+        estimated = {"planned peak on fake tensors": f"{after} B (every trial of the search estimated)"}
+        return estimated, _checked(model, example, draft)
+    return {}, after
 
 
 MAX_REFINEMENTS = 4

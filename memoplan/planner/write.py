@@ -31,6 +31,7 @@ __all__ = [
     "recompute_line",
     "sublinear_summary",
     "to_plan",
+    "under_header",
     "with_sources",
     "with_state_rules",
 ]
@@ -244,6 +245,19 @@ def with_state_rules(plan: ast.Plan, model: nn.Module, skip: frozenset[str] = fr
                 )
             rules.append(ast.ModuleRule(ast.Selector(term), (ast.State(ast.StateMode.FUNCTIONAL),), comments=comments))
     return replace(plan, statements=(*rules, *plan.statements)) if rules else plan
+
+
+def under_header(draft: ast.Plan, plan: ast.Plan, start: ast.Plan | None) -> ast.Plan:
+    """The (refined) rules of ``draft``, under ``plan``'s provenance header and the notes
+    refinement added to the draft's (after ``start``'s own header, when the draft completes it)."""
+    notes = draft.header_comments.leading
+    if start is not None:
+        notes = notes[len(start.header_comments.leading) :]
+    return replace(
+        plan,
+        statements=draft.statements,
+        header_comments=replace(plan.header_comments, leading=(*plan.header_comments.leading, *notes)),
+    )
 
 
 # ---------------------------------------------------------------- the sublinear search's header line
