@@ -364,6 +364,7 @@ def test_explain_needs_a_model(capsys, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", PLANS, ids=lambda p: p.name)
+@pytest.mark.slow
 def test_verify_every_bundled_plan(capsys, path: Path) -> None:
     code, out, err = run(capsys, "verify", path)
     assert code == 0, out + err
@@ -436,6 +437,7 @@ def test_a_device_that_cannot_run_here_is_a_diagnostic_before_any_work(
 # ---------------------------------------------------------------- as a real process
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MEMOPLAN_CACHE_DIR": str(tmp_path / "cache")}
     ok = subprocess.run(

@@ -302,6 +302,7 @@ def test_diagnostics_escape_model_provided_names(capsys, models, tmp_path) -> No
 
 
 @pytest.mark.parametrize("command", ["explain", "verify"])
+@pytest.mark.slow
 def test_strict_utf8_terminal_gets_no_encoding_error(tmp_path, models, all_plan, command) -> None:
     args = [command, str(all_plan), "--model", f"{models}:escapes"]
     if command == "verify":
@@ -319,6 +320,7 @@ def test_strict_utf8_terminal_gets_no_encoding_error(tmp_path, models, all_plan,
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+@pytest.mark.slow
 def test_compile_respects_the_umask(tmp_path, models, all_plan, umask) -> None:
     target = tmp_path / "generated_plan.py"
     code = f"import os, sys\nos.umask({umask})\nfrom memoplan import cli\nsys.exit(cli.main(sys.argv[1:]))\n"
@@ -516,6 +518,7 @@ def test_compile_check_against_a_directory_is_a_diagnostic(capsys, tmp_path, mod
     assert "error[MP508]" in err and "is a directory" in err
 
 
+@pytest.mark.slow
 def test_plan_progress_and_tables_escape_model_provided_names(capsys, tmp_path, models) -> None:
     args = ["plan", "--model", f"{models}:escapes_deep", "--example", "randn(64, 64)", "--preset", "balanced"]
     code, out, err = run(capsys, *args, "-o", tmp_path / "p.memplan")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -121,6 +122,7 @@ def test_step_memory_mib() -> None:
     assert StepMemory(peak_bytes=3 * MIB, device="cpu", method="live-storage").peak_mib == 3.0
 
 
+@pytest.mark.slow
 def test_mlp_gelu_saves_and_relu_saves_nothing_under_per_layer_checkpointing() -> None:
     """The ANCHORS.md planner case, with the saving derived from the shapes.
 

@@ -66,6 +66,7 @@ def _snapshot(path: Path):
     ],
 )
 @pytest.mark.parametrize("check", [False, True], ids=["write", "check"])
+@pytest.mark.slow
 def test_compile_refuses_a_target_that_is_not_a_file_it_may_write(folder, target, reason, check) -> None:
     if target.startswith("/dev/") and not Path(target).exists():
         pytest.skip(f"no {target} here")
@@ -79,6 +80,7 @@ def test_compile_refuses_a_target_that_is_not_a_file_it_may_write(folder, target
     assert not (folder / "nodir").exists()
 
 
+@pytest.mark.slow
 def test_compile_writes_an_absent_file_and_replaces_a_regular_one(folder) -> None:
     done = _memoplan(folder, "compile", "plan.memplan", "-o", "plan_module.py")
     assert done.returncode == 0, done.stderr
@@ -87,6 +89,7 @@ def test_compile_writes_an_absent_file_and_replaces_a_regular_one(folder) -> Non
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_a_symlink_to_the_plan_is_the_plan(folder) -> None:
     (folder / "alias.py").symlink_to(folder / "plan.memplan")
     done = _memoplan(folder, "compile", "plan.memplan", "-o", "alias.py")

@@ -80,6 +80,7 @@ def _steps(model, example, seed: int, steps: int = 2):
 
 
 @pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.slow
 def test_profile_plan_verify_compile_and_train(name, tmp_path, capsys):
     model_spec = f"{FACTORIES}:{name}"
     example_spec = MODELS[name]

@@ -93,6 +93,7 @@ def test_without_isolation_an_abort_kills_memoplan_silently(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["flag", pytest.param("env", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_an_abort_in_the_model_spec_is_mp530_at_the_model_line(how, tmp_path):
     plan = _plan(tmp_path, "os:abort")
     argv = ("check", "--isolate", plan) if how == "flag" else ("check", plan)

@@ -23,6 +23,7 @@ def _mlp(activation: str):
     return mlp.build(activation=activation), Example(mlp.example())
 
 
+@pytest.mark.slow
 def test_gelu_mlp_saves_exactly_19_activations_under_per_layer_checkpointing():
     model, example = _mlp("gelu")
     report = verify(model, PER_LAYER, example)
@@ -32,6 +33,7 @@ def test_gelu_mlp_saves_exactly_19_activations_under_per_layer_checkpointing():
     assert report.saved_bytes == (mlp.DEPTH - 1) * ACTIVATION_BYTES
 
 
+@pytest.mark.slow
 def test_relu_mlp_saves_nothing():
     model, example = _mlp("relu")
     report = verify(model, PER_LAYER, example)
@@ -61,6 +63,7 @@ def test_verify_reports_a_runtime_that_breaks_equivalence(monkeypatch):
     assert "verdict: NOT EQUIVALENT" in render_report(report)
 
 
+@pytest.mark.slow
 def test_verify_accepts_plan_text_path_and_ast(tmp_path):
     model, example = _mlp("gelu")
     path = tmp_path / "p.memplan"
@@ -69,6 +72,7 @@ def test_verify_accepts_plan_text_path_and_ast(tmp_path):
         assert verify(model, plan, example).equivalent
 
 
+@pytest.mark.slow
 def test_plans_with_temporal_chunks_are_held_to_the_chunk_tolerance():
     from memoplan.examples import spiking
     from memoplan.verification import CHUNK_RTOL
@@ -144,6 +148,7 @@ def test_reproducible_mode_sets_and_restores_the_global_switches(monkeypatch):
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
+@pytest.mark.slow
 def test_the_report_names_ops_without_a_deterministic_implementation():
     torch.manual_seed(0)
     model, example = _mlp("relu")
@@ -153,6 +158,7 @@ def test_the_report_names_ops_without_a_deterministic_implementation():
     assert f"note: {note} (CUDA)" in text
 
 
+@pytest.mark.slow
 def test_a_chunked_plan_out_of_tolerance_gets_the_flipped_spike_hint():
     torch.manual_seed(0)
     model, example = _mlp("relu")

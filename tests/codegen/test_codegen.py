@@ -484,6 +484,7 @@ MODEL_FILE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_generated_module_runs_without_parser_resolver_or_templates(tmp_path: Path) -> None:
     (tmp_path / "planned_model.py").write_text(MODEL_FILE)
     sys.path.insert(0, str(tmp_path))

@@ -79,6 +79,7 @@ def _step(model, example):
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=[p.stem for p in PLANS])
+@pytest.mark.slow
 def test_golden_behaves_like_apply(plan):
     parsed = memoplan.load(plan)
     model = specs.load_model(parsed.model.spec)
@@ -111,6 +112,7 @@ def test_compile_check_reports_a_stale_file(tmp_path, capsys):
     assert out.read_text() == "# old\n"
 
 
+@pytest.mark.slow
 def test_goldens_import_without_the_parser(tmp_path):
     """Each golden runs in a fresh interpreter where the parser, resolver, lark and jinja2 are blocked."""
     runner = tmp_path / "runner.py"

@@ -126,6 +126,7 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
 
 
+@pytest.mark.slow
 def test_kernel_modules_import_without_triton():
     result = subprocess.run(
         [sys.executable, "-c", WITHOUT_TRITON],
@@ -176,6 +177,7 @@ def cuda_results(tmp_path_factory):
 
 
 @pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.slow
 def test_interpreted_kernel_matches_codecs(interpret_results, check):
     assert interpret_results[check] is None, interpret_results[check]
 

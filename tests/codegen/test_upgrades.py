@@ -63,6 +63,7 @@ def test_another_interface_is_mp424_naming_both(other) -> None:
     assert ("upgrade memoplan" in diagnostic.help) == (other == abi.ABI + 1)
 
 
+@pytest.mark.slow
 def test_a_committed_module_imports_silently_and_a_future_one_is_refused(tmp_path) -> None:
     code, out, err = _import(GOLDEN)
     assert code == 0 and out.strip() == str(abi.ABI) and err == ""

@@ -194,6 +194,7 @@ SPIKING_PLANS = sorted((ROOT / "plans").glob("spiking*.memplan"))
 
 
 @pytest.mark.parametrize("path", SPIKING_PLANS, ids=lambda p: p.name)
+@pytest.mark.slow
 def test_spiking_plans_train_identically_with_less_memory(path) -> None:
     from memoplan.measure import LiveStorageMeter
     from memoplan.specs import Example

@@ -78,6 +78,7 @@ def test_every_check_diagnostic_with_its_range_and_code(server) -> None:
     assert "did you mean `GiB`" in found[3].message or "`GiB`" in found[3].message
 
 
+@pytest.mark.slow
 def test_notes_and_refusals_of_a_clean_plan(server) -> None:
     text = "memplan 1\nmodule fc { keep }\nbudget 50%\nmemory {\n    static_memory_policy = 2\n}\n"
     expected = check_text(text, FILE).diagnostics  # what `memoplan check` prints about this plan

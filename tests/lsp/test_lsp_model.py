@@ -49,6 +49,7 @@ def _wait_hover(server: Session, uri: str, line: int, character: int, text: str,
     raise AssertionError(f"hover never showed {text!r}: {value}")
 
 
+@pytest.mark.slow
 def test_hover_on_a_selector_lists_its_modules_and_the_winning_rules(server) -> None:
     uri = CNN_PLAN.as_uri()
     server.open(uri, CNN_PLAN.read_text(encoding="utf-8"))
@@ -81,7 +82,8 @@ def test_resolver_diagnostics_with_their_ranges(server) -> None:
 
 
 def test_completion_offers_the_models_paths_and_classes(server) -> None:
-    uri = CNN_PLAN.as_uri()
+    uri = (CNN_PLAN.parent / "lsp-completion-test.memplan").as_uri()  # opened here: no test runs first
+    server.open(uri, CNN_PLAN.read_text(encoding="utf-8"))
     _wait_hover(server, uri, 9, 10, "selects")
     text = CNN_PLAN.read_text(encoding="utf-8") + "module features.\n"
     server.change(uri, text)
@@ -112,6 +114,7 @@ def _rewrite(path: Path, text: str) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a new mtime even on a coarse clock
 
 
+@pytest.mark.slow
 def test_model_is_rebuilt_when_its_file_changes(server, tmp_path: Path) -> None:
     net = tmp_path / "net.py"
     net.write_text(NET.replace("{NAME!r}", repr("a")), encoding="utf-8")
@@ -148,6 +151,7 @@ def test_a_model_that_raises_is_a_diagnostic_at_the_model_line(server, tmp_path:
     assert list(server.diagnostics(uri, server.change(uri, fixed), until=lambda ds: not ds)) == []
 
 
+@pytest.mark.slow
 def test_a_hanging_model_times_out_and_its_process_is_killed(tmp_path: Path) -> None:
     (tmp_path / "slow.py").write_text("import time\n\ndef build():\n    time.sleep(60)\n", encoding="utf-8")
     worker = ModelWorker(timeout=1.5)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from memoplan import cli
 
 PLAN = """memplan 1
@@ -54,6 +56,7 @@ def test_explain_says_what_the_default_peak_slack_left_out(tmp_path, capsys):
     assert "no buffer is in the arena" in out
 
 
+@pytest.mark.slow
 def test_compiled_in_two_processes_with_other_hash_seeds_the_bytes_are_the_same(tmp_path, capsys):
     import os
     import subprocess
@@ -72,6 +75,7 @@ def test_compiled_in_two_processes_with_other_hash_seeds_the_bytes_are_the_same(
     assert texts[0] == texts[1]
 
 
+@pytest.mark.slow
 def test_a_pickled_arena_model_runs_on_the_arena_in_a_fresh_process(tmp_path):
     import subprocess
     import sys

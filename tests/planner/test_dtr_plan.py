@@ -125,6 +125,7 @@ def test_dtr_plans_need_a_byte_budget_and_a_reachable_one():
     assert not hint.met and hint.measured_after < hint.measured_before
 
 
+@pytest.mark.slow
 def test_plan_dtr_cli_writes_a_plan_that_verifies(tmp_path, capsys):
     out = tmp_path / "dtr.memplan"
     spec = ["--model", "memoplan.examples.transformer:build", "--example", "memoplan.examples.transformer:example"]

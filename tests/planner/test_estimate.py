@@ -124,6 +124,7 @@ class _Hungry(torch.nn.Module):
         return torch.relu(self.linear(x))
 
 
+@pytest.mark.slow
 def test_auto_estimates_when_the_step_runs_out_of_memory() -> None:
     model, example = _Hungry(limit=2), Example((torch.randn(8, 4),))
     notes: list[str] = []

@@ -113,6 +113,7 @@ def test_budget_device_is_refused_on_the_cpu(capsys, tmp_path: Path) -> None:
     assert code == 1 and "error[MP509]" in err and "not a device budget" in err
 
 
+@pytest.mark.slow
 def test_written_plans_carry_their_budget_and_verify_checks_it(capsys, tmp_path: Path) -> None:
     out = tmp_path / "p.memplan"
     code, _, _ = run(capsys, "plan", *TRANSFORMER, "--budget", "3 MiB hint", "-o", out)
@@ -124,6 +125,7 @@ def test_written_plans_carry_their_budget_and_verify_checks_it(capsys, tmp_path:
     assert code == 0 and "budget 2.00 MiB" in stdout and "met" in stdout
 
 
+@pytest.mark.slow
 def test_verify_proves_equivalence_on_a_given_smaller_example(capsys, tmp_path: Path) -> None:
     plan = tmp_path / "p.memplan"
     plan.write_text(

@@ -26,6 +26,7 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMOPLAN_CACHE_DIR", str(tmp_path / "cache"))
 
 
+@pytest.mark.slow
 def test_plan_meets_a_hard_budget_by_measurement_and_stays_equivalent(tmp_path, capsys):
     out = tmp_path / "plan.memplan"
     assert main(["plan", *TRANSFORMER, "--budget", "70%", "-o", str(out)]) == 0
@@ -42,6 +43,7 @@ def test_plan_meets_a_hard_budget_by_measurement_and_stays_equivalent(tmp_path, 
     assert report.planned.peak_bytes <= 0.7 * report.unplanned.peak_bytes
 
 
+@pytest.mark.slow
 def test_an_impossible_hard_budget_is_refused_with_the_reachable_minimum(tmp_path, capsys):
     out = tmp_path / "plan.memplan"
     assert main(["plan", *TRANSFORMER, "--budget", "1 KiB", "-o", str(out)]) == 1
@@ -50,6 +52,7 @@ def test_an_impossible_hard_budget_is_refused_with_the_reachable_minimum(tmp_pat
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_hint_budget_writes_the_best_plan_and_says_it_was_missed(tmp_path, capsys):
     out = tmp_path / "plan.memplan"
     assert main(["plan", *TRANSFORMER, "--budget", "1 KiB", "--hint", "-o", str(out)]) == 0
@@ -93,6 +96,7 @@ def example():
 """
 
 
+@pytest.mark.slow
 def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies(tmp_path, capsys):
     (tmp_path / "tiny.py").write_text(TINY_SPIKING)
     model, example = f"{tmp_path / 'tiny.py'}:build", f"{tmp_path / 'tiny.py'}:example"
@@ -182,6 +186,7 @@ def _recompute_seconds(plan_text: str) -> float:
     return float(value) * {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
 
 
+@pytest.mark.slow
 def test_nested_candidates_meet_the_budget_with_less_recompute_and_stay_equivalent(tmp_path, capsys):
     """Blocks or their parts: the exact solver picks attention/MLP regions inside blocks."""
     prof = tmp_path / "profile.json"
@@ -216,6 +221,7 @@ def test_nested_needs_the_optimal_planner_and_a_byte_budget(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_budget_the_estimate_calls_unreachable_but_a_measurement_meets_is_planned(tmp_path, capsys):
     """The cost model overestimates the CNN's least peak (2,591,728 B estimated, 2,378,496 B measured)."""
     cnn = ["--model", "memoplan.examples.cnn:build", "--example", "memoplan.examples.cnn:example"]
@@ -229,6 +235,7 @@ def test_a_budget_the_estimate_calls_unreachable_but_a_measurement_meets_is_plan
     assert after <= limit
 
 
+@pytest.mark.slow
 def test_profiles_from_several_ranks_are_merged_before_planning(tmp_path, capsys):
     a, b = tmp_path / "rank0.json", tmp_path / "rank1.json"
     assert main(["profile", *TRANSFORMER, "-o", str(a)]) == 0
@@ -350,6 +357,7 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
 # ---------------------------------------------------------------- what the written plan says
 
 
+@pytest.mark.slow
 def test_a_written_plan_names_its_model_and_example_so_explain_and_verify_need_no_flags(tmp_path, capsys):
     out = tmp_path / "plans" / "plan.memplan"
     out.parent.mkdir()
@@ -363,6 +371,7 @@ def test_a_written_plan_names_its_model_and_example_so_explain_and_verify_need_n
     assert "verdict: EQUIVALENT" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_file_spec_is_written_relative_to_the_plan_folder(tmp_path, monkeypatch, capsys):
     (tmp_path / "tiny.py").write_text(TINY_SPIKING)
     monkeypatch.chdir(tmp_path)
@@ -378,6 +387,7 @@ def test_a_file_spec_is_written_relative_to_the_plan_folder(tmp_path, monkeypatc
     assert "verdict: EQUIVALENT" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_header_says_what_ran_and_what_the_refined_plan_recomputes(tmp_path, capsys):
     """A coverage budget is taken largest first (no planner search); refinement drops checkpoints."""
     out = tmp_path / "plan.memplan"
@@ -457,6 +467,7 @@ def test_profile_prints_the_per_module_table_largest_saved_bytes_first(tmp_path,
     assert lines[-1].startswith(f"wrote {path}: {len(prof.modules)} modules, unplanned peak {prof.peak_bytes} B")
 
 
+@pytest.mark.slow
 def test_a_hard_budget_whole_blocks_cannot_meet_widens_the_search_to_their_parts(tmp_path, capsys):
     """The bundled transformer's blocks measure 1729432 B at the least (49.4%); their parts reach lower."""
     out = tmp_path / "plan.memplan"
@@ -480,6 +491,7 @@ def build():
 """
 
 
+@pytest.mark.slow
 def test_a_gpt2_that_returns_its_cache_gets_a_bit_exact_plan_below_the_whole_blocks_floor(tmp_path, capsys):
     """Issue 16: whole blocks measure 568584 B at the least (0.67 of 846472 B); parts reach 0.51."""
     pytest.importorskip("transformers")

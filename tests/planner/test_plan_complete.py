@@ -37,6 +37,7 @@ def _rules(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("module ")]
 
 
+@pytest.mark.slow
 def test_the_planner_completes_the_plan_around_its_rules_and_again_changes_nothing(
     tmp_path, transformer_profile, capsys
 ):
@@ -63,6 +64,7 @@ def test_the_planner_completes_the_plan_around_its_rules_and_again_changes_nothi
     assert again.read_text() == text
 
 
+@pytest.mark.slow
 def test_the_sublinear_block_sets_the_search_and_options_override_it(tmp_path, transformer_profile):
     start = tmp_path / "start.memplan"
     block = (
@@ -79,6 +81,7 @@ def test_the_sublinear_block_sets_the_search_and_options_override_it(tmp_path, t
     assert main(["plan", str(start), "--profile", transformer_profile, "--planner", "optimal", "-o", str(out)]) == 2
 
 
+@pytest.mark.slow
 def test_a_dtr_block_keeps_its_candidates_from_the_planner(tmp_path, transformer_profile):
     """The blocks a `dtr` block evicts are its own: completing the plan adds no rule over them."""
     start = tmp_path / "start.memplan"
@@ -92,6 +95,7 @@ def test_a_dtr_block_keeps_its_candidates_from_the_planner(tmp_path, transformer
     assert not any(m.checkpoint for m in resolved.modules if m.path in ("blocks.1", "blocks.2"))
 
 
+@pytest.mark.slow
 def test_options_override_the_plans_budget_and_a_refused_block_writes_nothing(tmp_path, transformer_profile, capsys):
     start = tmp_path / "start.memplan"
     start.write_text(START)

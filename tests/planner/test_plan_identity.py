@@ -130,6 +130,7 @@ def test_a_class_loaded_from_a_file_is_named_by_its_importable_name(tmp_path, on
     assert qualified_type_name(nn.Linear) == "torch.nn.modules.linear.Linear"
 
 
+@pytest.mark.slow
 def test_a_script_run_as_main_applies_a_plan_compiled_from_its_file(tmp_path, monkeypatch):
     root = _repo(tmp_path / "repo", "train_ident_e")
     assert _compile(root, monkeypatch=monkeypatch) == 0

@@ -41,6 +41,7 @@ def _counting(monkeypatch, module, name: str) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 def test_default_plan_estimates_its_trials_and_checks_the_plan_with_one_real_step(tmp_path, capsys, monkeypatch):
     from memoplan.planner import refine
 
@@ -68,6 +69,7 @@ def test_method_measured_takes_every_trial_for_real(tmp_path, monkeypatch):
     assert "# measured peak before:" in text and "# measured peak after:" in text
 
 
+@pytest.mark.slow
 def test_a_missed_check_searches_again_with_real_steps(capsys, monkeypatch):
     model, example = _model_and_example()
     prof = profile(model, example, repeats=1, progress=False)

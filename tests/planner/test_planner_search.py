@@ -255,6 +255,7 @@ def test_optimal_equals_a_byte_dp_on_long_chains(data):
         assert choice.recompute_seconds == pytest.approx(expected, **TOL)
 
 
+@pytest.mark.slow
 def test_optimal_search_is_bounded_and_stays_within_budget():
     """Times exactly proportional to the saving, sizes all distinct: a subset-sum problem."""
     rng = random.Random(5)

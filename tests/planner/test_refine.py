@@ -141,6 +141,7 @@ def _trials(run, level):
 # ---------------------------------------------------------------- the levels
 
 
+@pytest.mark.slow
 def test_split_keeps_segments_that_lower_the_peak_and_reverts_one_that_does_not(mlp_run):
     body, tail = _trials(mlp_run, Level.SPLIT)
     assert (body.modules, body.edit, body.kept) == (("body",), "segments = 2", True)
@@ -161,6 +162,7 @@ def test_unwrap_drops_checkpoints_that_do_not_lower_the_peak_and_keeps_the_rest(
     assert "# refine: dropped the checkpoint of head:" in text
 
 
+@pytest.mark.slow
 def test_narrow_moves_a_checkpoint_to_its_heaviest_child_where_the_peak_allows_it():
     """The last block's checkpoint narrows to its GELU, the first's cannot.
 
@@ -191,6 +193,7 @@ def test_narrow_moves_a_checkpoint_to_its_heaviest_child_where_the_peak_allows_i
     assert report.equivalent and report.planned.peak_bytes == late.after
 
 
+@pytest.mark.slow
 def test_temporal_keeps_chunks_that_lower_the_peak_and_reverts_one_that_does_not(spiking_run):
     trials = _trials(spiking_run, Level.TEMPORAL)
     group = ("blocks.0", "blocks.1")
@@ -258,6 +261,7 @@ def test_the_refined_plan_is_ordinary_text_and_its_peak_is_the_measured_one(run,
     assert all(line.endswith(("kept", "reverted")) for line in lines)
 
 
+@pytest.mark.slow
 def test_make_plan_refines_and_verifies_a_hard_budget_by_measurement():
     torch.manual_seed(0)
     block = lambda: nn.Sequential(nn.Linear(W, W), nn.GELU(), nn.Linear(W, W), nn.GELU())  # noqa: E731

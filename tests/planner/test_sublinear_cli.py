@@ -26,6 +26,7 @@ def _plan(tmp_path, transformer_profile, name: str, *knobs: str) -> str:
     return out.read_text()
 
 
+@pytest.mark.slow
 def test_the_settings_reach_the_search_and_the_header_says_what_the_genetic_search_did(tmp_path, transformer_profile):
     text = _plan(
         tmp_path,
@@ -52,6 +53,7 @@ def test_the_settings_reach_the_search_and_the_header_says_what_the_genetic_sear
     assert "genetic_nr_iter 0" in line and "no genetic refinement" in line
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_write_the_same_plan(tmp_path, transformer_profile):
     knobs = ("--genetic-nr-iter", "3", "--genetic-pool-size", "4")
     one = _plan(tmp_path, transformer_profile, "one.memplan", *knobs, "--num-worker", "1")
@@ -86,6 +88,7 @@ def test_the_summary_says_more_or_less_and_when_nothing_was_gained():
     assert "no genetic refinement" in sublinear_summary(config, _report(0, 0.0, False, generations=0))
 
 
+@pytest.mark.slow
 def test_megengine_environment_variables_are_the_blocks_defaults(tmp_path, transformer_profile, monkeypatch, capsys):
     """MGB_SUBLINEAR_MEMORY_* are read as the sublinear search's defaults, said on stderr; options win."""
     monkeypatch.setenv("MGB_SUBLINEAR_MEMORY_GENETIC_NR_ITER", "2")
@@ -99,6 +102,7 @@ def test_megengine_environment_variables_are_the_blocks_defaults(tmp_path, trans
     assert "MGB_SUBLINEAR_MEMORY_LOWER_BOUND_MB read as the sublinear search's default lb_memory = 1 MiB" in err
 
 
+@pytest.mark.slow
 def test_megengine_environment_variables_are_never_ignored(tmp_path, transformer_profile, monkeypatch, capsys):
     out = tmp_path / "p.memplan"
     args = ["plan", *TRANSFORMER, "--profile", transformer_profile, "--budget", "60%"]

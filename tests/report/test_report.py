@@ -48,6 +48,7 @@ def _verify_peaks(capsys) -> tuple[int, int]:
     return int(found[1]), int(found[2])
 
 
+@pytest.mark.slow
 def test_report_sections_plots_and_peaks_equal_verify(cnn_report, capsys):
     text = cnn_report.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
@@ -84,6 +85,7 @@ def test_report_sections_plots_and_peaks_equal_verify(cnn_report, capsys):
     assert all(by_module[f"features.{i}"]["after"] < by_module[f"features.{i}"]["before"] for i in (1, 2, 3, 4))
 
 
+@pytest.mark.slow
 def test_sweep_for_a_plan_with_a_budget(tmp_path, capsys):
     plan = write(
         tmp_path,
@@ -143,6 +145,7 @@ def test_a_plan_that_does_not_resolve_gives_checks_diagnostics_and_no_file(tmp_p
     assert list(tmp_path.iterdir()) == [plan] or sorted(p.name for p in tmp_path.iterdir()) == ["bad.memplan", "cache"]
 
 
+@pytest.mark.slow
 def test_a_dtr_block_gets_its_section(tmp_path, capsys):
     plan = write(
         tmp_path,
@@ -255,6 +258,7 @@ def _browser() -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_report_renders_in_a_headless_browser(cnn_report, tmp_path):
     from matplotlib.image import imread
 
@@ -354,6 +358,7 @@ def test_spikingjelly_is_a_peer_where_it_applies():
     assert 0 < point["peak_bytes"] < prof.peak_bytes and point["step_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_torch_compile_is_a_peer_with_its_own_metered_peak():
     import torch
     from torch import nn
@@ -377,6 +382,7 @@ def test_torch_compile_is_a_peer_with_its_own_metered_peak():
     assert 0.5 * eager < points[1.0]["peak_bytes"] < 2 * eager
 
 
+@pytest.mark.slow
 def test_hostile_module_names_are_escaped_in_the_page_and_the_plots(tmp_path, capsys):
     write(
         tmp_path,

@@ -51,6 +51,7 @@ def test_empty_path_parses_alone_and_formats_back():
     assert "alone selects the model itself" in info.value.diagnostics[0].help
 
 
+@pytest.mark.slow
 def test_root_segments_run_the_chain_in_regions_bit_exact():
     model, x = _chain(), torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
     plan = _plan('module "" { checkpoint segments = 4 }\n')

@@ -128,6 +128,7 @@ def test_every_policy_changes_the_resolved_plan(policy):
     assert getattr(resolved.module(path), field) is not None
 
 
+@pytest.mark.slow
 def test_the_budget_acts_in_verify_and_check_says_so(tmp_path, capsys):
     plan = tmp_path / "p.memplan"
     plan.write_text(HEAD + "module features.* : ConvBlock { checkpoint }\nbudget 1 MiB hard\n")

@@ -166,6 +166,7 @@ def assert_equal(ref: dict, got: dict) -> None:
     assert torch.equal(ref["rng"], got["rng"])
 
 
+@pytest.mark.slow
 def test_aot_eager_planned_model_matches_eager_planned_and_unplanned(encoded):
     net = build()
     ref = train(copy.deepcopy(net), None)
@@ -182,6 +183,7 @@ def test_aot_eager_planned_model_matches_eager_planned_and_unplanned(encoded):
     assert_equal(ref, train(copy.deepcopy(net), "aot_eager"))  # and the unplanned compiled model
 
 
+@pytest.mark.slow
 def test_eager_backend_planned_model_matches_without_batchnorm_and_dropout(encoded):
     net = build(batchnorm=False, dropout=0.0)
     ref = train(copy.deepcopy(net), None)

@@ -170,6 +170,7 @@ FAST = {"transformer-nested", "transformer-memory", "spiking-segments"}  # under
 
 
 @pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
+@pytest.mark.slow
 def test_policy_under_compile(case):
     build, _example, rules, expected = CASES[case]
     model, base, ref = unplanned(build)

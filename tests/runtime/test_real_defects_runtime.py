@@ -163,6 +163,7 @@ def test_pickling_other_bound_methods_is_unchanged_and_a_local_forward_is_refuse
     assert caught.value.codes == ["MP409"] and "memoplan.remove(model)" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_planned_model_loads_planned_in_a_fresh_process(tmp_path):
     """The generated module apply() imported from its cache is not importable there: its source travels."""
     from memoplan.examples import cnn

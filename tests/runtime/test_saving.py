@@ -92,6 +92,7 @@ def test_every_family_names_real_aten_ops():
 
 
 @pytest.mark.parametrize("ops", ["matmul", "matmul, attention", "conv", "attention, conv, matmul"])
+@pytest.mark.slow
 def test_saving_is_bit_equal_and_keeps_more_than_a_plain_checkpoint(ops):
     torch.manual_seed(0)
     model, example = _Net(), Example((torch.randn(512, 64),))
@@ -127,6 +128,7 @@ class _PeakInTheStem(nn.Module):
         return self.blocks(self.stem(x))
 
 
+@pytest.mark.slow
 def test_the_save_level_keeps_op_saving_where_the_peak_does_not_rise():
     from memoplan.planner.config import Level, RefineOptions
     from memoplan.planner.refine import measure_plan, refine
