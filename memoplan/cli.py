@@ -82,9 +82,7 @@ def _report(error: PlanError) -> None:
     print(summary, file=sys.stderr)
 
 
-def _progress(message: str) -> None:
-    OUTPUT.progress(message)  # -q silences it, -v times it
-    isolate.note(message)  # under --isolate: the step the parent names if the model's code crashes
+_progress = cli_output.progress
 
 
 def _load(path: Path):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memoplan import isolate
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
 
 FORMATS = ("text", "json", "github")
@@ -434,3 +435,10 @@ def _arena_details(check: Any) -> dict[str, Any]:
             "arena": {"count": check.arena_allocations.count, "bytes": check.arena_allocations.bytes},
         },
     }
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (``-q`` silences it, ``-v`` times it), also the step an
+    ``--isolate`` parent names if the model's code crashes after it."""
+    OUTPUT.progress(message)
+    isolate.note(message)

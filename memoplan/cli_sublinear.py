@@ -3,16 +3,24 @@ plan's `sublinear` block, over ``MGB_SUBLINEAR_MEMORY_*`` variables (for users c
 
 from __future__ import annotations
 
-from memoplan import cli_output, isolate
+from memoplan.cli_output import progress as _progress
 from memoplan.cli_parser import SUBLINEAR_OPTIONS
 from memoplan.diagnostics import Diagnostic, PlanError
 
 __all__ = ["sublinear_config", "sublinear_env_config"]
 
 
-def _progress(message: str) -> None:
-    cli_output.OUTPUT.progress(message)
-    isolate.note(message)
+def _block_config(text: str, origin: str):
+    """The settings of the one `sublinear` block in ``text`` (a plan written from options or
+    variables), checked as the language checks a block: a bad value is the same diagnostic."""
+    from memoplan.syntax import ast, parse_with_diagnostics
+    from memoplan.syntax.blocks import config_of
+
+    plan, diagnostics = parse_with_diagnostics(text, origin)
+    if plan is None or any(d.is_error for d in diagnostics):
+        raise PlanError(tuple(diagnostics), text)
+    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
+    return config_of(block)
 
 
 def sublinear_config(args, block=None):
@@ -24,7 +32,6 @@ def sublinear_config(args, block=None):
     """
     from dataclasses import replace
 
-    from memoplan.syntax import ast, parse_with_diagnostics
     from memoplan.syntax.blocks import config_of
 
     base = None if block is None else config_of(block)
@@ -39,12 +46,7 @@ def sublinear_config(args, block=None):
         if any(c in value for c in ";{}#=\\\n\r"):
             raise PlanError((Diagnostic("MP202", f"`--{key.replace('_', '-')} {value}` is not one value"),))
     entries = "; ".join(f"{key} = {value}" for key, value in given.items())
-    text = f"memplan 1\nsublinear {{ {entries} }}\n"
-    plan, diagnostics = parse_with_diagnostics(text, "<command line>")
-    if plan is None or any(d.is_error for d in diagnostics):
-        raise PlanError(tuple(diagnostics), text)
-    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
-    options = config_of(block)
+    options = _block_config(f"memplan 1\nsublinear {{ {entries} }}\n", "<command line>")
     return options if base is None else replace(base, **{key: getattr(options, key) for key in given})
 
 
@@ -57,8 +59,6 @@ def sublinear_env_config(args, block):
     import os
 
     from memoplan.planner.mgb_env import sublinear_env
-    from memoplan.syntax import ast, parse_with_diagnostics
-    from memoplan.syntax.blocks import config_of
 
     env = sublinear_env(os.environ)
     if not env:
@@ -68,10 +68,7 @@ def sublinear_env_config(args, block):
         _progress(f"note: {names} not used: the sublinear search reads it (--planner sublinear)")
         return None
     text = "memplan 1\nsublinear { " + "; ".join(f"{key} = {value}" for key, (_, value) in env.items()) + " }\n"
-    plan, diagnostics = parse_with_diagnostics(text, "<environment>")
-    if plan is None or any(d.is_error for d in diagnostics):
-        raise PlanError(tuple(diagnostics), text)
+    config = _block_config(text, "<environment>")
     for key, (name, value) in env.items():
         _progress(f"note: {name} read as the sublinear search's default {key} = {value}")
-    (block,) = [s for s in plan.statements if isinstance(s, ast.ConfigBlock)]
-    return config_of(block)
+    return config
