@@ -26,7 +26,6 @@ matrix product measured on the device.
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import sys
 import time
@@ -49,6 +48,7 @@ from memoplan.planner.profile import (
     as_example,
     input_metas,
     module_profile,
+    on_device,
     profile,
     tensor_bytes,
     unique_storages,
@@ -202,14 +202,7 @@ def estimate(
     """
     if note is None:
         note = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda line: None)
-    example = as_example(example)
-    here = step_device(model, example.args, example.kwargs)
-    target = torch.device(device) if device is not None else here
-    if target.type == "cuda" and target.index is None:
-        target = torch.device("cuda", torch.cuda.current_device())
-    if target != here:
-        model = copy.deepcopy(model).to(target)
-        example = example.to(target)
+    model, example, target = on_device(model, as_example(example), device)
     note(f"estimating on fake tensors ({describe_example(example)})")
     full = fake_step(model, example, target, loss_fn)
     options: dict[str, Any] = {"repeats": repeats, "progress": progress, "loss_fn": loss_fn}

@@ -92,6 +92,7 @@ from memoplan.version import __version__
 # The profile's records, JSON, merging and candidate chains live in memoplan.planner.schema; they
 # are re-exported here, so ``from memoplan.planner.profile import Profile, chain`` keeps working.
 __all__ = [
+    "on_device",
     "FORMAT_VERSION",
     "ChainLink",
     "ModuleProfile",
@@ -109,7 +110,7 @@ __all__ = [
 # ---------------------------------------------------------------- profile()
 
 
-def _on_device(
+def on_device(
     model: nn.Module, example: Example, device: torch.device | str | None
 ) -> tuple[nn.Module, Example, torch.device]:
     """``model`` and ``example`` on ``device`` (default: where the step runs now), as deep copies
@@ -179,7 +180,7 @@ def profile(
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, not {repeats!r}")
-    model, example, target = _on_device(model, as_example(example), device)
+    model, example, target = on_device(model, as_example(example), device)
 
     # On CUDA a process's first steps allocate what then stays (cuBLAS workspaces, compiled
     # and autotuned kernels): measured cold, the unplanned peak would carry them, and every
