@@ -87,11 +87,7 @@ def compare(name: str, expected: Mapping[str, Any], actual: Mapping[str, Any], r
     """Compare two tables of named values leaf by leaf; ``expected`` is the unplanned run's."""
     a, b = flatten(expected), flatten(actual)
     scale = max(
-        (
-            v.detach().double().abs().nan_to_num(nan=0.0).max().item()
-            for v in a.values()
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()
-        ),
+        (_magnitude(v) for v in a.values() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()),
         default=0.0,
     )
     differences: list[str] = []
@@ -109,6 +105,15 @@ def compare(name: str, expected: Mapping[str, Any], actual: Mapping[str, Any], r
         (within if close is not None and close <= rtol * scale else differences).append(f"{key}: {line}")
     compared = sum(1 for v in a.values() if not isinstance(v, _Kind))
     return Check(name, compared, tuple(differences), tuple(within), largest)
+
+
+def _magnitude(v: torch.Tensor) -> float:
+    """The largest finite-or-infinite magnitude in ``v``, NaN ignored, without a copy of ``v``
+    (``aminmax``) unless it holds NaN."""
+    low, high = (t.item() for t in v.detach().aminmax())
+    if math.isnan(low) or math.isnan(high):
+        return v.detach().double().abs().nan_to_num(nan=0.0).max().item()
+    return max(abs(low), abs(high))
 
 
 def _difference(x: Any, y: Any, scale: float, category: str) -> tuple[str | None, float | None]:

@@ -33,13 +33,14 @@ from torch import nn
 
 from memoplan import api
 from memoplan.compare import Check, compare
-from memoplan.diagnostics import Diagnostic, Severity
+from memoplan.diagnostics import Diagnostic, PlanError, Severity
 from memoplan.graphs import Capture, CountingBackend
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, measured_step, step_device, training_step
 from memoplan.memonger.measure import Allocations, count_allocations
 from memoplan.memonger.probe import allocated_inside
 from memoplan.planner.budgets import budget_from_ast
+from memoplan.planner.copies import changed_parameters, parameter_versions, sharing_copy
 from memoplan.planner.shrink import StepOutOfMemory, out_of_memory_as
 from memoplan.resolver import resolve
 from memoplan.runtime.arena import arena_state
@@ -152,10 +153,10 @@ def verify(
     """
     if compile is not None:
         return _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, compile)
-    resolved, rtol, reference, planned, example, where = _prepared(model, plan, example, rtol, device)
     if compare_example is not None:
-        del reference, planned
+        resolved, rtol, example, where = _settings(model, plan, example, rtol, device)
         return _verify_smaller(model, device, resolved, example, compare_example, seed, loss_fn, rtol, where)
+    resolved, rtol, reference, planned, example, where = _prepared(model, plan, example, rtol, device)
     too_large = False
     try:
         with _reproducible(where) as nondeterministic:
@@ -259,14 +260,17 @@ def _verify_smaller(
     from memoplan.planner.estimate import fake_step
     from memoplan.planner.shrink import describe_example, shrinking
 
-    pristine = copy.deepcopy(model)
+    # The copies share the model's weights (sharing_copy): one copy of them in memory, not three.
+    pristine = sharing_copy(model)
     if device is not None:
         pristine.to(device)
-    planned = api.apply(copy.deepcopy(pristine), resolved, warn=False)
+    versions = parameter_versions(pristine)
+    planned = api.apply(sharing_copy(pristine), resolved, warn=False)
     with _reproducible(where) as nondeterministic, out_of_memory_as("planned"):
         if resolved.dtr is not None:
             dtr_stats(planned, reset=True)
         full = _run(planned, example, seed, loss_fn)
+    _weights_unchanged(pristine, versions, "planned")
     evictions = dtr_stats(planned) if resolved.dtr is not None else None
     memory = full.memory
     del full, planned
@@ -274,10 +278,13 @@ def _verify_smaller(
     unplanned = StepMemory(peak_bytes=estimate.peak_bytes, device=str(where), method="fake-tensor")
 
     def both(small: Example) -> tuple[_Run, _Run]:
-        ref = copy.deepcopy(pristine)
-        plan = api.apply(copy.deepcopy(pristine), resolved, warn=False)
+        # One copy at a time: the unplanned step's copy is gone (its gradients kept) before the planned one's.
         with _reproducible(where):
-            return _run(ref, small, seed, loss_fn), _run(plan, small, seed, loss_fn)
+            before = _run(sharing_copy(pristine), small, seed, loss_fn)
+            _weights_unchanged(pristine, versions, "unplanned")
+            after = _run(api.apply(sharing_copy(pristine), resolved, warn=False), small, seed, loss_fn)
+            _weights_unchanged(pristine, versions, "planned")
+        return before, after
 
     if smaller is None:
         smaller, (before, after) = shrinking(example, both)
@@ -299,19 +306,43 @@ def _verify_smaller(
     )
 
 
-def _prepared(model: nn.Module, plan, example: Example, rtol: float | None, device):
-    """What both steps start from: the resolved plan, the tolerance (``rtol``, else the plan's
-    default), a copy of ``model`` on ``device`` and a planned copy of it, the example there, and
-    the device the step runs on."""
+def _weights_unchanged(model: nn.Module, versions: dict[str, int], step: str) -> None:
+    """MP412 when the ``step`` wrote a parameter in place: copies that share weights cannot be compared."""
+    changed = changed_parameters(model, versions)
+    if changed:
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP412",
+                    f"the {step} step wrote the parameter `{changed[0]}` in place"
+                    + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""),
+                    help="verify without the full-size unplanned step shares the model's weights between its "
+                    "copies, so a step must not change them (an optimizer step belongs outside the model's forward)",
+                ),
+            )
+        )
+
+
+def _settings(model: nn.Module, plan, example: Example, rtol: float | None, device):
+    """The resolved plan, the tolerance (``rtol``, else the plan's default), the example on
+    ``device`` and the device the steps run on."""
     resolved = plan if isinstance(plan, ResolvedPlan) else resolve(api.as_plan(plan), model)
     if rtol is None:
         rtol = CHUNK_RTOL if any(m.temporal_chunk for m in resolved.modules) else 0.0
+    if device is None:
+        return resolved, rtol, example, step_device(model, example.args, example.kwargs)
+    return resolved, rtol, example.to(device), torch.empty(0, device=device).device  # cuda -> cuda:0
+
+
+def _prepared(model: nn.Module, plan, example: Example, rtol: float | None, device):
+    """What both steps start from: :func:`_settings`' figures, a copy of ``model`` on ``device``
+    and a planned copy of it."""
+    resolved, rtol, example, where = _settings(model, plan, example, rtol, device)
     reference = copy.deepcopy(model)
     if device is not None:
         reference.to(device)
-        example = example.to(device)
     planned = api.apply(copy.deepcopy(reference), resolved, warn=False)
-    return resolved, rtol, reference, planned, example, step_device(reference, example.args, example.kwargs)
+    return resolved, rtol, reference, planned, example, where
 
 
 def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend: str) -> VerifyReport:
@@ -451,20 +482,6 @@ def _warm_up(reference: nn.Module, planned: nn.Module, example: Example, loss_fn
         for model in (reference, planned):
             training_step(copy.deepcopy(model), example.args, example.kwargs, loss_fn)
     torch.cuda.synchronize(device)
-
-
-def _checks(before: _Run, after: _Run, rtol: float) -> tuple[Check, ...]:
-    return (
-        compare("outputs", {"outputs": before.output}, {"outputs": after.output}, rtol),
-        compare("gradients", before.grads, after.grads, rtol),
-        compare("buffers", before.buffers, after.buffers, rtol),
-        compare("rng state", before.rng, after.rng, 0.0),
-        Check(
-            "state_dict keys",
-            len(before.keys),
-            () if before.keys == after.keys else ("keys differ",),
-        ),
-    )
 
 
 def _run(model: nn.Module, example: Example, seed: int, loss_fn, run: nn.Module | None = None) -> _Run:

@@ -168,3 +168,50 @@ def test_a_chunked_plan_out_of_tolerance_gets_the_flipped_spike_hint():
         report, rtol=5e-5, checks=(dataclasses.replace(report.checks[0], differences=("output[0]: differs",)),)
     )
     assert "flipped spikes" in render_report(failed)
+
+
+class _Wide(torch.nn.Module):
+    """Mostly weights: 4 MiB of them, against a few KiB of activations at batch 8."""
+
+    def __init__(self, edit_weight: bool = False) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(1024, 512), torch.nn.Linear(512, 1024)
+        self.edit_weight = edit_weight
+
+    def forward(self, x):
+        if self.edit_weight:
+            with torch.no_grad():
+                self.fc1.weight.mul_(1.0)  # an in-place write of a weight, inside the forward
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_verify_on_a_smaller_example_holds_one_copy_of_the_weights():
+    """Without the full-size unplanned step, verify's copies share the model's weights:
+    its live storage stays under three times the weights (their gradients in the full-size
+    planned step, then in the small unplanned and planned steps); full copies held six."""
+    from memoplan.measure import LiveStorageMeter
+
+    torch.manual_seed(0)
+    model = _Wide()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    before = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    plan = "memplan 1\nmodule fc1 { checkpoint }\n"
+    with LiveStorageMeter() as meter:
+        report = verify(model, plan, Example((torch.randn(8, 1024),)), compare_example=Example((torch.randn(2, 1024),)))
+    assert report.exact and report.compared_on is not None
+    assert 2 * weights < meter.peak_bytes < 3 * weights, (meter.peak_bytes, weights)
+    assert all(torch.equal(before[n], t) for n, t in model.state_dict().items())  # the model is as it was
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_step_that_writes_a_weight_in_place_is_mp412_when_verify_shares_the_weights():
+    torch.manual_seed(0)
+    with pytest.raises(memoplan.PlanError) as raised:
+        verify(
+            _Wide(edit_weight=True),
+            "memplan 1\nmodule fc1 { checkpoint }\n",
+            Example((torch.randn(8, 1024),)),
+            compare_example=Example((torch.randn(2, 1024),)),
+        )
+    (diagnostic,) = raised.value.diagnostics
+    assert diagnostic.code == "MP412" and "`fc1.weight` in place" in diagnostic.message

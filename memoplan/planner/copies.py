@@ -26,3 +26,32 @@ def unplanned_copy(model: nn.Module) -> nn.Module:
         for m, state in states:
             load_state(m, state)
     return api.remove(clone)
+
+
+def sharing_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose parameters share the model's storage: no second copy of the
+    weights, while each copy's gradients, buffers and module state are its own.
+
+    A training step reads its parameters and writes only their ``.grad``, so steps of several
+    such copies start from the same weights as steps of full copies would.  Each copied
+    parameter is a new ``nn.Parameter`` on the same storage (its ``requires_grad`` kept, no
+    ``.grad``, as ``copy.deepcopy`` gives); parameters of other types are deep-copied.  Moving
+    the copy to another device (``.to``) moves the copy only.  :func:`changed_parameters` tells
+    whether a step wrote the shared storage after all (a model that edits a weight in place).
+    """
+    memo: dict[int, object] = {
+        id(p): nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+        for p in model.parameters()
+        if type(p) is nn.Parameter
+    }
+    return copy.deepcopy(model, memo)
+
+
+def parameter_versions(model: nn.Module) -> dict[str, int]:
+    """Each parameter's version counter (bumped by every in-place write), by name."""
+    return {name: p._version for name, p in model.named_parameters()}
+
+
+def changed_parameters(model: nn.Module, versions: dict[str, int]) -> list[str]:
+    """The parameters of ``model`` written in place since ``versions`` (:func:`parameter_versions`)."""
+    return [name for name, p in model.named_parameters() if versions.get(name, p._version) != p._version]
