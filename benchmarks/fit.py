@@ -239,6 +239,12 @@ def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
                 "seconds": seconds,
                 "in_unplanned_steps": None if not unit else seconds / unit,
                 "tail": tail,
+                # verify's own lines: the peaks, the example each line used, the verdict
+                "report": [
+                    line.strip()
+                    for line in done.stdout.splitlines()
+                    if line.startswith(("peak memory", "equivalence", "verdict", "  tensors:"))
+                ],
             }
         plan_text = (Path(folder) / "fit.memplan").read_text() if (Path(folder) / "fit.memplan").exists() else ""
     header = {
