@@ -257,7 +257,7 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
         return PlanResult(plan, choice, prof.peak_bytes, prof.peak_bytes, None, True)
     what, best = min(found, key=lambda f: f[1].measured_after)
     others = "; ".join(f"{w}: {r.measured_after} B" for w, r in found)
-    skip = ("# budget", "# widened:", "# status:", "# note:", "# estimated peak after:")
+    skip = ("# budget", "# widened:", "# status:", "# note:", "# cost model, peak after:")
     lines = [line for line in best.plan.header_comments.leading if not line.startswith(skip)]
     at = next((i for i, line in enumerate(lines) if line.startswith("# planner:")), len(lines))
     lines[at + 1 : at + 1] = [
@@ -771,7 +771,7 @@ def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> 
     if least_measured:
         reach = (
             f"the least-peak plan checkpointing reaches measures {peak} B ({peak / 2**20:.2f} MiB; "
-            f"estimated {minimum} B)"
+            f"the planner's cost model put it at {minimum} B)"
         )
     else:
         reach = f"the smallest peak reachable by checkpointing is about {minimum} B ({minimum / 2**20:.2f} MiB)"

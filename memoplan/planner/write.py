@@ -63,12 +63,12 @@ def provenance(command: str, prof: Profile) -> dict[str, str]:
 
 
 def describe(choice: Choice) -> dict[str, str]:
-    """Provenance entries a planner knows: planner, budget, estimated peak before/after, recompute."""
+    """Provenance entries a planner knows: planner, budget, the cost model's peaks before and after, recompute."""
     entries = {"planner": choice.planner}
     if choice.budget is not None:
         entries["budget"] = choice.budget.describe(choice.unplanned_peak)
-    entries["estimated peak before"] = f"{format_size(choice.unplanned_peak)} ({choice.unplanned_peak} B)"
-    entries["estimated peak after"] = f"{format_size(choice.estimated_peak)} ({choice.estimated_peak} B)"
+    entries["cost model, peak before"] = f"{format_size(choice.unplanned_peak)} ({choice.unplanned_peak} B)"
+    entries["cost model, peak after"] = f"{format_size(choice.estimated_peak)} ({choice.estimated_peak} B)"
     entries["recompute"] = recompute_line(
         choice.recompute_seconds,
         len(choice.checkpointed),
