@@ -256,11 +256,11 @@ def _verify_smaller(
 ) -> VerifyReport:
     """Verify without the full-size unplanned step: the planned step measured at full size, the
     unplanned peak estimated on fake tensors, equivalence on ``smaller`` (default: the example's
-    batch halved until both steps fit), each on fresh copies from the same state."""
+    batch halved until both steps fit), each on a fresh copy from the same state, one at a time; the
+    copies share the model's weights (:func:`sharing_copy`), so the weights are in memory once."""
     from memoplan.planner.estimate import fake_step
     from memoplan.planner.shrink import describe_example, shrinking
 
-    # The copies share the model's weights (sharing_copy): one copy of them in memory, not three.
     pristine = sharing_copy(model)
     if device is not None:
         pristine.to(device)
