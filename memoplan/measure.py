@@ -137,13 +137,31 @@ class LiveStorageMeter(TorchDispatchMode):
 def _storages(tree: Any) -> Iterator[torch.UntypedStorage]:
     """Each distinct storage behind the dense tensors in a nested structure."""
     seen: set[int] = set()
-    for leaf in pytree.tree_leaves(tree):
+    for leaf in _leaves(tree):
         if not isinstance(leaf, torch.Tensor) or leaf.layout is not torch.strided:
             continue
         storage = leaf.untyped_storage()
         if id(storage) not in seen:
             seen.add(id(storage))
             yield storage
+
+
+def _leaves(tree: Any) -> Iterator[Any]:
+    """The leaves of an op's arguments or results: a tensor, tuples and lists (of tensors, of
+    lists), a dict's values; anything else through pytree.  The meter's hot path: the ops'
+    arguments are flat, and a pytree walk of each costs more than the op on small tensors."""
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif type(tree) in (tuple, list):
+        for item in tree:
+            yield from _leaves(item)
+    elif type(tree) is dict:
+        for item in tree.values():
+            yield from _leaves(item)
+    elif tree is None or isinstance(tree, (int, float, bool, str, torch.dtype, torch.device)):
+        return
+    else:
+        yield from pytree.tree_leaves(tree)
 
 
 @dataclass(frozen=True)
