@@ -46,6 +46,7 @@ from memoplan.planner.profile import (
     Record,
     Restored,
     as_example,
+    binary_inputs,
     input_metas,
     module_profile,
     on_device,
@@ -153,7 +154,7 @@ def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> 
     """A profile whose bytes are found on fake tensors (exact on every model tested) and whose
     times are measured: one real timed step at the full size, then the fake step (the real step
     first: one that does not fit fails before the fake step takes any room), and whether each
-    module's inputs are binary from a real probe of the example cut to batch 1.  The whole
+    module's inputs are binary from a real forward (no grad) of the example cut to batch 1.  The whole
     measured profile when it runs on another device (a moved copy) or the step cannot run on
     fake tensors."""
     timed = profile(model, example, **options, peak_bytes=0, probe=False)
@@ -171,11 +172,11 @@ def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> 
     tiny = full
     while (smaller := shrink(tiny)) is not None:
         tiny = smaller
-    seen = profile(model, tiny, repeats=1, progress=False, loss_fn=options.get("loss_fn"), peak_bytes=0)
+    seen = binary_inputs(model, tiny, target)
     modules = []
     for name, module in model.named_modules():
         record = fake.records.get(id(module), Record())
-        binary = name in seen and seen[name].input_binary and record.calls > 0
+        binary = seen.get(id(module), False) and record.calls > 0
         modules.append(module_profile(name, module, record, timed[name].forward_seconds, binary))
     return replace(
         timed, modules=tuple(modules), peak_bytes=fake.peak_bytes, unattributed_saved_bytes=fake.unattributed

@@ -541,6 +541,17 @@ class Snapshot:
         random.setstate(self.rng_python)
 
 
+def binary_inputs(model: nn.Module, example: Example, device: torch.device) -> dict[int, bool]:
+    """Per module (by ``id``): whether the tensor inputs of its every call were binary, found by
+    one forward of ``example`` in train mode without grad (values are what counts: no backward
+    is needed); the model is left as it was."""
+    with Restored(model, example, device):
+        probe = Probe(model, device)
+        with probe, torch.no_grad():
+            model(*example.args, **dict(example.kwargs))
+    return {key: record.binary for key, record in probe.records.items()}
+
+
 class Restored(Snapshot):
     """The snapshot around a whole profile, which runs in train mode.
 
