@@ -20,8 +20,9 @@ profile``, ``plan`` and ``verify`` of the model run by the CLI in a subprocess w
 is limited (``RLIMIT_AS``, tests/_limited.py) to what it uses before the model is built (transformers
 imported) plus
 (parameters + unplanned peak) / F: the unplanned step needs F times the room the limit leaves.  Wall times are
-counted in unplanned steps: one plain training step of the model (no meter), timed here without
-the limit.
+counted in unplanned steps: the median of ``--unit-steps`` plain training steps of the model (no
+meter), timed here without the limit.  ``--rounds R`` runs each ``--default-plan`` budget R times
+and keeps the run of median total time (every total in ``totals_seconds``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="F",
         help="profile, plan, verify under an address-space limit F times too small",
     )
+    parser.add_argument("--unit-steps", type=int, default=3, help="plain steps whose median is the unit")
+    parser.add_argument("--rounds", type=int, default=1, help="--default-plan: runs per budget (the median kept)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
 
@@ -101,15 +105,19 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - start
         result["real_step"] = {"peak_bytes": real, "seconds": seconds, "error": (fake.peak_bytes - real) / real}
         model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        training_step(model, example.args, {})
-        result["plain_step_seconds"] = time.perf_counter() - start  # the unit of the multiples below
-        model.zero_grad(set_to_none=True)
+        plain = []
+        for _ in range(args.unit_steps):
+            start = time.perf_counter()
+            training_step(model, example.args, {})
+            plain.append(time.perf_counter() - start)
+            model.zero_grad(set_to_none=True)
+        result["plain_steps_seconds"] = plain
+        result["plain_step_seconds"] = statistics.median(plain)  # the unit of the multiples below
     unit = result.get("plain_step_seconds")
     if args.limited:
         result["limited"] = _limited_run(args, fake.peak_bytes, unit)
     elif args.default_plan:
-        result["plans"] = [_default_plan(model, example, share, unit) for share in args.budgets]
+        result["plans"] = [_rounds(model, example, share, unit, args.rounds) for share in args.budgets]
     else:
         start = time.perf_counter()
         prof = estimate(model, example, repeats=1, progress=False)
@@ -187,6 +195,14 @@ def _default_plan(model, example, share: float, unit: float | None) -> dict[str,
         else (estimated_after - planned.measured_after) / planned.measured_after,
         "checkpoints": planned.regions,
     }
+
+
+def _rounds(model, example, share: float, unit: float | None, rounds: int) -> dict[str, object]:
+    """:func:`_default_plan` ``rounds`` times: the run of median total time, with every total."""
+    runs = sorted((_default_plan(model, example, share, unit) for _ in range(rounds)), key=lambda r: r["total_seconds"])
+    kept = dict(runs[len(runs) // 2])
+    kept["totals_seconds"] = [r["total_seconds"] for r in runs]
+    return kept
 
 
 def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
