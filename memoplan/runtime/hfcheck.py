@@ -64,12 +64,27 @@ def unwatch(model: nn.Module) -> None:
 def _before_forward(model: nn.Module, args: Any) -> None:
     # A plain function looking the record up, so that a deep copy or a loaded pickle runs its own.
     record = model.__dict__.get(WATCH_ATTR)
-    if not isinstance(record, _Watch) or record.done or not (model.training and torch.is_grad_enabled()):
+    if not isinstance(record, _Watch) or not (model.training and torch.is_grad_enabled()):
+        return
+    if torch.compiler.is_compiling():
+        # Traced: the switches are read (and guarded), `done` is not: a guard on it would
+        # recompile the model at its second call.  Only a model whose switch is on calls out.
+        if own_checkpointing(model):
+            _look_once(model, record)
+        return
+    _look_once(model, record)
+
+
+@torch.compiler.disable
+def _look_once(model: nn.Module, record: _Watch) -> None:
+    """Warn at the first look that finds the model's own checkpointing on; run eagerly even
+    under ``torch.compile``, so that ``done`` is a plain flag."""
+    if record.done:
         return
     record.done = True
     own = own_checkpointing(model)
     if own:
-        warnings.warn(MemoplanWarning(_diagnostic(own, record)), stacklevel=3)
+        warnings.warn(MemoplanWarning(_diagnostic(own, record)), stacklevel=5)
 
 
 def _diagnostic(own: list[str], record: _Watch) -> Diagnostic:
