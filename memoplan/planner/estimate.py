@@ -306,7 +306,7 @@ def fake_step(
     model: nn.Module, example: Example, target: torch.device, loss_fn: LossFn | None = None, *, peak_only: bool = False
 ) -> FakeStep:
     """One training step of ``model`` on fake tensors: its peak, probe and FLOPs; model left as it was.
-    ``peak_only``: the peak alone (no probe records, no FLOPs: a planned trial's, about a third faster).
+    ``peak_only``: the peak alone (no probe records, no FLOPs: what a planned trial needs).
 
     Code that branches on whether it is being traced (transformers skips a causal mask for real
     data and builds one for fake tensors) is shown real tensors' branch first; when that branch
