@@ -640,7 +640,12 @@ def _write_plan(args, start, preset, result, model, example, prof) -> None:
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     _cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
     verdict = "met" if result.met else "NOT met (hint)"
-    if prof.method == "estimated":
+    if prof.shards > 1:  # no sharded step runs here: both are one rank's, on fake tensors
+        peaks = (
+            f"per rank of {prof.shards}, on fake tensors: unplanned peak {result.measured_before} B "
+            f"-> planned peak {result.measured_after} B"
+        )
+    elif prof.method == "estimated":
         peaks = (
             f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
         )

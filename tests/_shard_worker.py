@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import weakref
 from pathlib import Path
 
 import torch  # noqa: F401 - torch loads before the address-space limit is set
@@ -35,9 +36,43 @@ def address_space() -> int:
     raise RuntimeError("no VmSize in /proc/self/status")
 
 
+class ResizeAwareMeter(LiveStorageMeter):
+    """memoplan's live-storage meter, re-reading every live storage's size after each op.
+
+    FSDP2 frees an all-gathered block by resizing its storage to 0 bytes and gathers it again
+    into the same storage (``UntypedStorage.resize_``, which no dispatch mode sees): the plain
+    meter counts such a storage at its last size seen by an op.  Here a storage counts what it
+    holds now, so the peak is what the rank really holds (slow: for these tests only).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._storages: dict[int, weakref.ref] = {}
+
+    def _see(self, storage, *, known: bool) -> None:
+        super()._see(storage, known=known)
+        if id(storage) in self._live:
+            self._storages[id(storage)] = weakref.ref(storage)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        peak = self.peak_bytes
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        total = 0
+        for key, (nbytes, finalizer) in list(self._live.items()):
+            ref = self._storages.get(key)
+            storage = ref() if ref is not None else None
+            if storage is not None and storage.nbytes() != nbytes:
+                nbytes = storage.nbytes()
+                self._live[key] = (nbytes, finalizer)
+            total += nbytes
+        self.current_bytes = total
+        self.peak_bytes = max(peak, total)
+        return out
+
+
 def step(model, x) -> int:
     model.zero_grad(set_to_none=True)
-    with LiveStorageMeter() as meter:
+    with ResizeAwareMeter() as meter:
         training_step(model, (x,), {})
     return meter.peak_bytes
 

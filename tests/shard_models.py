@@ -7,6 +7,8 @@ batch of ``BATCH`` rows (the per-rank batch: what ``memoplan plan --shards`` is 
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -41,5 +43,6 @@ def build() -> nn.Module:
 
 
 def example(rank: int = 0) -> tuple[torch.Tensor]:
+    """The rank's batch: ``BATCH`` rows, or ``SHARD_MODELS_BATCH`` from the environment (a second shape)."""
     g = torch.Generator().manual_seed(10 + rank)
-    return (torch.randn(BATCH, WIDTH, generator=g),)
+    return (torch.randn(int(os.environ.get("SHARD_MODELS_BATCH", BATCH)), WIDTH, generator=g),)

@@ -57,8 +57,10 @@ def gathered_bytes(model: nn.Module, shards: int) -> int:
     ``nn.ModuleList`` or ``nn.Sequential``) and on the root.  The root's own parameters (those in
     no block: embeddings, a head) stay gathered from its forward through backward (FSDP2 does
     not reshard the root after forward), and two blocks are gathered at once (the one running
-    and the next, prefetched in backward).  Each gathered parameter adds the ``N - 1`` shards
-    the rank does not own.
+    and the next, prefetched in backward).  Each gathered parameter adds its whole size: FSDP2
+    all-gathers into a new buffer of the unsharded size while the rank's own shard stays where it
+    was (on 2 gloo ranks the meter's peak is the estimate's plus exactly those own shards when
+    they were left out).
     """
     if shards <= 1:
         return 0
@@ -72,8 +74,7 @@ def gathered_bytes(model: nn.Module, shards: int) -> int:
     in_blocks = {id(p) for block in blocks for p in block.parameters()}
     root_own = sum(_bytes(p) for p in _unique(model) if id(p) not in in_blocks)
     largest = sorted((sum(_bytes(p) for p in _unique(b)) for b in blocks), reverse=True)[:2]
-    whole = root_own + sum(largest)
-    return whole - _per_rank(whole, shards)
+    return root_own + sum(largest)
 
 
 def _bytes(p) -> int:

@@ -46,7 +46,7 @@ def test_optimizer_state_and_what_a_rank_holds():
 def test_gradients_count_one_shard_and_two_blocks_are_gathered_whole():
     model, example = _blocks(), Example((torch.randn(8, 256),))
     block = 256 * 256 * 4 + 256 * 4
-    assert gathered_bytes(model, 1) == 0 and gathered_bytes(model, 2) == block  # 2 blocks whole, less own half
+    assert gathered_bytes(model, 1) == 0 and gathered_bytes(model, 2) == 2 * block  # 2 blocks, all-gathered whole
     whole = fake_step(model, example, torch.device("cpu")).peak_bytes
     token = SHARDS.set(2)
     try:
@@ -56,7 +56,7 @@ def test_gradients_count_one_shard_and_two_blocks_are_gathered_whole():
     grads = sum(p.numel() * 4 for p in model.parameters())
     # The peak is the step's end, every gradient live: half of each per rank, but the last
     # block's (the first layer's), whole until it is reduce-scattered; plus the gathered blocks.
-    assert sharded == whole - grads // 2 + block // 2 + block
+    assert sharded == whole - grads // 2 + block // 2 + 2 * block
 
 
 def test_profile_with_shards_writes_one_ranks_estimate(tmp_path, capsys, monkeypatch):

@@ -30,8 +30,8 @@ import shard_models  # noqa: E402
 
 WORKER = HERE / "_shard_worker.py"
 SPEC = ["--model", f"{HERE / 'shard_models.py'}:build", "--example", f"{HERE / 'shard_models.py'}:example"]
-MARGIN_MIB = 55  # under the unsharded step (68 MiB estimated), over the planned sharded one (~42-47)
-BUDGET = "44MiB"
+MARGIN_MIB = 55  # under the unsharded step (68 MiB estimated), over the planned sharded one (~46)
+BUDGET = "47MiB"
 
 pytestmark = [
     pytest.mark.dist,
@@ -87,7 +87,7 @@ def test_a_model_that_fits_only_sharded_is_planned_per_rank_and_fits_on_two_rank
     text = plan.read_text()
     assert "# sharded: over 2 FSDP2 ranks" in text and "checkpoint" in text
     estimated = int(text.split("# planned peak per rank on fake tensors: ")[1].split(" B")[0])
-    assert estimated <= 44 * 2**20
+    assert estimated <= 47 * 2**20
 
     (alone,) = _ranks(tmp_path / "alone", 1, None, MARGIN_MIB)
     assert "can't allocate memory" in alone["oom"]  # unsharded: out of memory
@@ -104,4 +104,14 @@ def test_a_model_that_fits_only_sharded_is_planned_per_rank_and_fits_on_two_rank
         # One rank's peak, as memoplan's live-storage meter sees it under FSDP2, against the estimate.
         measured = planned[rank]["peak"]
         print(f"rank {rank}: planned peak estimated {estimated} B, measured {measured} B; unsharded {unsharded} B")
-        assert abs(estimated - measured) <= 0.2 * measured, (estimated, measured)
+        assert abs(estimated - measured) <= 0.05 * measured, (estimated, measured)
+
+
+def test_the_per_rank_estimate_holds_where_activations_outweigh_the_weights(tmp_path, monkeypatch):
+    """A second shape: 4 x the batch per rank, unplanned: activations are most of the peak."""
+    monkeypatch.setenv("SHARD_MODELS_BATCH", str(4 * shard_models.BATCH))
+    model, example = shard_models.build(), Example(shard_models.example(0))
+    estimated = sharded_estimate(model, example, 2, "none", progress=False, repeats=1).peak_bytes
+    for rank in _ranks(tmp_path / "wide", 2, None, None):
+        print(f"batch {4 * shard_models.BATCH}: estimated {estimated} B, measured {rank['peak']} B")
+        assert abs(estimated - rank["peak"]) <= 0.05 * rank["peak"], (estimated, rank["peak"])
