@@ -206,7 +206,14 @@ def estimate(
     model, example, target = on_device(model, as_example(example), device)
     note(f"estimating on fake tensors ({describe_example(example)})")
     full = fake_step(model, example, target, loss_fn)
-    options: dict[str, Any] = {"repeats": repeats, "progress": progress, "loss_fn": loss_fn}
+    # Only the times of the smaller run are used: no peak step, no probe (binary inputs below).
+    options: dict[str, Any] = {
+        "repeats": repeats,
+        "progress": progress,
+        "loss_fn": loss_fn,
+        "peak_bytes": 0,
+        "probe": False,
+    }
     small: Profile | None = None
     try:
         if calibration is not None:
@@ -220,9 +227,10 @@ def estimate(
         small = None  # not even batch 1 fits: times from FLOPs
     if small is not None:
         reduced = fake_step(model, small_example, target, loss_fn)
+        binary = binary_inputs(model, small_example, target)
         note(f"times calibrated by a real run of {describe_example(small_example)}")
-        return _assemble(model, example, target, full, small, reduced, repeats)
-    return _assemble(model, example, target, full, None, None, repeats)
+        return _assemble(model, example, target, full, (small, reduced, binary), repeats)
+    return _assemble(model, example, target, full, None, repeats)
 
 
 # ---------------------------------------------------------------- the fake step
@@ -422,10 +430,13 @@ def _assemble(
     example: Example,
     target: torch.device,
     full: FakeStep,
-    small: Profile | None,
-    reduced: FakeStep | None,
+    calibration: tuple[Profile, FakeStep, dict[int, bool]] | None,
     repeats: int,
 ) -> Profile:
+    """The estimated profile: bytes from the fake step ``full``; times (and binary inputs) from
+    ``calibration``, the smaller real run's profile, its fake step and its binary inputs, else
+    from FLOPs at the device's measured throughput."""
+    small, reduced, binary_in = calibration if calibration is not None else (None, None, {})
     throughput = None if small is not None else _throughput(target)
     modules = []
     for name, module in model.named_modules():
@@ -437,7 +448,7 @@ def _assemble(
             little = reduced.records.get(key, Record())
             scale = _ratio(flops, reduced.flops.get(key, 0)) or _ratio(record.input_numel, little.input_numel) or 1.0
             seconds = measured.forward_seconds * scale
-            binary = measured.input_binary and record.calls > 0
+            binary = binary_in.get(key, False) and record.calls > 0
         else:
             seconds = flops / throughput if throughput else 0.0
             binary = False
