@@ -101,7 +101,7 @@ def test_a_model_that_fits_only_sharded_is_planned_per_rank_and_fits_on_two_rank
         assert planned[rank]["grads"].keys() == free[rank]["grads"].keys()
         for name, grad in free[rank]["grads"].items():
             assert torch.equal(planned[rank]["grads"][name], grad), (rank, name)
-        # One rank's peak, as memoplan's live-storage meter sees it under FSDP2, against the estimate.
+        # One rank's peak (the live-storage meter following FSDP2's storage resizes), against the estimate.
         measured = planned[rank]["peak"]
         print(f"rank {rank}: planned peak estimated {estimated} B, measured {measured} B; unsharded {unsharded} B")
         assert abs(estimated - measured) <= 0.05 * measured, (estimated, measured)
