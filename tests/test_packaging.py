@@ -212,48 +212,17 @@ def test_user_script_type_checks_against_the_wheel(fresh_env, tmp_path):
     pytest.importorskip("mypy", reason="mypy is in the test extra")
     script = TESTS / "fixtures" / "typing" / "user_script.py"
     env = {k: v for k, v in fresh_env["env"].items() if k != "MYPYPATH"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--python-executable",
-            str(fresh_env["python"]),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--no-error-summary",
-            str(script),
-        ],
-        env=env,
-        cwd=fresh_env["cwd"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+
+    def mypy(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(fresh_env["python"])]
+        command += ["--cache-dir", str(tmp_path / "cache"), "--no-error-summary", *args]
+        return subprocess.run(command, env=env, cwd=fresh_env["cwd"], capture_output=True, text=True, timeout=900)
+
+    result = mypy(str(script))
     assert result.returncode == 0, result.stdout + result.stderr
     reveal = tmp_path / "reveal.py"
     reveal.write_text("import memoplan\nreveal_type(memoplan.apply)\n", encoding="utf-8")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--python-executable",
-            str(fresh_env["python"]),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--no-error-summary",
-            "-v",
-            str(reveal),
-        ],
-        env=env,
-        cwd=fresh_env["cwd"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = mypy("-v", str(reveal))
     assert "torch.nn.modules.module.Module" in result.stdout, result.stdout[-2000:]
     found = [line for line in result.stderr.splitlines() if "memoplan/__init__.py" in line]
     assert found and all(str(fresh_env["home"]) in line for line in found), found[:3]

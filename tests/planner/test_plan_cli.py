@@ -118,8 +118,8 @@ def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies
     assert "verdict: EQUIVALENT" in capsys.readouterr().out
 
 
-def _fake_run(seen):
-    """Stand-in for PlannerPreset.run: records the preset the CLI built, plans nothing."""
+def _fake_run(seen, text="memplan 1\n", regions=0, before=1, after=1):
+    """Stand-in for PlannerPreset.run: records the preset the CLI built, returns ``text`` as the plan."""
 
     def run(
         self,
@@ -136,12 +136,12 @@ def _fake_run(seen):
     ):
         seen.append((self, named))
         return SimpleNamespace(
-            plan=memoplan.parse("memplan 1\n"),
+            plan=memoplan.parse(text),
             met=True,
             refinement=None,
-            regions=0,
-            measured_before=1,
-            measured_after=1,
+            regions=regions,
+            measured_before=before,
+            measured_after=after,
         )
 
     return run
@@ -402,22 +402,7 @@ def test_the_header_says_what_ran_and_what_the_refined_plan_recomputes(tmp_path,
 
 
 def test_one_checkpoint_is_singular(tmp_path, monkeypatch, capsys):
-    def run(
-        self,
-        model,
-        example,
-        *,
-        prof=None,
-        progress=True,
-        named=True,
-        nested=False,
-        sublinear=None,
-        start=None,
-        trials=None,
-    ):
-        plan = memoplan.parse("memplan 1\nmodule blocks.0 { checkpoint }\n")
-        return SimpleNamespace(plan=plan, met=True, refinement=None, regions=1, measured_before=2, measured_after=1)
-
+    run = _fake_run([], "memplan 1\nmodule blocks.0 { checkpoint }\n", regions=1, before=2, after=1)
     monkeypatch.setattr(PlannerPreset, "run", run)
     assert main(["plan", *TRANSFORMER, "--budget", "50%", "-o", str(tmp_path / "plan.memplan")]) == 0
     assert (
