@@ -274,7 +274,7 @@ def _verify_smaller(
     evictions = dtr_stats(planned) if resolved.dtr is not None else None
     memory = full.memory
     del full, planned
-    estimate = fake_step(pristine, example, where, loss_fn)
+    estimate = fake_step(pristine, example, where, loss_fn, peak_only=True)
     unplanned = StepMemory(peak_bytes=estimate.peak_bytes, device=str(where), method="fake-tensor")
 
     def both(small: Example) -> tuple[_Run, _Run]:
