@@ -325,6 +325,14 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` as a ``torch.device``; a CUDA one without an index is the current CUDA device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def step_device(model: nn.Module, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> torch.device:
     """Where a step of ``model`` runs: its first parameter's device, else the first tensor argument's, else CPU."""
     for tensor in model.parameters():

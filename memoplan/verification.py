@@ -36,7 +36,7 @@ from memoplan.compare import Check, compare
 from memoplan.diagnostics import Diagnostic, PlanError, Severity
 from memoplan.graphs import Capture, CountingBackend
 from memoplan.ir import ResolvedPlan
-from memoplan.measure import StepMemory, measured_step, step_device, training_step
+from memoplan.measure import StepMemory, indexed_device, measured_step, step_device, training_step
 from memoplan.memonger.measure import Allocations, count_allocations
 from memoplan.memonger.probe import allocated_inside
 from memoplan.planner.budgets import budget_from_ast
@@ -331,7 +331,7 @@ def _settings(model: nn.Module, plan, example: Example, rtol: float | None, devi
         rtol = CHUNK_RTOL if any(m.temporal_chunk for m in resolved.modules) else 0.0
     if device is None:
         return resolved, rtol, example, step_device(model, example.args, example.kwargs)
-    return resolved, rtol, example.to(device), torch.empty(0, device=device).device  # cuda -> cuda:0
+    return resolved, rtol, example.to(device), indexed_device(device)
 
 
 def _prepared(model: nn.Module, plan, example: Example, rtol: float | None, device):

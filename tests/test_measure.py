@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from memoplan import runtime as rt
-from memoplan.measure import LiveStorageMeter, StepMemory, default_loss, measure_step, training_step
+from memoplan.measure import LiveStorageMeter, StepMemory, default_loss, indexed_device, measure_step, training_step
 from memoplan.runtime.install import qualified_type_name
 
 MIB = 1024 * 1024
@@ -150,3 +150,10 @@ def test_mlp_gelu_saves_and_relu_saves_nothing_under_per_layer_checkpointing() -
     # bias gradient and a few scalars.
     extra = gelu_plain.peak_bytes - ((2 * DEPTH + 1) * ACTIVATION + WEIGHT)
     assert WIDTH * FLOAT <= extra < WIDTH * FLOAT + 64
+
+
+def test_indexed_device_gives_a_cuda_device_its_index_and_leaves_others_as_they_are(monkeypatch):
+    assert indexed_device("cpu") == torch.device("cpu")
+    assert indexed_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)  # no GPU needed: only the index is read
+    assert indexed_device("cuda") == torch.device("cuda", 3)

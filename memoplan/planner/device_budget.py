@@ -51,9 +51,10 @@ def device_budget_bytes(device, budget: str, parsed, note) -> Bytes:
     """
     import torch
 
+    from memoplan.measure import indexed_device
     from memoplan.planner.presets import parse_budget
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = indexed_device(device).index
     total = torch.cuda.get_device_properties(index).total_memory
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda i: 1.0)(index)
     margin = 0

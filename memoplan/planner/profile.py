@@ -70,7 +70,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memoplan.measure import LossFn, measure_step, step_device, training_step
+from memoplan.measure import LossFn, indexed_device, measure_step, step_device, training_step
 from memoplan.planner.schema import (
     FORMAT_VERSION,
     ChainLink,
@@ -92,17 +92,18 @@ from memoplan.version import __version__
 # The profile's records, JSON, merging and candidate chains live in memoplan.planner.schema; they
 # are re-exported here, so ``from memoplan.planner.profile import Profile, chain`` keeps working.
 __all__ = [
-    "on_device",
     "FORMAT_VERSION",
     "ChainLink",
     "ModuleProfile",
     "Profile",
     "Snapshot",
     "TensorMeta",
+    "binary_inputs",
     "chain",
     "default_candidates",
     "merge",
     "nested_candidates",
+    "on_device",
     "profile",
 ]
 
@@ -116,9 +117,7 @@ def on_device(
     """``model`` and ``example`` on ``device`` (default: where the step runs now), as deep copies
     when it is another device, and that device (a CUDA one with its index)."""
     here = step_device(model, example.args, example.kwargs)
-    target = torch.device(device) if device is not None else here
-    if target.type == "cuda" and target.index is None:
-        target = torch.device("cuda", torch.cuda.current_device())
+    target = indexed_device(device) if device is not None else here
     if target != here:
         model = copy.deepcopy(model).to(target)
         example = example.to(target)
