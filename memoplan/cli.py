@@ -1,7 +1,7 @@
 """The ``memoplan`` command line — thin: every subcommand calls the public API.
 
 Exit codes: 0 clean, 1 diagnostics (or not equivalent, or ``fmt --check`` would
-change a file), 2 usage errors, 3 ``fmt`` could not read or parse a plan, 130
+change a file), 2 usage errors, 3 ``fmt`` could not read, parse or write a plan, 130
 interrupted (``docs/reference/cli.md``).  Diagnostics go to stderr, results to
 stdout, progress to stderr; ``--format json|github`` and ``-q``/``-v`` are
 ``memoplan.cli_output``'s.
@@ -19,7 +19,7 @@ from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
 from memoplan.cli_sublinear import sublinear_config
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
-from memoplan.targets import check_output, model_file, plan_inputs, writing
+from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
 
 SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
 
@@ -672,7 +672,7 @@ def _plan_dtr(args, model, example, prof, preset) -> int:
     result = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=prof)
     plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
     with writing(args.output):
-        args.output.write_text(format_plan(plan), encoding="utf-8")
+        replace_file(args.output, format_plan(plan))
     sim = result.simulation
     print(
         f"wrote {args.output}: dtr threshold {result.threshold} B, predicted peak {result.predicted_after} B "

@@ -20,6 +20,7 @@ from typing import Any
 
 from memoplan import isolate
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
+from memoplan.targets import replace_file
 
 FORMATS = ("text", "json", "github")
 STDIN = "-"
@@ -253,7 +254,7 @@ def copy_demo(folder: Path) -> list[Path]:
     for plan in sorted(plans_dir().glob("*.memplan")):
         target = folder / plan.name
         if not target.exists():
-            target.write_text(plan.read_text(encoding="utf-8"), encoding="utf-8")
+            replace_file(target, plan.read_bytes())
         written.append(target)
     return written
 
@@ -263,7 +264,7 @@ def copy_demo(folder: Path) -> list[Path]:
 EXIT_OK = 0  # clean
 EXIT_FINDINGS = 1  # diagnostics, not equivalent, a missed hard budget, `fmt --check`: would reformat
 EXIT_USAGE = 2  # the command line is wrong (argparse's own code)
-EXIT_UNREADABLE = 3  # `fmt`: a plan could not be read or parsed, so it was not formatted
+EXIT_UNREADABLE = 3  # `fmt`: a plan could not be read, parsed or written, so it was not formatted
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
@@ -299,12 +300,13 @@ def load_plan(path: Path) -> Any:
 def run_fmt(args: Any, report: Any) -> int:
     """``memoplan fmt``: rewrite plans (``-``: standard input to standard output), or with
     ``--check`` change nothing and print a diff.  Exit 1 only when a file would be
-    reformatted, 3 when a plan could not be read or parsed (``report`` prints its errors)."""
+    reformatted, 3 when a plan could not be read, parsed or written (``report`` prints its
+    errors); the other plans are formatted all the same."""
     import difflib
 
     from memoplan.syntax import format_plan
 
-    unreadable = would_change = False
+    not_formatted = would_change = False
     for path in expand_plans(args.plans):
         result = OUTPUT.begin(display_name(path))
         try:
@@ -312,7 +314,7 @@ def run_fmt(args: Any, report: Any) -> int:
         except PlanError as error:
             if not OUTPUT.failed(error):
                 report(error)
-            unreadable = True
+            not_formatted = True
             continue
         text = format_plan(plan)
         if is_stdin(path) and not args.check:
@@ -321,9 +323,15 @@ def run_fmt(args: Any, report: Any) -> int:
         if text == plan.source:
             continue
         would_change = True
-        result.status = "reformat" if args.check else "reformatted"
         if not args.check:
-            _rewrite(path, text)
+            try:
+                _rewrite(path, text)  # at once: a failed write leaves the plan as it was
+            except PlanError as error:
+                if not OUTPUT.failed(error):
+                    report(error)
+                not_formatted = True
+                continue
+        result.status = "reformat" if args.check else "reformatted"
         if OUTPUT.format == "text":
             print(f"{'would reformat' if args.check else 'reformatted'} {printable(result.path)}")
         if args.check:
@@ -337,7 +345,7 @@ def run_fmt(args: Any, report: Any) -> int:
             result.details["diff"] = shown
             if OUTPUT.format == "text":
                 sys.stdout.write(shown)
-    if unreadable:
+    if not_formatted:
         return EXIT_UNREADABLE
     return EXIT_FINDINGS if (args.check and would_change) else EXIT_OK
 
@@ -370,9 +378,11 @@ def unified_diff(old: bytes, new: bytes, old_name: str, new_name: str) -> str:
 
 def _rewrite(path: Path, text: str) -> None:
     try:
-        path.write_text(text, encoding="utf-8")
+        replace_file(path, text)
     except OSError as exc:
-        raise PlanError((Diagnostic("MP508", f"cannot write `{path}`: {exc.strerror or exc}"),)) from None
+        raise PlanError(
+            (Diagnostic("MP508", f"cannot write `{path}`: {exc.strerror or exc}", help="the plan is left as it was"),)
+        ) from None
 
 
 def write_output(path: Path, text: str) -> bool:
@@ -382,7 +392,7 @@ def write_output(path: Path, text: str) -> bool:
         sys.stdout.flush()
         return True
     try:
-        path.write_text(text, encoding="utf-8")
+        replace_file(path, text)
     except OSError as exc:
         raise PlanError((Diagnostic("MP508", f"cannot write `{path}`: {exc.strerror or exc}"),)) from None
     return False

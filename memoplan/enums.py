@@ -283,10 +283,12 @@ if __name__ == "__main__":  # python -m memoplan.enums: rewrite the generated co
     import sys
     from pathlib import Path
 
+    from memoplan.targets import replace_file
+
     root = Path(__file__).resolve().parent.parent
     for relative in CODEC_TABLES:
         file = root / relative
         text = file.read_text(encoding="utf-8")
         begin, end = text.index(BEGIN), text.index(END) + len(END) + 1
-        file.write_text(text[:begin] + codec_block(relative) + text[end:], encoding="utf-8")
+        replace_file(file, text[:begin] + codec_block(relative) + text[end:])
         print(f"wrote {relative}", file=sys.stderr)

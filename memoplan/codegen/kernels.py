@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memoplan.codegen.render import render
+from memoplan.targets import replace_file
 from memoplan.version import __version__
 
 __all__ = [
@@ -168,7 +169,7 @@ def write_kernels(directory: Path | None = None) -> list[Path]:
         path = directory / name
         data = text.encode("utf-8")
         if not path.exists() or path.read_bytes() != data:
-            path.write_bytes(data)
+            replace_file(path, data)
         written.append(path)
     return written
 

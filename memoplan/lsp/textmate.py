@@ -26,6 +26,7 @@ from pathlib import Path
 from memoplan._resources import grammar_text
 from memoplan.syntax import ast
 from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES
+from memoplan.targets import replace_file
 
 SCOPE = "source.memplan"
 OUTPUT = Path(__file__).resolve().parents[2] / "editors" / "memplan.tmLanguage.json"
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{OUTPUT} is up to date")
         return 0
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text, encoding="utf-8")
+    replace_file(OUTPUT, text)
     print(f"wrote {OUTPUT}")
     return 0
 

@@ -206,7 +206,10 @@ class Profile:
         return cls.from_dict(json.loads(text))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(), encoding="utf-8")
+        """Write the profile's JSON to ``path``, replacing the file at once (``memoplan.targets.replace_file``)."""
+        from memoplan.targets import replace_file
+
+        replace_file(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

@@ -18,6 +18,7 @@ from typing import Any
 
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.report import data, page
+from memoplan.targets import replace_file
 
 #: Budgets of the sweep, shares of the unplanned peak.
 DEFAULT_BUDGETS = (0.9, 0.75, 0.6, 0.5)
@@ -252,9 +253,9 @@ def _write(path: Path, text: str, plots: dict[str, Any], with_json: bool) -> lis
     written = []
     if with_json:
         for name, target in json_paths(path, list(plots)).items():
-            target.write_text(json.dumps(plots[name], indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            replace_file(target, json.dumps(plots[name], indent=1, sort_keys=True) + "\n")
             written.append(target)
-    path.write_text(text, encoding="utf-8")
+    replace_file(path, text)
     written.append(path)
     return written
 

@@ -79,9 +79,9 @@ def _source_of(name: str) -> str | None:
     if name in _SOURCES:
         return _SOURCES[name]
     module = sys.modules.get(name)
-    text = None
+    text = _loaded_source(module, name)
     path = getattr(module, "__file__", None)
-    if path is not None:
+    if text is None and path is not None:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError:
@@ -90,6 +90,19 @@ def _source_of(name: str) -> str | None:
         text = None
     _SOURCES[name] = text
     return text
+
+
+def _loaded_source(module: Any, name: str) -> str | None:
+    """The source the module's loader ran, where it says (``memoplan.apply``'s plan modules run
+    from checked text: that text, not the cache file as it may be now)."""
+    get_source = getattr(getattr(module, "__loader__", None), "get_source", None)
+    if get_source is None:
+        return None
+    try:
+        text = get_source(name)
+    except (ImportError, OSError):
+        return None
+    return text if isinstance(text, str) else None
 
 
 def _from_source(source: str) -> types.ModuleType:

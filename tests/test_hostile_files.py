@@ -1,0 +1,236 @@
+"""Hostile and unlucky files (issue 39): a write that fails leaves the old file whole, one
+unwritable plan does not stop the others, a folder scan does not follow links out of the
+folder, no excerpt of a file that is not a plan is printed, and no printed line starts with a
+user-controlled ``::`` (a GitHub workflow command).
+
+A failed write is a real one where it can be: a subprocess under ``RLIMIT_FSIZE`` (a full
+disk or a quota fails the same way, mid-file).  The code cache's own attacks are in
+tests/codegen/test_cache.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _cli import run, write
+from _paths import ROOT
+
+from memoplan import targets
+
+resource = pytest.importorskip("resource")
+
+LIMIT = 1024  # bytes a file may grow to in the limited subprocess (`ulimit -f 1`)
+MESSY = "memplan 1\nmodule   fc {keep}\n"
+CLEAN = "memplan 1\n\nmodule fc { keep }\n"
+
+
+def _big_messy_plan(blocks: int = 80) -> str:
+    """A plan that needs reformatting and is well over LIMIT bytes once formatted."""
+    return "memplan 1\n" + "".join(f"module   blk{i}   {{checkpoint}}\n" for i in range(blocks))
+
+
+def _limited(
+    *args: str, cwd: Path, limit: int = LIMIT, module: str | None = "memoplan"
+) -> subprocess.CompletedProcess[str]:
+    """``python -m memoplan ARGS`` (``module=None``: ``python ARGS``) with files limited to
+    ``limit`` bytes, as ``ulimit -f`` limits them."""
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, *(["-m", module] if module else []), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_files,
+        timeout=300,
+    )
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """Temporary files a write left behind (there must be none)."""
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+# ---------------------------------------------------------------- 1: every write replaces at once
+
+
+def test_fmt_whose_write_fails_leaves_the_plan_whole(tmp_path) -> None:
+    plan = write(tmp_path, "p.memplan", _big_messy_plan())
+    before = plan.read_bytes()
+    done = _limited("fmt", "p.memplan", cwd=tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert "error[MP508]: cannot write `p.memplan`: File too large" in done.stderr
+    assert "the plan is left as it was" in done.stderr
+    assert plan.read_bytes() == before  # not cut at 1,024 bytes
+    assert _leftovers(tmp_path) == []
+
+
+def test_replace_file_keeps_the_mode_and_leaves_no_temporary_file(tmp_path) -> None:
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    target.chmod(0o640)
+    targets.replace_file(target, "new")
+    assert target.read_text() == "new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert _leftovers(tmp_path) == []
+
+
+def test_replace_file_writes_through_a_link_and_keeps_it(tmp_path) -> None:
+    real = tmp_path / "real.memplan"
+    real.write_text("old")
+    link = tmp_path / "link.memplan"
+    link.symlink_to(real)
+    targets.replace_file(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+def test_replace_file_never_replaces_a_device_or_a_folder(tmp_path) -> None:
+    with pytest.raises(OSError):
+        targets.replace_file(tmp_path, "x")
+    assert tmp_path.is_dir()
+    if Path("/dev/null").exists():
+        with pytest.raises(OSError):
+            targets.replace_file("/dev/null", "x")
+        assert Path("/dev/null").is_char_device()
+
+
+def test_replace_file_that_fails_midway_removes_its_temporary_file(tmp_path, monkeypatch) -> None:
+    target = tmp_path / "out.txt"
+    target.write_text("old and whole")
+
+    def fails(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(targets.os, "fsync", fails)
+    with pytest.raises(OSError, match="No space"):
+        targets.replace_file(target, "new")
+    assert target.read_text() == "old and whole"
+    assert _leftovers(tmp_path) == []
+
+
+def _writes(tree: ast.AST) -> list[tuple[str, int]]:
+    """``write_text``/``write_bytes`` calls and ``open``/``fdopen`` calls with a writing mode."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name in ("write_text", "write_bytes"):
+            found.append((name, node.lineno))
+        elif name in ("open", "fdopen"):
+            modes = [a for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]]
+            if any(
+                isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax+") for m in modes
+            ):
+                found.append((name, node.lineno))
+    return found
+
+
+def test_no_module_writes_a_user_file_in_place() -> None:
+    """Every file the package writes goes through ``memoplan.targets.replace_file``; the
+    exceptions below write no user file."""
+    allowed = {
+        "memoplan/targets.py": 1,  # replace_file's own temporary file
+        "memoplan/isolate.py": 2,  # the --isolate child's status file, in its private temporary folder
+        "memoplan/lsp/worker.py": 1,  # the worker's protocol stream (a duplicated descriptor)
+        "memoplan/planner/exact.py": 1,  # os.devnull
+    }
+    found = {}
+    for path in sorted((ROOT / "memoplan").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        writes = _writes(ast.parse(path.read_text(encoding="utf-8")))
+        if writes:
+            found[relative] = len(writes)
+    assert found == allowed
+
+
+def test_plan_output_whose_write_fails_leaves_the_old_file(tmp_path) -> None:
+    """``plan -o`` (both planners) and ``fmt`` write through ``cli_output``: here without a model."""
+    (tmp_path / "out.memplan").write_text("old plan, whole\n")
+    script = "from memoplan.cli_output import write_output; from pathlib import Path; write_output(Path('out.memplan'), 'x' * 4096)"
+    done = _limited("-c", script, cwd=tmp_path, module=None)
+    assert done.returncode == 1 and "MP508" in done.stderr and "File too large" in done.stderr
+    assert (tmp_path / "out.memplan").read_text() == "old plan, whole\n"
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_profile_and_compile_whose_writes_fail_leave_the_old_files(tmp_path) -> None:
+    (tmp_path / "m.py").write_text(
+        "from torch import nn\n\n\ndef build():\n    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))\n"
+    )
+    write(tmp_path, "p.memplan", 'memplan 1\nmodel "m.py:build"\n\nmodule 0 { checkpoint }\n')
+    old = {name: f"old {name}, whole\n".encode() * 4 for name in ("prof.json", "out.py")}
+    for name, data in old.items():
+        (tmp_path / name).write_bytes(data)
+    commands = {
+        "prof.json": ["profile", "--model", "m.py:build", "--example", "randn(4, 8)", "-o", "prof.json"],
+        "out.py": ["compile", "p.memplan", "-o", "out.py"],
+    }
+    for name, args in commands.items():
+        done = _limited(*args, cwd=tmp_path, limit=128)  # each output is larger
+        assert done.returncode == 1, (name, done.stderr)
+        assert "error[MP508]" in done.stderr and "File too large" in done.stderr, (name, done.stderr)
+        assert (tmp_path / name).read_bytes() == old[name], name
+    assert _leftovers(tmp_path) == []
+
+
+# ---------------------------------------------------------------- 2: one unwritable plan stops nothing
+
+
+def test_fmt_folder_with_a_plan_it_cannot_write_formats_the_others(tmp_path) -> None:
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    write(folder, "a.memplan", MESSY.replace("fc", "a"))
+    big = write(folder, "big.memplan", _big_messy_plan())
+    write(folder, "z.memplan", MESSY.replace("fc", "z"))
+    before = big.read_bytes()
+    done = _limited("fmt", "plans", "--format", "json", cwd=tmp_path)
+    document = json.loads(done.stdout)
+    assert done.returncode == 3 and document["exit_code"] == 3
+    statuses = {f["path"]: f["status"] for f in document["files"]}
+    assert statuses == {
+        "plans/a.memplan": "reformatted",
+        "plans/big.memplan": "error",
+        "plans/z.memplan": "reformatted",
+    }
+    (failed,) = [f for f in document["files"] if f["status"] == "error"]
+    assert [d["code"] for d in failed["diagnostics"]] == ["MP508"]
+    assert (folder / "a.memplan").read_text() == CLEAN.replace("fc", "a")
+    assert (folder / "z.memplan").read_text() == CLEAN.replace("fc", "z")
+    assert big.read_bytes() == before
+
+
+def test_fmt_leaves_a_read_only_plan_alone_and_formats_the_others(capsys, tmp_path, monkeypatch) -> None:
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    first = write(folder, "a.memplan", MESSY)
+    locked = write(folder, "b.memplan", MESSY)
+    last = write(folder, "c.memplan", MESSY)
+    locked.chmod(0o444)
+    if os.geteuid() == 0:  # root may write any file: take its override away for this test
+        real_access = os.access
+
+        def access(path, mode, **kwargs) -> bool:
+            if Path(path) == locked and mode & os.W_OK:
+                return False
+            return real_access(path, mode, **kwargs)
+
+        monkeypatch.setattr(os, "access", access)
+    code, out, err = run(capsys, "fmt", folder)
+    assert code == 3
+    assert f"error[MP508]: cannot write `{locked}`: Permission denied" in err
+    assert first.read_text() == CLEAN and last.read_text() == CLEAN
+    assert locked.read_text() == MESSY and stat.S_IMODE(locked.stat().st_mode) == 0o444
+    assert out.splitlines() == [f"reformatted {first}", f"reformatted {last}"]
