@@ -25,7 +25,13 @@ SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "compile", "profile"
 
 
 def main(argv: list[str] | None = None) -> int:
-    return isolate.finished(_main(argv))  # in an --isolate child: memoplan finished, nothing crashed
+    given = sys.argv[1:] if argv is None else argv
+    command = next((a for a in given if not a.startswith("-")), None)
+    # No printed line starts with a `::` of the user's (a GitHub workflow command); the language
+    # server's standard output is its protocol, left alone.
+    guard = contextlib.nullcontext() if command == "lsp" else cli_output.guarded_output()
+    with guard:
+        return isolate.finished(_main(argv))  # in an --isolate child: memoplan finished, nothing crashed
 
 
 def _main(argv: list[str] | None) -> int:

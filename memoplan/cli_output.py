@@ -11,6 +11,7 @@ as an annotation on the line of the pull request.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -105,12 +106,14 @@ class Output:
             }
             print(json.dumps(document, indent=2, ensure_ascii=False))
         elif self.format == "github":
+            out = unguarded(sys.stdout)  # the one place a line starts with `::`, memoplan's own
             for result in self.files:
                 for diagnostic in result.diagnostics:
-                    print(github_annotation(diagnostic, result.path))
+                    print(github_annotation(diagnostic, result.path), file=out)
                 if result.status == "reformat":
                     print(
-                        f"::error file={_escape_property(result.path)},title=memoplan fmt::would reformat (run memoplan fmt)"
+                        f"::error file={_escape_property(result.path)},title=memoplan fmt::would reformat (run memoplan fmt)",
+                        file=out,
                     )
         return code
 
@@ -187,24 +190,116 @@ def github_annotation(diagnostic: Diagnostic, path: str) -> str:
     return f"::{_GITHUB_LEVEL[diagnostic.severity]} {','.join(properties)}::{_escape_data(message)}"
 
 
+# ---------------------------------------------------------------- no workflow commands
+
+
+class LineGuard:
+    """A text stream that writes to ``stream`` what it is given, except that no line starts
+    (after white space) with ``::``: GitHub Actions reads such a line, on standard output or
+    error, as a workflow command (``::add-mask::``, ``::error ...::``), and memoplan's lines
+    hold names from the user (a plan's file name, a module's name).  The first colon of such
+    a line is written ``\\x3a``, as :func:`memoplan.diagnostics.printable` writes a control
+    character.  ``--format github``'s own annotations go around it (:func:`unguarded`).
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self._held = ""  # the start of the current line while it could still become `::`
+        self._decided = False  # the current line's start was written: the rest goes through
+
+    def write(self, text: str) -> int:
+        for piece in text.splitlines(keepends=True):
+            ended = len(piece.splitlines()[0]) < len(piece)
+            if self._decided:
+                self.stream.write(piece)
+            else:
+                line = self._held + piece
+                if ended or line.lstrip() not in ("", ":"):
+                    self.stream.write(defuse(line))
+                    self._held, self._decided = "", not ended
+                else:
+                    self._held = line
+            if ended:
+                self._decided = False
+        return len(text)
+
+    def release(self) -> None:
+        """Write what is held (a line of white space and a colon, never finished)."""
+        if self._held:
+            self.stream.write(self._held)
+            self._held, self._decided = "", True
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, buffer, fileno, isatty, ...
+        return getattr(self.stream, name)
+
+
+def defuse(line: str) -> str:
+    """``line`` with the first colon of a leading ``::`` (after white space) written ``\\x3a``."""
+    stripped = line.lstrip()
+    if not stripped.startswith("::"):
+        return line
+    start = len(line) - len(stripped)
+    return line[:start] + "\\x3a" + line[start + 1 :]
+
+
+def unguarded(stream: Any) -> Any:
+    """The stream under a :class:`LineGuard` (what it held written first), else ``stream``."""
+    if isinstance(stream, LineGuard):
+        stream.release()
+        return stream.stream
+    return stream
+
+
+@contextlib.contextmanager
+def guarded_output():
+    """``sys.stdout`` and ``sys.stderr`` through a :class:`LineGuard` while a command runs."""
+    saved = sys.stdout, sys.stderr
+    guards = LineGuard(sys.stdout), LineGuard(sys.stderr)
+    sys.stdout, sys.stderr = guards
+    try:
+        yield
+    finally:
+        for guard in guards:
+            with contextlib.suppress(Exception):  # a closed pipe: nothing more to say
+                guard.release()
+        if sys.stdout is guards[0]:  # not replaced meanwhile (a closed pipe sets it to None)
+            sys.stdout = saved[0]
+        if sys.stderr is guards[1]:
+            sys.stderr = saved[1]
+
+
 # ---------------------------------------------------------------- inputs
 
 
 def expand_plans(names: list[Path]) -> list[Path]:
     """Plans named on the command line: files as given, folders as their ``*.memplan`` files
-    (recursively, sorted, hidden folders skipped), ``-`` as standard input (once)."""
+    (recursively, sorted, hidden folders skipped, links out of the folder skipped), ``-`` as
+    standard input (once)."""
     found: list[Path] = []
     for name in names:
         if str(name) != STDIN and name.is_dir():
-            inside = sorted(
-                p
-                for p in name.rglob("*.memplan")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(name).parts)
-            )
-            found.extend(inside)
+            found.extend(_plans_in(name))
         else:
             found.append(name)
     return list(dict.fromkeys(found))
+
+
+def _plans_in(folder: Path) -> list[Path]:
+    """The ``*.memplan`` files under ``folder``; a link to a file outside it is not followed
+    (a plan from elsewhere could point at ``/proc/self/environ``): skipped, with a note."""
+    root = folder.resolve()
+    inside = []
+    for path in sorted(folder.rglob("*.memplan")):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts) or not path.is_file():
+            continue
+        if not path.resolve().is_relative_to(root):
+            OUTPUT.progress(f"skipped {path}: a link to a file outside {folder} (name the file itself to read it)")
+            continue
+        inside.append(path)
+    return inside
 
 
 def is_stdin(path: Path | None) -> bool:
@@ -213,13 +308,13 @@ def is_stdin(path: Path | None) -> bool:
 
 def read_stdin() -> str:
     """Standard input as plan text: UTF-8, else MP107 (as for a file)."""
-    from memoplan.syntax.parser import MAX_PLAN_BYTES, too_large
+    from memoplan.syntax.parser import MAX_PLAN_BYTES, not_a_plan, too_large
 
     data = sys.stdin.buffer.read(MAX_PLAN_BYTES + 1)  # never more than the limit: stdin may be endless
     if len(data) > MAX_PLAN_BYTES:
         raise PlanError((too_large("<stdin>", len(data), "bytes or more"),))
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PlanError(
             (
@@ -230,6 +325,10 @@ def read_stdin() -> str:
                 ),
             )
         ) from None
+    refused = not_a_plan(text, "<stdin>")  # binary, or no header: refused without quoting it
+    if refused is not None:
+        raise PlanError((refused,))
+    return text
 
 
 def display_name(path: Path) -> str:

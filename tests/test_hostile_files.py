@@ -11,6 +11,7 @@ tests/codegen/test_cache.py.
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import stat
@@ -21,8 +22,12 @@ from pathlib import Path
 import pytest
 from _cli import run, write
 from _paths import ROOT
+from hypothesis import given
+from hypothesis import strategies as st
 
+import memoplan
 from memoplan import targets
+from memoplan.diagnostics import PlanError
 
 resource = pytest.importorskip("resource")
 
@@ -234,3 +239,162 @@ def test_fmt_leaves_a_read_only_plan_alone_and_formats_the_others(capsys, tmp_pa
     assert first.read_text() == CLEAN and last.read_text() == CLEAN
     assert locked.read_text() == MESSY and stat.S_IMODE(locked.stat().st_mode) == 0o444
     assert out.splitlines() == [f"reformatted {first}", f"reformatted {last}"]
+
+
+# ---------------------------------------------------------------- 4: no secret printed from a file that is not a plan
+
+TOKEN = "ghp_SECRETTOKEN0123456789"
+CREDENTIALS = f"[default]\naws_access_key_id = AKIAEXAMPLE\naws_secret_access_key = {TOKEN}\n"
+
+
+def _memoplan(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m memoplan ARGS`` with the token in its environment (``/proc/self/environ``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MEMOPLAN_TEST_TOKEN": TOKEN}
+    return subprocess.run(
+        [sys.executable, "-m", "memoplan", *args],
+        cwd=cwd,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture()
+def linked(tmp_path: Path) -> Path:
+    """``plans/`` with one plan and links, named like plans, to a credentials file and to the
+    process's environment, both outside the folder."""
+    (tmp_path / "plans").mkdir()
+    write(tmp_path / "plans", "ok.memplan", CLEAN)
+    secret = write(tmp_path, "credentials", CREDENTIALS)
+    (tmp_path / "plans" / "creds.memplan").symlink_to(secret)
+    if Path("/proc/self/environ").exists():
+        (tmp_path / "plans" / "env.memplan").symlink_to("/proc/self/environ")
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [["check", "--syntax-only"], ["fmt", "--check"]])
+def test_a_folder_scan_does_not_follow_links_out_of_the_folder(linked, command) -> None:
+    done = _memoplan(*command, "plans", cwd=linked)
+    assert done.returncode == 0, done.stderr
+    assert TOKEN not in done.stdout + done.stderr
+    assert "skipped plans/creds.memplan: a link to a file outside plans" in done.stderr
+    if (linked / "plans" / "env.memplan").exists():
+        assert "skipped plans/env.memplan" in done.stderr
+
+
+def test_a_link_inside_the_folder_is_read(tmp_path) -> None:
+    (tmp_path / "plans" / "deep").mkdir(parents=True)
+    write(tmp_path / "plans", "ok.memplan", CLEAN)
+    (tmp_path / "plans" / "deep" / "same.memplan").symlink_to("../ok.memplan")
+    done = _memoplan("check", "--syntax-only", "plans", cwd=tmp_path)
+    assert done.returncode == 0 and "plans/deep/same.memplan: ok, 1 rule" in done.stdout
+
+
+@pytest.mark.parametrize("command", [["check", "--syntax-only"], ["fmt", "--check"], ["fmt"]])
+@pytest.mark.parametrize("name", ["creds.memplan", "env.memplan"])
+def test_a_linked_file_named_itself_prints_no_excerpt(linked, command, name) -> None:
+    if not (linked / "plans" / name).exists():
+        pytest.skip("no /proc/self/environ here")
+    before = (linked / "credentials").read_bytes()
+    done = _memoplan(*command, f"plans/{name}", cwd=linked)
+    assert done.returncode in (1, 3), done.stderr
+    assert TOKEN not in done.stdout + done.stderr and "AKIA" not in done.stdout + done.stderr
+    assert ("error[MP104]" if name == "creds.memplan" else "error[MP107]") in done.stderr
+    assert " | " not in done.stderr  # no source line shown
+    assert (linked / "credentials").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "data, code",
+    [
+        (b"memplan 1\n\x00\x01 " + TOKEN.encode(), "MP107"),  # a NUL byte: binary
+        (TOKEN.encode() + b" \xff\n", "MP104"),  # not UTF-8 and no header
+        (f"# notes\n{TOKEN}\nmemplan 1\n".encode(), "MP104"),  # the header is not the first statement
+    ],
+)
+def test_a_file_that_is_not_a_plan_prints_no_excerpt(capsys, tmp_path, data, code) -> None:
+    path = tmp_path / "x.memplan"
+    path.write_bytes(data)
+    for command in (["check", "--syntax-only"], ["fmt", "--check"]):
+        status, out, err = run(capsys, *command, path)
+        assert status in (1, 3)
+        assert f"error[{code}]" in err and TOKEN not in out + err and " | " not in err
+    with pytest.raises(PlanError) as info:
+        memoplan.load(path)
+    assert TOKEN not in str(info.value)
+
+
+def test_standard_input_that_is_not_a_plan_prints_no_excerpt(tmp_path) -> None:
+    for text in (CREDENTIALS, f"token={TOKEN}\n", f"memplan 1\n\0{TOKEN}\n"):
+        done = _memoplan("check", "--syntax-only", "-", cwd=tmp_path, stdin=text)
+        assert done.returncode == 1 and ("error[MP104]" in done.stderr or "error[MP107]" in done.stderr)
+        assert TOKEN not in done.stdout + done.stderr and "AKIA" not in done.stderr
+
+
+def test_a_plan_with_an_error_still_shows_its_line(capsys, tmp_path) -> None:
+    path = write(tmp_path, "p.memplan", "memplan 1\nmodule fc { checkpointing }\n")
+    status, out, err = run(capsys, "check", "--syntax-only", path)
+    assert status == 1 and "2 | module fc { checkpointing }" in err
+
+
+# ---------------------------------------------------------------- 5: no line starts with a `::` of the user's
+
+
+def _commands(text: str) -> list[str]:
+    """The lines of ``text`` that GitHub Actions would read as workflow commands."""
+    return [line for line in text.splitlines() if line.lstrip().startswith("::")]
+
+
+def test_a_plan_named_like_a_workflow_command_is_not_one(capsys, tmp_path, monkeypatch) -> None:
+    write(tmp_path, "::add-mask::x.memplan", "memplan 1\n")
+    write(tmp_path, "::error::y.memplan", "not a plan\n")
+    write(tmp_path, " ::warning::z.memplan", MESSY)
+    monkeypatch.chdir(tmp_path)
+    for command in (["check", "--syntax-only", "."], ["fmt", "--check", "."], ["fmt", "--check", "-v", "."]):
+        status, out, err = run(capsys, *command)
+        assert status in (1, 3)
+        assert _commands(out) == [] and _commands(err) == [], command
+    status, out, err = run(capsys, "check", "--syntax-only", ".")
+    assert "\\x3a:add-mask::x.memplan: ok, 0 rules" in out.splitlines()
+    assert "\\x3a:error::y.memplan:1:1: error[MP104]" in err
+
+
+def test_github_format_keeps_its_own_annotations_only(capsys, tmp_path, monkeypatch) -> None:
+    write(tmp_path, "::error::y.memplan", "not a plan\n")
+    write(tmp_path, "::add-mask::z.memplan", MESSY)
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run(capsys, "fmt", "--check", ".", "--format", "github")
+    assert status == 3
+    assert [line.split(" ", 1)[0] for line in _commands(out)] == ["::error", "::error"]
+    assert all(",title=memoplan " in line for line in _commands(out))
+    assert _commands(err) == []
+
+
+def test_module_names_like_workflow_commands_are_not_ones(capsys, tmp_path) -> None:
+    write(
+        tmp_path,
+        "m.py",
+        "from torch import nn\n\n\ndef build():\n    model = nn.Sequential()\n"
+        "    model.add_module('::add-mask::x', nn.Linear(4, 4))\n    return model\n",
+    )
+    plan = write(tmp_path, "p.memplan", "memplan 1\nmodule ** { checkpoint }\n")
+    status, out, err = run(capsys, "explain", plan, "--model", f"{tmp_path / 'm.py'}:build")
+    assert status == 0, err
+    assert "\\x3a:add-mask::x  Linear  checkpoint" in out
+    assert _commands(out) == [] and _commands(err) == []
+
+
+@given(st.lists(st.text(alphabet=" \t:\n\rab", max_size=10), max_size=10))
+def test_line_guard_defuses_commands_however_the_text_is_split(pieces) -> None:
+    from memoplan.cli_output import LineGuard
+
+    sink = io.StringIO()
+    guard = LineGuard(sink)
+    for piece in pieces:
+        guard.write(piece)
+    guard.release()
+    written = sink.getvalue()
+    assert _commands(written) == []
+    assert written.replace("\\x3a", ":") == "".join(pieces)  # nothing else changed

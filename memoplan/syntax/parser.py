@@ -120,6 +120,10 @@ def read_plan(path: str | Path) -> str:
     Only a regular file is read (a folder, a device such as ``/dev/zero``, a pipe: ``MP107``,
     nothing read), and at most :data:`MAX_PLAN_BYTES` of it (a larger plan: ``MP109``).
     Line endings are left alone here; parsing reads ``\\n``, ``\\r\\n`` and ``\\r`` alike.
+
+    A file that is not a plan (:func:`not_a_plan`: a NUL byte, or no ``memplan`` header
+    before its first statement) is refused without its text: no diagnostic quotes a line of
+    it, so a link to ``/proc/self/environ`` or to a credentials file prints none of them.
     """
     path = Path(path)
     try:
@@ -127,14 +131,37 @@ def read_plan(path: str | Path) -> str:
     except OSError as exc:
         raise PlanError((Diagnostic("MP107", f"cannot read plan `{path}`: {exc.strerror or exc}"),)) from None
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         lines = _LINE_BREAK.split(data[: exc.start])
         line, column = len(lines), len(lines[-1].decode("utf-8", "replace")) + 1
         span = Span(str(path), line, column, line, column + 1)
         message = f"plan `{path}` is not UTF-8 text: byte 0x{data[exc.start]:02x} ({exc.reason})"
         shown = "\n".join(part.decode("utf-8", "replace") for part in _LINE_BREAK.split(data))
+        refused = not_a_plan(shown, str(path))
+        if refused is not None:
+            raise PlanError((refused,)) from None
         raise PlanError((Diagnostic("MP107", message, span, "save the file as UTF-8"),), shown) from None
+    refused = not_a_plan(text, str(path))
+    if refused is not None:
+        raise PlanError((refused,))
+    return text
+
+
+def not_a_plan(text: str, name: str) -> Diagnostic | None:
+    """Why ``text`` (the file or input ``name``) is not a plan, or None when it may be one.
+
+    Not a plan: text holding a NUL byte (a binary file, ``/proc/self/environ``), or text whose
+    first statement is not the ``memplan`` header (``MP104``, as the parser says it).  The
+    diagnostic is raised without the text, so nothing of such a file is printed.
+    """
+    if "\0" in text:
+        return Diagnostic(
+            "MP107",
+            f"`{name}` is not a plan: it holds NUL bytes (a binary file); none of it is shown",
+            help="give the path of a .memplan file",
+        )
+    return _missing_header(text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n"), name)
 
 
 MAX_PLAN_BYTES = 4 * 1024 * 1024  # the largest plan read or parsed (MP109): grammar/README.md, "Limits"
