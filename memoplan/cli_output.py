@@ -224,10 +224,11 @@ class LineGuard:
         return len(text)
 
     def release(self) -> None:
-        """Write what is held (a line of white space and a colon, never finished)."""
+        """Write what is held (white space and a colon, the start of a line not finished), its
+        colon written ``\\x3a``: what comes after it on the line can no longer make a command."""
         if self._held:
-            self.stream.write(self._held)
-            self._held, self._decided = "", True
+            self.stream.write(self._held.replace(":", "\\x3a"))
+            self._held = ""
 
     def flush(self) -> None:
         self.stream.flush()
