@@ -91,11 +91,11 @@ def plan_inputs(plan, path: Path, spec: str | None) -> tuple[Path | None, ...]:
 
 @contextlib.contextmanager
 def writing(path: Path):
-    """Writing ``path``: an OSError becomes MP508 instead of a traceback."""
+    """Writing ``path`` (with :func:`replace_file`): an OSError becomes MP508 instead of a traceback."""
     try:
         yield
     except OSError as exc:
-        _refuse(path, exc.strerror or str(exc), "give -o the path of a file you can write")
+        _refuse(path, exc.strerror or str(exc), "the file is left as it was; give -o the path of a file you can write")
 
 
 def replace_file(path: Path | str, data: str | bytes, *, follow_links: bool = True) -> Path:
