@@ -494,7 +494,9 @@ def write_output(path: Path, text: str) -> bool:
     try:
         replace_file(path, text)
     except OSError as exc:
-        raise PlanError((Diagnostic("MP508", f"cannot write `{path}`: {exc.strerror or exc}"),)) from None
+        raise PlanError(
+            (Diagnostic("MP508", f"cannot write `{path}`: {exc.strerror or exc}", help="the file is left as it was"),)
+        ) from None
     return False
 
 
