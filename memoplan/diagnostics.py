@@ -190,11 +190,37 @@ def _printable_lines(text: str) -> str:
     return "\n".join(printable(line) for line in text.split("\n"))
 
 
-def did_you_mean(word: str, candidates, *, n: int = 3, cutoff: float = 0.6) -> str | None:
-    """Return a 'did you mean ...?' help string for the closest candidates, or None."""
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest insertions, deletions and substitutions from ``a`` to ``b``."""
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def closest(word: str, candidates, *, n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """The ``n`` candidates nearest ``word``: those similar enough (difflib's ratio at least
+    ``cutoff``), fewest edits first, then in the order given (``featurs.0``: ``features.0``,
+    ``features.1``, ``features.2``)."""
     import difflib
 
-    matches = difflib.get_close_matches(word, sorted(set(candidates)), n=n, cutoff=cutoff)
+    matcher = difflib.SequenceMatcher()
+    matcher.set_seq2(word)
+    similar = []
+    for order, candidate in enumerate(dict.fromkeys(candidates)):
+        matcher.set_seq1(candidate)
+        if matcher.real_quick_ratio() >= cutoff and matcher.quick_ratio() >= cutoff and matcher.ratio() >= cutoff:
+            similar.append((edit_distance(word, candidate), order, candidate))
+    return [candidate for _, _, candidate in sorted(similar)[:n]]
+
+
+def did_you_mean(word: str, candidates, *, n: int = 3, cutoff: float = 0.6) -> str | None:
+    """Return a 'did you mean ...?' help string for the closest candidates, or None."""
+    ordered = sorted(candidates) if isinstance(candidates, (set, frozenset)) else candidates  # a set has no order
+    matches = closest(word, ordered, n=n, cutoff=cutoff)
     if not matches:
         return None
     quoted = ", ".join(f"`{m}`" for m in matches)

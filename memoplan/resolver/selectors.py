@@ -24,7 +24,7 @@ from functools import cached_property
 
 from torch import nn
 
-from memoplan.diagnostics import did_you_mean
+from memoplan.diagnostics import closest, did_you_mean
 from memoplan.ir import path_key
 from memoplan.syntax import ast
 
@@ -214,13 +214,11 @@ def no_match_help(index: ModelIndex, term: ast.SelectorTerm) -> str | None:
 
 
 def _nearest_paths(index: ModelIndex, path: ast.PathPattern) -> list[str]:
-    import difflib
-
     from memoplan.syntax.formatter import format_path
 
     wanted = format_path(path)
     literal = ".".join(s.text for s in path.segments if isinstance(s, ast.Name))
-    found = difflib.get_close_matches(wanted, index.paths, n=3, cutoff=0.5)
+    found = closest(wanted, index.paths, n=3, cutoff=0.5)  # fewest edits first, then the model's order
     if not found and literal:
-        found = difflib.get_close_matches(literal, index.paths, n=3, cutoff=0.5)
+        found = closest(literal, index.paths, n=3, cutoff=0.5)
     return found

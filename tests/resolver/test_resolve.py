@@ -429,6 +429,30 @@ def test_mp301_no_match_with_nearest_path() -> None:
     assert diag.code == "MP301"
     assert (diag.span.line, diag.span.column, diag.span.end_column) == (2, 8, 17)
     assert "`features.0`" in diag.help
+    # fewest edits first, then the model's order: features.1 before features.4
+    assert diag.help == "nearest paths: `features.0`, `features.1`, `features.2`"
+
+
+def test_closest_ranks_by_edits_then_order() -> None:
+    from memoplan.diagnostics import closest, edit_distance
+
+    assert edit_distance("featurs.0", "features.0") == 1
+    assert edit_distance("kitten", "sitting") == 3
+    assert edit_distance("", "abc") == 3
+    paths = [f"blocks.{i}" for i in range(12)]
+    assert closest("blocks.1x", paths) == ["blocks.1", "blocks.10", "blocks.11"]
+    assert closest("blokcs.3", paths) == ["blocks.3", "blocks.0", "blocks.1"]
+    assert closest("zzz", paths) == []
+
+
+@settings(max_examples=n_examples(50), deadline=None)
+@given(st.text("ab", max_size=6), st.text("ab", max_size=6))
+def test_edit_distance_is_a_metric(a: str, b: str) -> None:
+    from memoplan.diagnostics import edit_distance
+
+    assert edit_distance(a, b) == edit_distance(b, a)
+    assert (edit_distance(a, b) == 0) == (a == b)
+    assert abs(len(a) - len(b)) <= edit_distance(a, b) <= max(len(a), len(b))
 
 
 def test_mp301_did_you_mean_class() -> None:
