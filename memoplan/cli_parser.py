@@ -13,9 +13,90 @@ from typing import Any
 
 from memoplan import cli_output, isolate
 from memoplan.cli_output import add_common_options
+from memoplan.diagnostics import did_you_mean
 from memoplan.version import __version__
 
 Runner = Callable[[argparse.Namespace], int]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, which also says "did you mean `check`?" for a mistyped command or choice."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as error:
+            hint = did_you_mean(value, list(action.choices or ())) if isinstance(value, str) else None
+            if hint is None:
+                raise
+            raise argparse.ArgumentError(action, f"{error.message}; {hint}") from None
+
+
+# `--help` lists a command's options in these groups, in this order: the basics first.  An option
+# is placed by its dest; one not named here (a new option) goes to "other options", before the
+# sublinear search's knobs, which are their own group (SUBLINEAR_OPTIONS).
+OPTION_GROUPS: dict[str, tuple[str, ...]] = {
+    "basic options": tuple("model example budget output preset check syntax_only".split()),
+    "planning options": tuple(
+        "coverage planner hint nested dtr profile method repeats loss planned_only seed rtol compare_example "
+        "compile".split()
+    ),
+    "where the step runs": tuple("device device_memory autocast shards optimizer isolate stdio".split()),
+    "output options": ("format", "quiet", "verbose", "help"),
+}
+OTHER_OPTIONS = "other options"
+
+# A few command lines for each command's `--help` (and the top-level one).
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "": (
+        "memoplan demo my-plans                            # the example plans, one verified",
+        "memoplan check my-plans/cnn_bn_dropout.memplan    # parse, check, resolve against the model",
+        "memoplan plan --model memoplan.examples.cnn:build --example 'randn(8, 3, 32, 32)' --budget 80% -o cnn.memplan",
+        "memoplan rule MP301                               # what a diagnostic code means",
+    ),
+    "check": (
+        "memoplan check plans/                        # every *.memplan under plans/",
+        "memoplan check --syntax-only plans/          # no model built, no torch imported",
+        "memoplan check plans/ --format github        # GitHub Actions annotations",
+    ),
+    "fmt": ("memoplan fmt plans/", "memoplan fmt --check plans/     # exit 1 and a diff if a plan is not canonical"),
+    "rule": ("memoplan rule MP301", "memoplan rule                   # every code"),
+    "explain": ("memoplan explain plan.memplan --planned-only",),
+    "verify": ("memoplan verify plan.memplan", "memoplan verify plan.memplan --device cuda --format json"),
+    "compile": (
+        "memoplan compile plan.memplan -o plan_module.py",
+        "memoplan compile plan.memplan -o plan_module.py --check",
+    ),
+    "profile": (
+        "memoplan profile --model memoplan.examples.cnn:build --example 'randn(8, 3, 32, 32)' -o profile.json",
+    ),
+    "plan": (
+        "memoplan plan --model memoplan.examples.cnn:build --example 'randn(8, 3, 32, 32)' --budget 80% -o cnn.memplan",
+        "memoplan plan --model mypkg.models:build --example 'randn(8, 3, 224, 224)' --budget '4 GiB' -o plan.memplan",
+        "memoplan plan start.memplan --preset memory -o plan.memplan   # complete a hand-written plan",
+    ),
+    "report": ("memoplan report plan.memplan -o report.html",),
+    "lsp": ("memoplan lsp          # started by the editor (docs/editors.md)",),
+    "demo": ("memoplan demo my-plans",),
+}
+
+
+def _examples(name: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES.get(name, ()))
+
+
+def group_options(parser: argparse.ArgumentParser) -> None:
+    """Sort the options `--help` lists under "options" into OPTION_GROUPS (basic first)."""
+    default = next(g for g in parser._action_groups if g.title in ("options", "optional arguments"))
+    where = {dest: title for title, dests in OPTION_GROUPS.items() for dest in dests}
+    groups = {title: parser.add_argument_group(title) for title in (*OPTION_GROUPS, OTHER_OPTIONS)}
+    for action in list(default._group_actions):
+        groups[where.get(action.dest, OTHER_OPTIONS)]._group_actions.append(action)
+    default._group_actions.clear()
+    order = [default, *groups.values()]  # positionals first, then the groups, then the sublinear knobs
+    rest = [g for g in parser._action_groups if g not in order]
+    parser._action_groups[:] = [g for g in (*rest[:1], *order, *rest[1:]) if g._group_actions]
+
 
 # The sublinear search's settings on the command line: the `sublinear` block's keys.
 SUBLINEAR_OPTIONS = {
@@ -29,10 +110,10 @@ SUBLINEAR_OPTIONS = {
 
 def build_parser(run: Mapping[str, Runner], report: Callable[[Any], None]) -> argparse.ArgumentParser:
     """Every command and its options; ``run[name]`` runs command ``name``, ``report`` prints a PlanError."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="memoplan",
         description="Declarative activation-memory plans for PyTorch models.",
-        epilog=isolate.UNTRUSTED,
+        epilog=_examples("") + "\n\n" + isolate.UNTRUSTED,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"memoplan {__version__}")
@@ -54,7 +135,35 @@ def build_parser(run: Mapping[str, Runner], report: Callable[[Any], None]) -> ar
     demo.set_defaults(run=run["demo"])
     for name, command in sub.choices.items():
         add_common_options(command, formats=name in ("check", "fmt", "verify"))
+    finish_help(parser)
     return parser
+
+
+def finish_help(parser: argparse.ArgumentParser) -> None:
+    """Every command's `--help`: its one-line help as description, options in groups, examples.
+
+    Called after every option is added (:func:`build_parser` calls it last), so an option added
+    to any command lands in its group."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    for name, command in sub.choices.items():
+        command.description = command.description or helps.get(name)
+        command.epilog = _examples(name) if name in EXAMPLES else command.epilog
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        command.usage = _usage(command)
+        group_options(command)
+
+
+def _usage(command: argparse.ArgumentParser) -> str:
+    """``memoplan plan [PLAN] -o PATH [options]``: what a command needs; `--help` lists the rest."""
+    parts = []
+    for action in command._actions:
+        name = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+        if not action.option_strings:
+            parts.append({"?": f"[{name}]", "+": f"{name} [{name} ...]"}.get(str(action.nargs), name))
+        elif action.required:
+            parts.append(f"{action.option_strings[0]} {name}")
+    return " ".join([command.prog, *parts, "[options]"])
 
 
 def _check(sub: Any, run: Runner) -> None:
