@@ -159,6 +159,66 @@ class MemoplanWarning(UserWarning):
         return self.diagnostic.code
 
 
+def warn(message: Warning | str, category: type[Warning] = UserWarning) -> None:
+    """Issue a warning at the user's line: the innermost caller that is not memoplan, a plan
+    module it generated, torch, the standard library or an installed package (a
+    ``trainer.train()`` line, not ``torch/nn/modules/module.py``).  Where every caller is
+    library code, the innermost one outside memoplan, torch and the standard library."""
+    import sys
+    import warnings
+
+    frame = _user_frame(sys._getframe(1))
+    if frame is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    if isinstance(message, Warning):
+        category = type(message)
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=module_globals.get("__name__", "<unknown>"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+        module_globals=module_globals,
+    )
+
+
+def _user_frame(frame):
+    fallback = None
+    while frame is not None:
+        if not _ours_or_torch(frame):
+            fallback = fallback or frame
+            if not frame.f_code.co_filename.startswith(_library_folders()):
+                return frame
+        frame = frame.f_back
+    return fallback
+
+
+def _ours_or_torch(frame) -> bool:
+    name = frame.f_globals.get("__name__") or ""
+    top = name.split(".", 1)[0]
+    generated = "RUNTIME_ABI" in frame.f_globals and "PLAN_ID" in frame.f_globals  # memoplan compile's module
+    stdlib = frame.f_code.co_filename.startswith(("<", *_library_folders(stdlib_only=True)))
+    return top in ("memoplan", "torch") or name.startswith("memoplan_generated_") or generated or stdlib
+
+
+@functools.cache
+def _library_folders(stdlib_only: bool = False) -> tuple[str, ...]:
+    import os
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    found = [paths["stdlib"], paths["platstdlib"]]
+    if not stdlib_only:
+        found += [paths["purelib"], paths["platlib"], *getattr(site, "getsitepackages", list)()]
+        found.append(site.getusersitepackages() if site.ENABLE_USER_SITE else "")
+    both = [form(p) for p in found if p for form in (os.path.abspath, os.path.realpath)]
+    return tuple(dict.fromkeys(os.path.join(p, "") for p in both))
+
+
 # Bidirectional overrides and isolates: they reorder the text that follows them on screen.
 _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 

@@ -163,7 +163,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP319", _S.RESOLVE, E, "`split` names a non-child, or children out of order", "name the module's own children, in order, not the first"),
     ("MP320", _S.RESOLVE, E, "a region of its own, holding a BatchNorm, inside time chunks", "checkpoint the chunked module instead of the region inside it"),
     ("MP321", _S.RESOLVE, W, "`boundaries = recompute` where no module carries state between chunks", "remove `boundaries = recompute`"),
-    ("MP322", _S.RESOLVE, W, "the plan checkpoints a model whose own (Hugging Face) gradient checkpointing is on", "turn the model's gradient checkpointing off, or drop the plan's checkpoint rules"),
+    ("MP322", _S.RESOLVE, W, "the plan checkpoints a model whose own (Hugging Face) activation checkpointing is on", "turn the model's own checkpointing off (`model.activation_checkpointing_disable()`; the Trainer's `activation_checkpointing=False`, before transformers 5 `gradient_checkpointing`), or drop the plan's checkpoint rules"),
     ("MP323", _S.RESOLVE, E, "a region starts with a module that overwrites its input in place (`inplace=True`)", "checkpoint the enclosing module the help names"),
     ("MP324", _S.CHECK, E, "with an example: `temporal_chunk ... dim d` past the dimensions of the input the chunked module sees", "chunk a dimension the input has"),
     ("MP325", _S.RESOLVE, E, "`checkpoint save = [...]` on a region that also compresses, chunks time or threads state", "drop `save` or the other policy: memoplan's own region does not save ops"),

@@ -25,13 +25,14 @@ BatchNorm vectors), not e.g. large constant masks.
 from __future__ import annotations
 
 import contextlib
-import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from memoplan.diagnostics import warn
 
 __all__ = ["BufferGuard"]
 
@@ -109,12 +110,11 @@ class BufferGuard:
                 # Reassigned (``self.n = self.n + 1``): the old object still holds the old value.
                 self._seen[(b.owner, b.name)] = b.tensor
             else:
-                warnings.warn(
+                warn(
                     f"memoplan: buffer `{b.qualname}` of a checkpointed "
                     f"{type(b.root).__name__} changed for the first time after its first "
                     "call; it is still updated once, but this recompute sees its new value",
                     RuntimeWarning,
-                    stacklevel=2,
                 )
                 self._seen[(b.owner, b.name)] = None
         for root, names in changed.items():

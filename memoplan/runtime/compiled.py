@@ -28,13 +28,13 @@ calls compile one by one.  docs/compile.md has the table of what compiles whole.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from memoplan.diagnostics import warn
 from memoplan.runtime.argstate import ArgumentGuard, combined, is_cache
 from memoplan.runtime.buffers import BufferGuard
 
@@ -103,13 +103,12 @@ def region_kind(codec: str, stateful: Sequence[Any], chunks: int | None = None) 
 def _run_eagerly(fn: Callable[..., Any], where: str, what: str, /, *args: Any, **kwargs: Any) -> Any:
     if where not in _OUTSIDE:
         _OUTSIDE.add(where)
-        warnings.warn(
+        warn(
             f"memoplan: MP417: {where or 'a region'}: under torch.compile, memoplan's own region ({what}) is not "
             f"traced into the model's graph: the graph breaks at it, {_inside(what)}, "
             f"and {_LOOP}; the results are the same. A plain `checkpoint` (no compress, state or "
             "temporal_chunk) compiles with the model",
             RuntimeWarning,
-            stacklevel=3,
         )
     _DEPTH[0] += 1
     try:
@@ -147,11 +146,10 @@ def _warn(where: str, flat: Sequence[Any], roots: Sequence[nn.Module]) -> None:
             "load the model with `use_cache=False` (or call it with `use_cache=False`), as Hugging Face's "
             "own gradient checkpointing does, so nothing inside the region writes to it" + hint
         )
-    warnings.warn(
+    warn(
         f"memoplan: MP415: {where or 'a region'}: torch.compile could not trace inside the checkpointed "
         f"region, so the graph breaks there{because}{hint}",
         RuntimeWarning,
-        stacklevel=2,
     )
 
 

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +67,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import get_device_states
 
+from memoplan.diagnostics import warn
 from memoplan.runtime.argstate import ArgumentGuard
 from memoplan.runtime.buffers import BufferGuard
 from memoplan.runtime.recompute import as_in_forward, autocast_state, recomputing
@@ -489,13 +489,12 @@ class Tracker:
             self.over += 1
             if not self.warned:
                 self.warned = True
-                warnings.warn(
+                warn(
                     f"memoplan: MP430: the dtr eviction_threshold ({settings.eviction_threshold} B) cannot be met: "
                     f"after evicting every candidate it may, the tracker still holds {total - running} B (the "
                     "inputs the candidates keep, and those below evictee_minimum_size); raise the threshold or "
                     "lower evictee_minimum_size (`memoplan plan --budget B --dtr` chooses one)",
                     RuntimeWarning,
-                    stacklevel=4,
                 )
 
     # -- a candidate's forward

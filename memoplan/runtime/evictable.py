@@ -31,13 +31,13 @@ shapes).  :func:`memoplan.dtr_stats` counts eager steps only.  docs/compile.md h
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from memoplan.diagnostics import warn
 from memoplan.runtime.checkpoint import run_checkpointed
 from memoplan.runtime.dtr import DTR_ATTR, Tracker
 
@@ -89,14 +89,13 @@ def _checkpointed(module: nn.Module) -> bool:
         shown = ", ".join(f"`{n}`" for n in names[:_SHOWN]) + (
             f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
         )
-        warnings.warn(
+        warn(
             f"memoplan: MP418: `dtr` under torch.compile: a compiled graph cannot evict at run time, so the "
             f"candidates run as a static checkpoint choice made now, while Dynamo traces: {len(names)} of "
             f"{len(everyone)} checkpointed{' (' + shown + ')' if names else ''}, {reason}; the others keep their "
             "activations until backward. Gradients are those of the unplanned model; `dtr_stats` counts eager "
             "steps only (docs/compile.md)",
             RuntimeWarning,
-            stacklevel=2,
         )
     return where in chosen
 

@@ -13,14 +13,13 @@ at the first forward that trains (``model.training`` and grad enabled), and warn
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from memoplan.diagnostics import Diagnostic, MemoplanWarning, Severity, Span
+from memoplan.diagnostics import Diagnostic, MemoplanWarning, Severity, Span, warn
 
 __all__ = ["WATCH_ATTR", "own_checkpointing", "unwatch", "watch"]
 
@@ -84,7 +83,7 @@ def _look_once(model: nn.Module, record: _Watch) -> None:
     record.done = True
     own = own_checkpointing(model)
     if own:
-        warnings.warn(MemoplanWarning(_diagnostic(own, record)), stacklevel=5)
+        warn(MemoplanWarning(_diagnostic(own, record)))  # at the user's line (trainer.train()), not torch's
 
 
 def _diagnostic(own: list[str], record: _Watch) -> Diagnostic:
@@ -97,8 +96,8 @@ def _diagnostic(own: list[str], record: _Watch) -> Diagnostic:
         + (f" and {len(record.regions) - 1} more" if len(record.regions) > 1 else "")
         + ": layers are recomputed twice",
         record.span,
-        "keep one: don't turn it on (Hugging Face Trainer: `gradient_checkpointing=False` in its "
-        "arguments), so that the plan decides what is recomputed, or drop the plan's `checkpoint` "
-        "and `temporal_chunk` rules",
+        "keep one: leave it off (Hugging Face Trainer: `activation_checkpointing=False`, the default, in "
+        "its TrainingArguments; before transformers 5 `gradient_checkpointing=False`), so that the plan decides "
+        "what is recomputed, or drop the plan's `checkpoint` and `temporal_chunk` rules",
         severity=Severity.WARNING,
     )

@@ -26,7 +26,6 @@ parameters behave as without a plan (huggingface/transformers#23170).
 from __future__ import annotations
 
 import contextlib
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils.checkpoint import get_device_states, set_device_states
 
+from memoplan.diagnostics import warn
 from memoplan.enums import Boundaries
 from memoplan.runtime import batchnorm, codecs, gradroot, inplace
 from memoplan.runtime.buffers import BufferGuard
@@ -233,11 +233,10 @@ def _split_chunks(args, kwargs, options: RegionOptions, *, chunks: int, dim: int
         length = size
         if chunks > size and key == chunk_args[0] and (options.where, chunks, size) not in _CLAMPED:
             _CLAMPED.add((options.where, chunks, size))
-            warnings.warn(
+            warn(
                 f"memoplan: {options.where}: temporal_chunk {chunks} over a time axis of {size} steps; "
                 f"using {max(1, size)} chunks",
                 RuntimeWarning,
-                stacklevel=4,
             )
         # One split (not per-chunk slices): its backward concatenates the chunks'
         # gradients once instead of adding a full-size zero-padded tensor per chunk.

@@ -84,6 +84,8 @@ def test_untraceable_region_warns_once_with_path_and_reason_and_trains_as_eager(
     (message,) = memoplan_warnings(caught)  # once, over two steps
     assert message.startswith("memoplan: MP415: block: torch.compile could not trace inside")
     assert "Tensor.item()" in message
+    # at the line that ran the compiled model (train's), not in torch/_dynamo
+    assert {w.filename for w in caught if "MP415" in str(w.message)} == {__file__}
     assert "use_cache" not in message  # no transformers cache here
     for a_step, b_step in zip(ref, got):
         for a, b in zip(a_step, b_step):

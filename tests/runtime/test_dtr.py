@@ -201,8 +201,9 @@ def test_threshold_that_cannot_be_met_warns_once_and_verify_fails(tmp_path, caps
     torch.manual_seed(0)
     model = Net(["dense", "dense"], False)
     planned = memoplan.apply(copy.deepcopy(model), _plan(1))
-    with pytest.warns(RuntimeWarning, match="MP430"):
+    with pytest.warns(RuntimeWarning, match="MP430") as seen:
         planned(torch.randn(BATCH, WIDTH)).sum().backward()
+    assert [w.filename for w in seen] == [__file__]  # the user's line, not torch's module.py
     assert memoplan.dtr_stats(planned).over_threshold > 0
 
     plan = tmp_path / "p.memplan"

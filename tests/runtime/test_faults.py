@@ -385,6 +385,9 @@ def test_hf_checkpointing_turned_on_after_apply_is_warned_once_at_the_first_trai
     (warning,) = _mp322(caught)
     assert "turned on after the plan was applied" in str(warning.message)
     assert str(warning.message).startswith("gpt2.memplan:3:")
+    assert "`activation_checkpointing=False`" in warning.message.diagnostic.help  # transformers 5's argument
+    # at the user's line (the forward in _train_step), not torch's module.py that runs the hook
+    assert (warning.filename, warning.lineno) == (__file__, _train_step.__code__.co_firstlineno + 2)
 
 
 def test_no_late_warning_without_hf_checkpointing_and_remove_takes_the_watch_away():

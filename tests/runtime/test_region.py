@@ -97,9 +97,13 @@ def test_temporal_chunks_equal_the_unchunked_step(chunks):
 def test_chunk_count_above_the_time_axis_is_clamped_with_a_warning():
     net = _net()
     a = _step(copy.deepcopy(net), _spikes(steps=3), None)
-    with pytest.warns(RuntimeWarning, match=r"clamp-test\.\d: temporal_chunk 16 over a time axis of 3 steps; using 3"):
+    with pytest.warns(
+        RuntimeWarning, match=r"clamp-test\.\d: temporal_chunk 16 over a time axis of 3 steps; using 3"
+    ) as seen:
         b = _step(copy.deepcopy(net), _spikes(steps=3), {"chunks": 16, "where": "clamp-test"})
     assert torch.equal(a["out"], b["out"])
+    # the warning names the line that called the region (here _step's), not memoplan's or torch's
+    assert {(w.filename, w.lineno) for w in seen} == {(__file__, _step.__code__.co_firstlineno + 9)}
 
 
 def test_state_carries_across_calls_and_recompute_does_not_advance_it():
