@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	# SpikingJelly's neurons work with `state = functional`; its declared
 	# dependencies would replace torch, so install what it imports first, then
 	# it alone and last (so pip has nothing left to check it against).
-	$(PY) -m pip install --quiet transformers==5.23.0 loguru tqdm
+	$(PY) -m pip install --quiet transformers==5.23.0 accelerate==1.15.0 loguru tqdm
 	$(PY) -m pip install --quiet --no-deps spikingjelly==2.0.0
 	touch $(STAMP)
 

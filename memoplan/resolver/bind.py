@@ -605,7 +605,7 @@ def _check_model_checkpointing(res: Resolution) -> None:
     first = min(regions, key=lambda p: (_region_policy(res, p).span.line, ir.path_key(p)))
     res.warn(
         "MP322",
-        f"the model's own gradient checkpointing is on (`{own[0]}`"
+        f"the model's own activation checkpointing (Hugging Face's `gradient_checkpointing` switch) is on (`{own[0]}`"
         + (f" and {len(own) - 1} more" if len(own) > 1 else "")
         + f"), and the plan checkpoints `{first}`"
         + (f" and {len(regions) - 1} more" if len(regions) > 1 else "")

@@ -90,7 +90,7 @@ def _diagnostic(own: list[str], record: _Watch) -> Diagnostic:
     first = record.regions[0]
     return Diagnostic(
         "MP322",
-        f"the model's own gradient checkpointing was turned on after the plan was applied (`{own[0]}`"
+        f"the model's own activation checkpointing (Hugging Face's `gradient_checkpointing` switch) was turned on after the plan was applied (`{own[0]}`"
         + (f" and {len(own) - 1} more" if len(own) > 1 else "")
         + f"), and the plan checkpoints `{first}`"
         + (f" and {len(record.regions) - 1} more" if len(record.regions) > 1 else "")
