@@ -21,6 +21,7 @@ from typing import Any
 
 from memoplan import isolate
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
+from memoplan.progress import REPORTER
 from memoplan.targets import replace_file
 
 FORMATS = ("text", "json", "github")
@@ -83,10 +84,7 @@ class Output:
         return True
 
     def progress(self, message: str) -> None:
-        if self.verbosity < 0 or self.format == "json":
-            return
-        elapsed = f" [{time.monotonic() - self.started:.1f} s]" if self.verbosity > 0 else ""
-        print(f"memoplan: {printable(message)}{elapsed}", file=sys.stderr, flush=True)  # specs come from the plan
+        REPORTER.say(printable(message))  # specs come from the plan; -q and --format json: nothing
 
     def result(self, line: str) -> None:
         """A one-line outcome (``plan.memplan: ok, 3 rules``): stdout in text format, unless -q."""
@@ -128,6 +126,7 @@ def configure(args: Any) -> Output:
     OUTPUT.command = getattr(args, "command", "") or ""
     OUTPUT.files = []
     OUTPUT.started = time.monotonic()
+    REPORTER.configure(verbosity=OUTPUT.verbosity, enabled=OUTPUT.format != "json")
     return OUTPUT
 
 
@@ -550,7 +549,8 @@ def _arena_details(check: Any) -> dict[str, Any]:
 
 
 def progress(message: str) -> None:
-    """A progress line on stderr (``-q`` silences it, ``-v`` times it), also the step an
-    ``--isolate`` parent names if the model's code crashes after it."""
+    """A progress line on stderr (``-q`` silences it, ``-v`` times it; between a stage's bar
+    and its lines, :mod:`memoplan.progress`), also the step an ``--isolate`` parent names if the
+    model's code crashes after it."""
     OUTPUT.progress(message)
     isolate.note(message)

@@ -62,3 +62,12 @@ def transformer_profile(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("profile") / "profile.json"
     assert main(["profile", *TRANSFORMER, "-o", str(path)]) == 0
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def _progress_as_a_library_caller_gets_it():
+    """Every test starts with memoplan.progress as a library caller finds it: a command an
+    earlier test ran (`-q`, `--format json`) does not silence the next test's progress."""
+    from memoplan.progress import REPORTER
+
+    REPORTER.configure()

@@ -12,7 +12,6 @@ shares of checkpointed modules, which eviction does not have.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +25,7 @@ from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
 from memoplan.planner.schema import Profile, chain
 from memoplan.planner.write import provenance
+from memoplan.progress import REPORTER, size
 from memoplan.resolver import resolve
 from memoplan.specs import Example
 from memoplan.syntax import ast, parse
@@ -133,11 +133,12 @@ def make_dtr_plan(
         plan = _plan(threshold, minimum, sim, prof, limit, predicted, None, hard, margin)
         measured = _measure(model, example, plan)
         if progress:
-            print(
-                f"memoplan: dtr threshold {threshold} B: predicted peak {predicted} B, measured {measured} B "
-                f"(limit {limit} B)",
-                file=sys.stderr,
-                flush=True,
+            REPORTER.say(
+                f"evicting above {size(threshold)} at run time: measured peak {size(measured)} "
+                f"(the limit {size(limit)}, predicted {size(predicted)})"
+            )
+            REPORTER.detail(
+                f"dtr threshold {threshold} B: predicted peak {predicted} B, measured {measured} B (limit {limit} B)"
             )
         if measured <= limit or attempt == MAX_CORRECTIONS:
             break

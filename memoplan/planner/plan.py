@@ -9,7 +9,7 @@ Named presets of these choices are in :mod:`memoplan.planner.presets`.
 
 from __future__ import annotations
 
-import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from torch import nn
@@ -35,6 +35,7 @@ from memoplan.planner.write import (  # noqa: F401  (kept importable from here)
     with_sources,
     with_state_rules,
 )
+from memoplan.progress import REPORTER, size
 from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
@@ -170,7 +171,7 @@ def _estimated_first(searched, progress: bool) -> PlanResult:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             why = f"a trial could not be estimated ({type(exc).__name__}: {first})"
     if progress:
-        print(f"memoplan: estimated trials: {why}; searching again with real steps", file=sys.stderr, flush=True)
+        REPORTER.say(f"estimated trials: {why}; searching again with real steps (slower)")
     return searched(False)
 
 
@@ -210,7 +211,11 @@ def _widening(
                 f"at the least, over the limit {missed.limit} B"
             )
             if progress:
-                print(f"memoplan: {widened}; searching again", file=sys.stderr, flush=True)
+                REPORTER.say(
+                    f"no plan of whole blocks fits the budget ({size(missed.peak)} at the least, the limit "
+                    f"{size(missed.limit)}): trying {offered.removesuffix(' offered')}"
+                )
+                REPORTER.detail(f"{widened}; searching again")
             args = (model, example, budget, replace(how, planner=Planner.OPTIMAL), hard, prof, progress, wider, preset)
             try:
                 return _make_plan(*args, nested=deeper, widened=widened)
@@ -243,14 +248,17 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
     for wider, deeper, offered in _widenings(model, prof, refine, how.start is not None):
         attempts.append((offered, searched(wider, deeper, offered)))
     found: list[tuple[str, PlanResult]] = []
-    for what, attempt in attempts:
-        if progress:
-            print(f"memoplan: least peak: searching {what}", file=sys.stderr, flush=True)
-        try:
-            attempt()
-        except BudgetMissed as missed:
-            if missed.result is not None:
-                found.append((what, missed.result))
+    with REPORTER.stage("looking for the least peak", len(attempts), "searches") if progress else nullcontext():
+        for what, attempt in attempts:
+            if progress:
+                REPORTER.detail(f"least peak: searching {what}")
+            try:
+                attempt()
+            except BudgetMissed as missed:
+                if missed.result is not None:
+                    found.append((what, missed.result))
+            if progress:
+                REPORTER.advance()
     if not found:  # nothing to checkpoint: the unplanned step is the least
         plan = _draft(None, [], model, provenance("memoplan plan", prof), how)
         choice = _empty_choice(search.LeastPeak(), prof.peak_bytes, prof.peak_bytes)
@@ -322,11 +330,10 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         plan = _draft(None, [], model, {}, how, rules=(rule,))
         peak = _measure(model, example, plan)
         if progress:
-            print(
-                f"memoplan: {what} of {shown}: {split.runs} regions, measured peak {peak} B",
-                file=sys.stderr,
-                flush=True,
+            REPORTER.say(
+                f"checkpointing {shown} in {split.runs} runs of its children ({_RUNS[what]}): peak {size(peak)}"
             )
+            REPORTER.detail(f"{what} of {shown}: {split.runs} regions, measured peak {peak} B")
         if best is None or peak < best[0]:
             best = (peak, split, rule, what)
     assert best is not None, "options holds the least-peak split at least"
@@ -366,6 +373,13 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
     if not result.met:
         raise replace(_missed(limit, peak, rest + least.cost, least_measured=True), result=result)
     return result
+
+
+# The two splits of a chain (_segmented), in plain words for the progress lines.
+_RUNS = {
+    "least-peak split": "the split with the least estimated peak",
+    "Chen et al.'s sqrt(n) segments": "runs of equal length",
+}
 
 
 def _widenings(model: nn.Module, prof: Profile, refine: RefineOptions | None, completing: bool):

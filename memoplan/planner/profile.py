@@ -55,16 +55,16 @@ every weight; it is detected (version counters) and reported with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import statistics
-import sys
 import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -83,6 +83,7 @@ from memoplan.planner.schema import (
     nested_candidates,
     some_names,
 )
+from memoplan.progress import REPORTER
 from memoplan.runtime import codecs
 from memoplan.runtime.install import qualified_type_name
 from memoplan.runtime.state import get_state, is_stateful, load_state
@@ -186,7 +187,7 @@ def profile(
     # budget given as a share of it would be too loose.  One step first, then the peak.
     warm_up = target.type == "cuda"
     bar = _Progress((2 if peak_bytes is None else int(probe)) + repeats + warm_up, enabled=progress)
-    with Restored(model, example, target) as restored:
+    with bar, Restored(model, example, target) as restored:
         if warm_up:
             bar.step("warm-up")
             training_step(model, example.args, dict(example.kwargs), loss_fn)
@@ -214,7 +215,6 @@ def profile(
         probe_first = probed() if peak_bytes is None else None
         timings, steps = _timed_steps(model, example, target, restored, bar, repeats, loss_fn)
         found = probe_first or (probed() if probe else Probe(model, target))
-        bar.done()
 
     return Profile(
         modules=_module_profiles(model, timings, found),
@@ -595,40 +595,32 @@ _MISSING = object()
 
 
 class _Progress:
-    """A plain-text bar on stderr: ``profiling [#####.....] 3/6 steps (time 1/3)``."""
+    """The profile's steps as a stage of :data:`memoplan.progress.REPORTER`: a bar with the time
+    left on a terminal, one line elsewhere; with ``-v`` a line per step."""
 
-    WIDTH = 20
-
-    def __init__(self, total: int, *, enabled: bool, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, *, enabled: bool) -> None:
         self.total = total
         self.enabled = enabled
-        self.stream = stream if stream is not None else sys.stderr
         self.done_steps = 0
-        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._stage = contextlib.ExitStack()
 
-    def _draw(self, label: str) -> None:
-        filled = self.WIDTH * self.done_steps // self.total
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        text = f"profiling [{bar}] {self.done_steps}/{self.total} steps"
-        if label:
-            text += f" ({label})"
-        if self._tty:
-            self.stream.write("\r" + text.ljust(60))
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            self._stage.enter_context(REPORTER.stage("measuring the training step", self.total, "steps"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled and self.done_steps and exc[0] is None:
+            REPORTER.advance()  # the last step has finished
+        self._stage.close()
 
     def step(self, label: str) -> None:
+        """Step ``label`` starts (the one before it has finished)."""
         if self.enabled:
-            self._draw(label)
+            if self.done_steps:
+                REPORTER.advance()
+            REPORTER.detail(f"profile: {label} step")
         self.done_steps += 1
-
-    def done(self) -> None:
-        if self.enabled:
-            self._draw("done")
-            if self._tty:
-                self.stream.write("\n")
-                self.stream.flush()
 
 
 # ---------------------------------------------------------------- helpers

@@ -46,7 +46,7 @@ the same random state as the first (:class:`memoplan.planner.profile.Snapshot`).
 
 from __future__ import annotations
 
-import sys
+import contextlib
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -61,6 +61,7 @@ from memoplan.measure import measure_step
 from memoplan.planner.config import ALL_LEVELS, Level, RefineOptions
 from memoplan.planner.copies import unplanned_copy
 from memoplan.planner.profile import Snapshot
+from memoplan.progress import REPORTER, size
 from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
@@ -362,18 +363,26 @@ class _Refiner:
 
     # -- running levels
 
-    def run(self, level: Level) -> None:
-        """Try the level's candidates in order, up to ``max_trials`` measured trials."""
+    def run(self, level: Level, bar: bool = False) -> None:
+        """Try the level's candidates in order, up to ``max_trials`` measured trials; ``bar``:
+        a progress bar over them (:data:`memoplan.progress.REPORTER`)."""
         limit = self.options.max_trials
         done = 0
-        for candidate in self._candidates(level):
-            if limit is not None and done >= limit:
-                break
-            # Candidates are listed up front; skip one an earlier kept edit already made.
-            if not self._changes(candidate):
-                continue
-            if self._try(level, candidate, f"{done + 1}/{limit}" if limit is not None else str(done + 1)):
-                done += 1
+        candidates = self._candidates(level)
+        total = len(candidates) if limit is None else min(limit, len(candidates))
+        with contextlib.ExitStack() as stack:
+            if bar and total:
+                stack.enter_context(REPORTER.stage(f"improving the plan: {_LEVEL_WORDS[level]}", total, "trials"))
+            for candidate in candidates:
+                if limit is not None and done >= limit:
+                    break
+                # Candidates are listed up front; skip one an earlier kept edit already made.
+                if self._changes(candidate) and self._try(
+                    level, candidate, f"{done + 1}/{limit}" if limit is not None else str(done + 1)
+                ):
+                    done += 1
+                if bar and total:
+                    REPORTER.advance()
 
     def _candidates(self, level: Level) -> list[_Candidate]:
         rules = self.rules()
@@ -547,11 +556,15 @@ def refine(
     to ``stream`` (default stderr).  ``model`` is left exactly as it was.
     """
     example = _as_example(example)
-    out = stream if stream is not None else sys.stderr
 
-    def say(message: str) -> None:
-        if progress:
-            print(f"memoplan: {printable(message)}", file=out, flush=True)  # names come from the model
+    def say(message: str, level: int = 1) -> None:
+        """A trial's line (a detail: ``-v``), or with ``level`` 0 what a person wants to know."""
+        if not progress:
+            return
+        if stream is not None:  # the caller's stream: every line
+            print(f"memoplan: {printable(message)}", file=stream, flush=True)
+        else:
+            REPORTER.say(printable(message), level)  # names come from the model
 
     if baseline is None:
         say("refine: measuring the plan as given")
@@ -560,14 +573,34 @@ def refine(
         weights = _weights(model, example)
     refiner = _Refiner(model, example, plan, baseline, dict(weights or {}), options, say)
     for level in options.levels:
-        refiner.run(level)
+        refiner.run(level, progress and stream is None)
     result = refiner.plan
     if refiner.dropped:
         header = result.header_comments
         result = replace(result, header_comments=replace(header, leading=(*header.leading, *refiner.dropped)))
     refinement = Refinement(result, baseline, refiner.peak, tuple(refiner.trials), options.levels)
     say(f"refine: {refinement.summary()}")
+    kept = sum(t.kept for t in refinement.trials)
+    if refinement.trials and stream is None:
+        say(
+            f"improved the plan: {kept} of {len(refinement.trials)} changes kept, peak {_plain(baseline, refiner.peak)}",
+            0,
+        )
     return refinement
+
+
+# What each level tries, in plain words, for the progress bar.
+_LEVEL_WORDS = {
+    Level.SPLIT: "splitting checkpointed regions into shorter runs",
+    Level.TEMPORAL: "chunking stateful regions over time",
+    Level.NARROW: "narrowing checkpoints to their heaviest part",
+    Level.UNWRAP: "dropping checkpoints that save nothing",
+    Level.SAVE: "keeping matmul and attention outputs inside checkpoints",
+}
+
+
+def _plain(before: int, after: int) -> str:
+    return f"{size(before)} -> {size(after)}" if after != before else f"{size(after)}, unchanged"
 
 
 def _weights(model: nn.Module, example: Example) -> dict[str, int]:

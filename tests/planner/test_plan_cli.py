@@ -101,14 +101,14 @@ def test_preset_memory_end_to_end_writes_a_refined_plan_that_checks_and_verifies
     (tmp_path / "tiny.py").write_text(TINY_SPIKING)
     model, example = f"{tmp_path / 'tiny.py'}:build", f"{tmp_path / 'tiny.py'}:example"
     out = tmp_path / "plan.memplan"
-    assert main(["plan", "--model", model, "--example", example, "--preset", "memory", "-o", str(out)]) == 0
+    assert main(["plan", "--model", model, "--example", example, "--preset", "memory", "-o", str(out), "-v"]) == 0
     captured = capsys.readouterr()
     assert "budget met" in captured.out and "refinement trials kept" in captured.out
     assert (
         "memoplan: preset memory: the least peak (every search measured), refinement levels: split, temporal, narrow, unwrap, save"
         in captured.err
     )
-    assert "memoplan: refine temporal [1/8]" in captured.err  # a progress line per trial
+    assert "memoplan: refine temporal [1/8]" in captured.err  # -v: a progress line per trial
     text = out.read_text()
     assert memoplan.format_plan(memoplan.parse(text)) == text
     assert "# preset: memory" in text and "# refinement: split, temporal, narrow, unwrap, save: " in text
@@ -459,7 +459,8 @@ def test_a_hard_budget_whole_blocks_cannot_meet_widens_the_search_to_their_parts
     assert main(["plan", *TRANSFORMER, "--budget", "46%", "-o", str(out)]) == 0
     captured = capsys.readouterr()
     assert "budget met" in captured.out
-    assert "memoplan: parts of blocks and split regions offered: whole candidates measure" in captured.err
+    assert "memoplan: no plan of whole blocks fits the budget (" in captured.err
+    assert "trying parts of blocks and split regions" in captured.err
     text = out.read_text()
     assert "# widened: parts of blocks and split regions offered:" in text and "# planner: exact" in text
     assert re.search(r"^module blocks\.\d\.\w+", text, re.M)  # a part of a block

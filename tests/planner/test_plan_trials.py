@@ -48,7 +48,7 @@ def test_default_plan_estimates_its_trials_and_checks_the_plan_with_one_real_ste
     fake = _counting(monkeypatch, estimate_module, "estimate_plan")
     real = _counting(monkeypatch, refine, "measure_step")
     out = tmp_path / "p.memplan"
-    assert main(["plan", *TRANSFORMER, "--budget", "50%", "-o", str(out)]) == 0
+    assert main(["plan", *TRANSFORMER, "--budget", "50%", "-o", str(out), "-v"]) == 0
     text = out.read_text()
     # The unplanned peak and every trial on fake tensors; one real planned step checks the plan.
     assert "# unplanned peak on fake tensors:" in text and "# planned peak on fake tensors:" in text
@@ -57,7 +57,8 @@ def test_default_plan_estimates_its_trials_and_checks_the_plan_with_one_real_ste
     measured = int(text.split("# measured peak after: ")[1].split(" B")[0])
     assert estimated == measured  # the estimate is exact on the bundled transformer
     err = capsys.readouterr().err
-    assert "profiling [" in err and "(peak)" not in err  # the profile's real steps: probe and one timed step
+    # the profile's real steps (-v: a line each): probe and one timed step
+    assert "profile: probe step" in err and "profile: time 1/1 step" in err and "profile: peak step" not in err
 
 
 def test_method_measured_takes_every_trial_for_real(tmp_path, monkeypatch):
