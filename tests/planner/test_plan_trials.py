@@ -57,8 +57,9 @@ def test_default_plan_estimates_its_trials_and_checks_the_plan_with_one_real_ste
     measured = int(text.split("# measured peak after: ")[1].split(" B")[0])
     assert estimated == measured  # the estimate is exact on the bundled transformer
     err = capsys.readouterr().err
-    # the profile's real steps (-v: a line each): probe and one timed step
-    assert "profile: probe step" in err and "profile: time 1/1 step" in err and "profile: peak step" not in err
+    # the profile's real steps (-v: a line each): one timed step, no peak step
+    assert "measuring the training step (1 step)" in err
+    assert "profile: time 1/1 step" in err and "profile: peak step" not in err
 
 
 def test_method_measured_takes_every_trial_for_real(tmp_path, monkeypatch):
