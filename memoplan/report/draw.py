@@ -10,6 +10,7 @@ salt, no date).
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,68 +64,109 @@ def _svg(fig: Any) -> str:
     return text[text.index("<svg") :]  # inline: no XML declaration or doctype
 
 
-def _bytes_axis(ax: Any, top: float) -> None:
-    from matplotlib.ticker import FuncFormatter
+def nice_step(top: float, ticks: int = 5) -> float:
+    """A round tick spacing (1, 2, 2.5 or 5 times a power of ten) giving at most about ``ticks``
+    intervals up to ``top``: 0.2 for 0.57, 0.5 for 2.3, 200 for 870."""
+    if top <= 0:
+        return 1.0
+    raw = top / ticks
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw * (1 - 1e-9))
 
-    ax.set_ylim(0, top * 1.12 if top > 0 else 1)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 2**20:.1f}"))
+
+def _bytes_axis(ax: Any, top: float, headroom: float = 1.12) -> None:
+    """A bytes axis labelled in MiB at round values (0, 0.2, 0.4, ... MiB), never at round byte counts."""
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
+    ax.set_ylim(0, top * headroom if top > 0 else 1)
+    step = nice_step(top * headroom / 2**20 if top > 0 else 1)
+    ax.yaxis.set_major_locator(MultipleLocator(step * 2**20))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v / 2**20, 9):g}"))
     ax.set_ylabel("live bytes (MiB)")
 
 
 def memory_svg(plot: Mapping[str, Any]) -> str:
+    return _svg(memory_figure(plot))
+
+
+def memory_figure(plot: Mapping[str, Any]) -> Any:
     """Live bytes over one training step, every run on the common axis; the backward pass and
-    the shown modules' regions (of the planned run) shaded and labelled; each peak annotated."""
+    the shown modules' regions (of the planned run) shaded, their names in a strip above the
+    plot (so that no name crosses a curve or a peak's label); each peak annotated inside the plot."""
     runs = plot["runs"]
-    fig = _figure(10, 4.6)
-    ax = fig.add_subplot()
+    fig = _figure(10, 5.4)
+    strip, ax = fig.subplots(2, 1, sharex=True, height_ratios=[1, 4.2])
     top = max((max(r["bytes"]) for r in runs.values() if r["bytes"]), default=0)
-    _bytes_axis(ax, top)
+    _bytes_axis(ax, top, PEAK_BAND)
     shaded = runs.get("planned") or next(iter(runs.values()))
     end = max(r["end_x"] for r in runs.values())
-    for i, region in enumerate(sorted(shaded["regions"], key=lambda r: r["x0"])):
-        ax.axvspan(region["x0"], region["x1"], color=REGION_SHADES[i % 2], lw=0, zorder=0)
-    # Label the regions wide enough to hold a name (at most a dozen, widest first).
-    wide = sorted(shaded["regions"], key=lambda r: r["x1"] - r["x0"], reverse=True)[:12]
+    _regions(strip, ax, shaded["regions"], end)
+    backward = shaded["backward_x"]
+    ax.axvline(backward, color="#444444", lw=0.8, ls="--")
+    for level, (name, run) in enumerate(runs.items()):
+        color = COLORS.get(name, "#ff7f0e")
+        ax.plot(run["x"], run["bytes"], color=color, lw=1.2, label=label(f"{name} (peak {mib(run['peak']['bytes'])})"))
+        _peak_label(ax, run["peak"], color, top * (1.04 + 0.2 * (level % 2)), right=run["peak"]["x"] < end / 2)
+    ax.set_xlim(0, end)
+    ax.set_xlabel("one training step, forward | backward (dashed line): " + plot["x_unit"])
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=len(runs), fontsize=8, frameon=False)
+    strip.set_title("Memory over one training step", fontsize=11)
+    return fig
+
+
+# The memory plot's y axis reaches PEAK_BAND times the highest peak: the band above every curve
+# holds the peaks' labels, one row per run (two rows; a third run shares the first).
+PEAK_BAND = 1.45
+
+
+def _peak_label(ax: Any, peak: Mapping[str, Any], color: str, y: float, *, right: bool) -> None:
+    """A peak's bytes and where it is, in the band above every curve, with a line down to it."""
+    where = (
+        f"{peak['phase']} of {label(peak['module'] or '(root)')}"
+        if peak["module"] is not None
+        else "outside the shown modules"
+    )
+    ax.annotate(
+        f"{peak['bytes']:,} B, {where}",
+        xy=(peak["x"], peak["bytes"]),
+        xytext=(peak["x"], y),
+        textcoords="data",
+        ha="left" if right else "right",
+        va="bottom",
+        fontsize=8,
+        color=color,
+        gid="peak-label",
+        arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6, "shrinkA": 0},
+    )
+    ax.plot([peak["x"]], [peak["bytes"]], marker="o", color=color, ms=4)
+
+
+def _regions(strip: Any, ax: Any, regions: list[Mapping[str, Any]], end: float) -> None:
+    """Shade the regions in the plot and the strip; name those wide enough (at most a dozen, widest
+    first) in the strip, which has nothing else in it."""
+    for i, region in enumerate(sorted(regions, key=lambda r: r["x0"])):
+        for axes in (strip, ax):
+            axes.axvspan(region["x0"], region["x1"], color=REGION_SHADES[i % 2], lw=0, zorder=0)
+    strip.set_ylim(0, 1)
+    strip.set_yticks([])
+    strip.tick_params(axis="x", which="both", bottom=False, labelbottom=False)
+    for side in ("top", "right", "left"):
+        strip.spines[side].set_visible(False)
+    wide = sorted(regions, key=lambda r: r["x1"] - r["x0"], reverse=True)[:12]
     for region in wide:
         if (region["x1"] - region["x0"]) < end / 40:
             continue
-        ax.text(
+        strip.text(
             (region["x0"] + region["x1"]) / 2,
-            top * 1.10,
+            0.04,
             label(region["module"] or "(root)"),
             ha="center",
-            va="top",
+            va="bottom",
             rotation=90,
             fontsize=7,
             color="#555555",
             clip_on=True,
         )
-    backward = shaded["backward_x"]
-    ax.axvline(backward, color="#444444", lw=0.8, ls="--")
-    for name, run in runs.items():
-        color = COLORS.get(name, "#ff7f0e")
-        ax.plot(run["x"], run["bytes"], color=color, lw=1.2, label=label(f"{name} (peak {mib(run['peak']['bytes'])})"))
-        peak = run["peak"]
-        where = (
-            f"{peak['phase']} of {label(peak['module'] or '(root)')}"
-            if peak["module"] is not None
-            else "outside the shown modules"
-        )
-        ax.annotate(
-            f"{peak['bytes']:,} B\n{where}",
-            xy=(peak["x"], peak["bytes"]),
-            xytext=(8, -2 if name == "unplanned" else 12),
-            textcoords="offset points",
-            fontsize=8,
-            color=color,
-            arrowprops={"arrowstyle": "-", "color": color, "lw": 0.6},
-        )
-        ax.plot([peak["x"]], [peak["bytes"]], marker="o", color=color, ms=4)
-    ax.set_xlim(0, end)
-    ax.set_xlabel("one training step, forward | backward (dashed line): " + plot["x_unit"])
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=len(runs), fontsize=8, frameon=False)
-    ax.set_title("Memory over one training step", fontsize=11)
-    return _svg(fig)
 
 
 def dtr_svg(plot: Mapping[str, Any]) -> str:
@@ -167,9 +209,11 @@ def saved_svg(plot: Mapping[str, Any]) -> str:
     ax.barh([y + height / 2 for y in ys], [r["after"] for r in rows], height, color=COLORS["planned"], label="planned")
     ax.set_yticks(ys, [label(r["module"] or "(root)") for r in rows], fontsize=8)
     ax.invert_yaxis()
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
 
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 2**20:.2f}"))
+    widest = max((max(r["before"], r["after"]) for r in rows), default=0)
+    ax.xaxis.set_major_locator(MultipleLocator(nice_step(widest / 2**20 if widest > 0 else 1) * 2**20))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v / 2**20, 9):g}"))
     ax.set_xlabel("saved activation bytes (MiB), the module and everything inside it")
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title("Saved bytes per module", fontsize=11)

@@ -431,3 +431,49 @@ def test_a_device_that_cannot_run_here_writes_nothing(tmp_path, capsys):
     out = tmp_path / "r.html"
     code, _, err = run(capsys, "report", CNN_PLAN, "--device", "cuda", "-o", out)
     assert code == 1 and "MP506" in err and not out.exists()
+
+
+def _memory_plot(peaks_x: tuple[float, float], top: int) -> dict:
+    """Two runs whose peaks sit under the widest region's name, as in a real step."""
+    regions = [{"x0": 10.0 * i, "x1": 10.0 * i + 9, "module": f"features.{i}"} for i in range(10)]
+
+    def run(peak_x: float, peak: int) -> dict:
+        xs = [float(x) for x in range(101)]
+        ys = [peak if x == peak_x else peak // 2 for x in xs]
+        where = {"x": peak_x, "bytes": peak, "phase": "backward", "module": "features.4"}
+        return {"x": xs, "bytes": ys, "end_x": 100.0, "regions": regions, "backward_x": 50.0, "peak": where}
+
+    return {
+        "runs": {"planned": run(peaks_x[0], top * 3 // 4), "unplanned": run(peaks_x[1], top)},
+        "x_unit": "events",
+    }
+
+
+@pytest.mark.parametrize("peaks_x", [(45.0, 45.0), (44.0, 46.0), (2.0, 97.0), (97.0, 3.0)])
+def test_memory_plot_labels_do_not_overlap(peaks_x):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = draw.memory_figure(_memory_plot(peaks_x, 600_000))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    strip, ax = fig.axes
+    names = [t for t in strip.texts if t.get_text()]
+    peaks = [t for t in ax.texts if t.get_gid() == "peak-label"]
+    assert len(names) == 10 and len(peaks) == 2
+    from matplotlib.text import Text
+
+    boxes = [Text.get_window_extent(t, renderer) for t in (*names, *peaks)]  # the text, not a peak's line
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), (a, b)
+    # the peaks' labels are in the band above every curve
+    curve_top = ax.transData.transform((0, 600_000))[1]
+    assert all(box.y0 > curve_top for box in boxes[len(names) :])
+
+
+def test_byte_axes_tick_at_round_values():
+    assert [draw.nice_step(t) for t in (0.57, 0.83, 2.3, 870, 1.0)] == [0.2, 0.2, 0.5, 200, 0.2]
+    fig = draw.memory_figure(_memory_plot((30.0, 60.0), 600_000))  # 0.57 MiB: the issue's axis
+    ax = fig.axes[1]
+    shown = [v for v in ax.get_yticks() if 0 <= v <= ax.get_ylim()[1]]
+    assert [ax.yaxis.get_major_formatter()(v) for v in shown] == ["0", "0.2", "0.4", "0.6", "0.8"]
