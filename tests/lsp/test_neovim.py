@@ -114,3 +114,43 @@ def test_documented_set_up_in_headless_neovim(name, tmp_path):
     assert seen["formatted"] == memoplan.format_plan(
         memoplan.parse("memplan 1\n\nmodule blocks.* { checkpoint }\n")
     ).rstrip("\n").split("\n")
+
+
+# What an older Neovim answers: each set-up's guard, and nothing else, sees it.
+_OLDER = {
+    "0.11: vim.lsp.config": ("0.10", "needs Neovim 0.11 or later"),
+    "0.8: vim.lsp.start": ("0.7", "needs Neovim 0.8 or later"),
+}
+
+
+def test_every_set_up_checks_the_neovim_version_first():
+    for name, block in SETUPS.items():
+        wanted = name.split(":")[0]
+        assert block.startswith(f'if vim.fn.has("nvim-{wanted}") == 0 then\n  error('), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SETUPS))
+def test_a_set_up_fails_loudly_on_an_older_neovim(name, tmp_path):
+    nvim = _neovim()
+    older, message = _OLDER[name]
+    minimum = name.split(":")[0]
+    pretend = (
+        "local has = vim.fn.has\n"
+        f'vim.fn.has = function(feature) if feature == "nvim-{minimum}" then return 0 end return has(feature) end\n'
+    )
+    init = tmp_path / "init.lua"
+    init.write_text(pretend + SETUPS[name], encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVIM")}
+    for xdg in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+        env[xdg] = str(tmp_path / xdg.lower())
+    result = subprocess.run(
+        [nvim, "--headless", "-n", "-i", "NONE", "-u", str(init), "+qa!"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    said = result.stdout + result.stderr
+    assert "memoplan: " in said and message in said, f"Neovim {older} would be silent: {said!r}"
