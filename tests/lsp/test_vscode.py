@@ -38,6 +38,12 @@ def test_manifest_for_the_marketplace():
     assert (EDITORS / "LICENSE").read_text(encoding="utf-8") == (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert "esbuild" in PACKAGE["devDependencies"]
     assert "--external:vscode" in PACKAGE["scripts"]["bundle"]
+    assert "--minify" in PACKAGE["scripts"]["bundle"]  # the one file of code the VSIX carries, small
+    # The extension's page on the marketplace and in VS Code: its README and changelog.
+    readme = (EDITORS / "README.md").read_text(encoding="utf-8")
+    for setting in PACKAGE["contributes"]["configuration"]["properties"]:
+        assert f"`{setting}`" in readme, setting
+    assert f"## {PACKAGE['version']}" in (EDITORS / "CHANGELOG.md").read_text(encoding="utf-8")
     assert PACKAGE["scripts"]["vscode:prepublish"] == "npm run bundle"
 
 
@@ -67,6 +73,8 @@ def bundle() -> Path:
     subprocess.run(["npm", "run", "--silent", "bundle"], cwd=EDITORS, check=True, capture_output=True, timeout=300)
     out = EDITORS / "dist" / "extension.js"
     text = out.read_text(encoding="utf-8")
+    # minified: the language client and the extension in a few long lines (unminified: 783 KB)
+    assert len(text) < 500_000 and text.count("\n") < len(text) / 1000, (len(text), text.count("\n"))
     # vscode-languageclient is inside the bundle; only `vscode` (VS Code's own) is left to load.
     assert 'require("vscode-languageclient' not in text
     assert 'require("vscode")' in text
@@ -102,6 +110,7 @@ def test_package_holds_the_bundle_and_no_helpers(vsix):
     assert "dist/extension.js" in files and "package.json" in files
     assert any(f.startswith("LICENSE") for f in files)
     assert "memplan.tmLanguage.json" in files and "language-configuration.json" in files
+    assert "readme.md" in [f.lower() for f in files] and "changelog.md" in [f.lower() for f in files]
     assert not any(f.startswith(("node_modules/", "test/")) or f in ("tokenize.js", "extension.js") for f in files), (
         files
     )
