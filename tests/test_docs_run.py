@@ -4,8 +4,9 @@ block of a page, in order, in an empty scratch folder.
 A fenced block is run by its language:
 
 - no language (or ``sh``): one command a line, ``#`` comments dropped.  ``memoplan ...`` runs
-  in this process (``memoplan.cli.main``, as the installed script does) and must exit 0; any
-  other line runs in a shell.
+  in this process (``memoplan.cli.main``, as the installed script does) and must exit 0; an
+  installation (``pip``, ``python -m pip``, ``make``, ``npm``) is the test environment's own
+  set-up and is skipped; any other line runs in a shell.
 - ``python``: run as a script in the scratch folder (which is on ``sys.path``, as a script's
   own folder is); ``python file=NAME``: written to NAME, for later blocks to import.
 - ``memplan file=NAME``: written to NAME, or, if an earlier step made NAME, the same text as it
@@ -48,6 +49,8 @@ def _run_command(line: str, folder: Path, capsys) -> None:
     words = shlex.split(line, comments=True)
     if not words:
         return
+    if words[0] in ("pip", "pip3", "make", "npm") or words[:3] == ["python", "-m", "pip"]:
+        return  # installing: the test environment is set up already
     if words[0] == "memoplan":
         code = cli.main(words[1:])
         out, err = capsys.readouterr()
