@@ -92,19 +92,6 @@ class PlanServer(LanguageServer):
         self._settling: dict[str, asyncio.TimerHandle] = {}  # uri -> the check waiting for edits to settle
         self._again_after_check: dict[str, bool] = {}
         self.open_documents: set[str] = set()  # as the editor names them (pygls keys its own by another spelling)
-        self._warming = False  # the statement checks' (and torch's) import has started
-
-    def warm_up(self) -> None:
-        """Start importing the statement checks (and torch) in the background, once.
-
-        Called when the first diagnostics are published, or ``WARM_UP_DELAY`` after
-        ``initialized`` when no document comes: an import of torch holds the interpreter for
-        long stretches (loading its libraries), so started earlier it would delay the first
-        diagnostics, which need only the parser."""
-        if self._warming:
-            return
-        self._warming = True
-        threading.Thread(target=_import_effects, daemon=True, name="memoplan-warm-up").start()
 
     # ------------------------------------------------------------ documents
 
@@ -197,7 +184,6 @@ class PlanServer(LanguageServer):
         lines = lines_of(text)
         diagnostics = [self._to_lsp(d, uri, lines) for d in found]
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics))
-        self.warm_up()  # the first diagnostics are out: now torch may load
 
     def model_reply(self, uri: str, text: str) -> dict | None:
         """The model process's reply for exactly this text, if there is one."""
@@ -312,16 +298,8 @@ def _safely(check, *args) -> Checked:
         return Checked(None, (_internal(exc),))
 
 
-# Seconds after `initialized` before the statement checks (and torch) are imported when no
-# document's diagnostics were published first (PlanServer.warm_up).
-WARM_UP_DELAY = 1.0
-
-
-def _warm_up_parser() -> None:
+def _warm_up() -> None:
     parse_text("memplan 1\n", "<warm-up>")
-
-
-def _import_effects() -> None:
     importlib.import_module("memoplan.resolver.effects")
 
 
@@ -393,10 +371,9 @@ def _did_save(ls: PlanServer, params: lsp.DidSaveTextDocumentParams) -> None:
 @server.feature(lsp.INITIALIZED)
 async def _initialized(ls: PlanServer, params: lsp.InitializedParams) -> None:
     """With the model loaded, ask the editor to say when a Python file changes (where it can)."""
-    # Build the parser while the editor opens its first document: the first diagnostics need only
-    # the parser.  The statement checks (and torch) are imported once they are out (warm_up).
-    threading.Thread(target=_warm_up_parser, daemon=True, name="memoplan-parser").start()
-    asyncio.get_running_loop().call_later(WARM_UP_DELAY, ls.warm_up)
+    # Build the parser, then import the statement checks (and torch), while the editor opens
+    # its first document: the first diagnostics need only the parser.
+    threading.Thread(target=_warm_up, daemon=True, name="memoplan-warm-up").start()
     workspace = ls.client_capabilities.workspace
     watching = workspace.did_change_watched_files if workspace is not None else None
     if not ls.load_model or watching is None or not watching.dynamic_registration:
