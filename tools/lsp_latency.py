@@ -1,7 +1,7 @@
 """How long `memoplan lsp` takes to answer an edit with diagnostics, hover and completion.
 
     .venv/bin/python tools/lsp_latency.py [--rules N] [--edits K]
-    .venv/bin/python tools/lsp_latency.py --first [--runs R]
+    .venv/bin/python tools/lsp_latency.py --first [--runs R] [--busy B]
 
 Starts the server over stdio with pygls's client, opens plans/spiking.memplan and a generated
 plan of N rules (default 1000), and for each makes K edits (default 20), each one character
@@ -13,13 +13,19 @@ loading is off: this is the typing path.
 syntax error, timing from the open until its diagnostics are published (what an editor shows
 first; the server answers it with the parser alone while torch is still being imported), and
 from the process's start.  Prints the median and the largest of each.
+
+``--busy B``: B processes spinning on a core each for the whole measurement (an editor beside a
+test run or a training job), and the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -153,7 +159,20 @@ def main() -> int:
     parser.add_argument("--edits", type=int, default=20)
     parser.add_argument("--first", action="store_true", help="time the first diagnostics of fresh servers")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning on a core each meanwhile")
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        for _ in range(args.busy):
+            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            stack.callback(spinner.wait)
+            stack.callback(spinner.kill)
+        print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores, {args.busy} busy processes)")
+        code = _run(args)
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.first:
         runs = [asyncio.run(first_diagnostics()) for _ in range(args.runs)]
         for what, found in (
