@@ -36,13 +36,13 @@ class Parser(argparse.ArgumentParser):
 # is placed by its dest; one not named here (a new option) goes to "other options", before the
 # sublinear search's knobs, which are their own group (SUBLINEAR_OPTIONS).
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
-    "basic options": tuple("model example budget output preset check syntax_only".split()),
-    "planning options": tuple(
+    "basic options": tuple("model example budget output preset check syntax_only stdio".split()),
+    "advanced options": tuple(
         "coverage planner hint nested dtr profile method repeats loss planned_only seed rtol compare_example "
-        "compile".split()
+        "compile sweep budgets peers".split()
     ),
-    "where the step runs": tuple("device device_memory autocast shards optimizer isolate stdio".split()),
-    "output options": ("format", "quiet", "verbose", "help"),
+    "where the step runs": tuple("device device_memory autocast shards optimizer isolate".split()),
+    "output options": ("format", "json", "quiet", "verbose", "help"),
 }
 OTHER_OPTIONS = "other options"
 

@@ -41,10 +41,10 @@ def test_plan_help_lists_the_basics_first_and_the_sublinear_knobs_apart(capsys) 
     assert text.startswith("usage: memoplan plan [PLAN] -o PATH [options]\n")
     titles = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert titles[:2] == ["positional arguments", "basic options"]
-    assert titles.index("planning options") < titles.index("output options")
+    assert titles.index("advanced options") < titles.index("output options")
     assert titles[-2].startswith("sublinear search") and titles[-1] == "examples"
     assert "other options" not in titles  # every option of `plan` is placed in a group
-    basic = text.split("basic options:")[1].split("planning options:")[0]
+    basic = text.split("basic options:")[1].split("advanced options:")[0]
     for option in ("--model", "--example", "--budget", "--preset", "--output"):
         assert option in basic
     assert "--thresh-nr-try" not in basic
@@ -58,6 +58,7 @@ def test_every_command_has_a_description_groups_and_examples(capsys, command: st
     assert "\nexamples:\n  memoplan " + command in text
     assert "\noutput options:\n" in text
     assert "\noptions:\n" not in text and "\noptional arguments:\n" not in text
+    assert "\nother options:\n" not in text  # every option of every command is placed in a group
 
 
 def test_an_option_no_group_names_goes_to_other_options() -> None:
