@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.planner import search, segments
+from memoplan.planner import search, segments, tell
 from memoplan.planner.advice import recommendation
 from memoplan.planner.config import Level, Planner, RefineOptions
 from memoplan.planner.profile import profile
@@ -35,7 +35,7 @@ from memoplan.planner.write import (  # noqa: F401  (kept importable from here)
     with_sources,
     with_state_rules,
 )
-from memoplan.progress import REPORTER, size
+from memoplan.progress import REPORTER
 from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
@@ -211,11 +211,7 @@ def _widening(
                 f"at the least, over the limit {missed.limit} B"
             )
             if progress:
-                REPORTER.say(
-                    f"no plan of whole blocks fits the budget ({size(missed.peak)} at the least, the limit "
-                    f"{size(missed.limit)}): trying {offered.removesuffix(' offered')}"
-                )
-                REPORTER.detail(f"{widened}; searching again")
+                tell.widened(missed.peak, missed.limit, offered, widened)
             args = (model, example, budget, replace(how, planner=Planner.OPTIMAL), hard, prof, progress, wider, preset)
             try:
                 return _make_plan(*args, nested=deeper, widened=widened)
@@ -330,10 +326,7 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         plan = _draft(None, [], model, {}, how, rules=(rule,))
         peak = _measure(model, example, plan)
         if progress:
-            REPORTER.say(
-                f"checkpointing {shown} in {split.runs} runs of its children ({_RUNS[what]}): peak {size(peak)}"
-            )
-            REPORTER.detail(f"{what} of {shown}: {split.runs} regions, measured peak {peak} B")
+            tell.split_measured(what, shown, split.runs, peak)
         if best is None or peak < best[0]:
             best = (peak, split, rule, what)
     assert best is not None, "options holds the least-peak split at least"
@@ -373,13 +366,6 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
     if not result.met:
         raise replace(_missed(limit, peak, rest + least.cost, least_measured=True), result=result)
     return result
-
-
-# The two splits of a chain (_segmented), in plain words for the progress lines.
-_RUNS = {
-    "least-peak split": "the split with the least estimated peak",
-    "Chen et al.'s sqrt(n) segments": "runs of equal length",
-}
 
 
 def _widenings(model: nn.Module, prof: Profile, refine: RefineOptions | None, completing: bool):

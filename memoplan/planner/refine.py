@@ -318,7 +318,7 @@ class _Refiner:
         peak: int,
         weights: dict[str, int],
         options: RefineOptions,
-        say: Callable[[str], None],
+        say: Callable[..., None],
     ) -> None:
         self.model = model
         self.example = example
@@ -496,7 +496,9 @@ class _Refiner:
             after = measure_plan(self.model, self.example, self._edited(candidate, None))
         except Exception as exc:  # noqa: BLE001  the edited model failed to run: not a plan to keep
             self._record(level, paths, candidate.edit, before, None, False, f"skipped: {type(exc).__name__}: {exc}")
-            self.say(f"refine {level.value} [{counter}] {where}: {candidate.edit}: failed ({_one_line(exc)}), reverted")
+            self.say(
+                f"refine {level.value} [{counter}] {where}: {candidate.edit}: failed ({_one_line(exc)}), reverted", 0
+            )
             return True
         # unwrap and narrow keep an edit that leaves the peak where it was: the same memory, less recompute.
         better = after < before or (candidate.cheaper and after <= before)

@@ -611,10 +611,9 @@ def _check_model_checkpointing(res: Resolution) -> None:
         + (f" and {len(regions) - 1} more" if len(regions) > 1 else "")
         + ": layers would be recomputed twice",
         spans[0],
-        "keep one: call `model.activation_checkpointing_disable()` (before transformers 5: "
-        "`model.gradient_checkpointing_disable()`) before applying the plan, and leave the Trainer's "
-        "`activation_checkpointing` off, so that the plan decides what is recomputed, or drop the plan's "
-        "`checkpoint` and `temporal_chunk` rules",
+        "keep one: call `model.activation_checkpointing_disable()` (before transformers 5: `model.gradient_"
+        "checkpointing_disable()`) before applying the plan and leave the Trainer's `activation_checkpointing` "
+        "off, so that the plan decides what is recomputed, or drop the plan's `checkpoint` and `temporal_chunk` rules",
     )
 
 
