@@ -50,16 +50,14 @@ class _Bar:
     done: int = 0
 
     def text(self, columns: int = 100, width: int = 20) -> str:
-        """The bar's line, at most ``columns - 1`` characters: the label is shortened first."""
+        """The bar's line (under the stage's label), at most ``columns - 1`` characters."""
         filled = width * min(self.done, self.total) // max(self.total, 1)
-        elapsed = time.monotonic() - self.started
-        tail = f" [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {self.unit}"
+        text = f"  [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {self.unit}"
         if 0 < self.done < self.total:
+            elapsed = time.monotonic() - self.started
             left = elapsed / self.done * (self.total - self.done)
-            tail += f", {_seconds(elapsed)}, about {_seconds(left)} left"
-        room = columns - 1 - len("memoplan: ") - len(tail)
-        label = self.label if len(self.label) <= room else self.label[: max(room - 1, 0)] + "…"
-        return (f"memoplan: {label}{tail}")[: columns - 1]
+            text += f", {_seconds(elapsed)}, about {_seconds(left)} left"
+        return text[: columns - 1]
 
 
 class Reporter:
@@ -106,21 +104,18 @@ class Reporter:
 
     @contextmanager
     def stage(self, label: str, total: int, unit: str = "steps") -> Iterator[_Bar]:
-        """A stage of ``total`` pieces of work: a bar with the time left on a terminal, else its
-        label once; advance it with :meth:`advance`."""
+        """A stage of ``total`` pieces of work: its label on a line, and on a terminal a bar under
+        it with the time left, redrawn as :meth:`advance` is called and replaced by what it took."""
+        self.say(f"{label} ({_count(total, unit)})")
         outer, self._bar = self._bar, _Bar(label, max(int(total), 0), unit)
-        if self.bars:
-            self._draw()
-        else:
-            self.say(f"{label} ({_count(total, unit)})")
+        self._draw()
         try:
             yield self._bar
         finally:
             bar, self._bar = self._bar, outer
             if self.bars:
                 self._clear()
-                elapsed = time.monotonic() - bar.started
-                self.out.write(f"memoplan: {label}: {_count(bar.done, unit)}, {_seconds(elapsed)}\n")
+                self.out.write(f"  {_count(bar.done, unit)} in {_seconds(time.monotonic() - bar.started)}\n")
                 self.out.flush()
                 self._draw()
 

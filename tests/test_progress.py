@@ -32,12 +32,13 @@ def test_a_terminal_gets_a_bar_with_the_time_left(monkeypatch) -> None:
     reporter.configure(stream=out)
     _run(reporter)
     text = out.getvalue()
-    assert "\r" in text and "memoplan: measuring the training step [######" in text
-    assert re.search(r"1/3 steps, \d+\.\d s, about \d+\.\d s left", text)
-    assert "measuring the training step: 3 steps, " in text  # the stage's last word, once done
+    assert "\r  [######" in text
+    assert re.search(r"\r  \[#+\.+\] 1/3 steps, \d+\.\d s, about \d+\.\d s left", text)
     assert "step 0" not in text  # details only with -v
     lines = [line.rsplit("\r", 1)[-1] for line in text.split("\n")]  # what stays on screen
-    assert lines[0] == "memoplan: loading model" and lines[-2] == "memoplan: done"
+    assert lines[:2] == ["memoplan: loading model", "memoplan: measuring the training step (3 steps)"]
+    assert re.fullmatch(r"  3 steps in \d+\.\d s", lines[2])  # the bar, replaced by what it took
+    assert lines[3:] == ["memoplan: done", ""]
 
 
 def test_a_log_gets_one_line_a_stage_and_no_carriage_return() -> None:
