@@ -178,18 +178,31 @@ class StepMemory:
 
 
 def default_loss(output: Any) -> torch.Tensor:
-    """Sum of ``t.float().sum()`` over every floating-point tensor in ``output``."""
-    terms = [
-        leaf.float().sum()
-        for leaf in pytree.tree_leaves(output)
-        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
-    ]
-    if not terms:
-        raise ValueError("the model's output holds no floating-point tensor to take a loss of")
-    loss = terms[0]
-    for term in terms[1:]:
-        loss = loss + term
-    return loss
+    """Sum of ``t.float().sum()`` over every floating-point tensor in ``output`` (``loss = sum``)."""
+    from memoplan.step import sum_loss
+
+    return sum_loss(output)
+
+
+def step_loss(loss_fn: LossFn | None = None) -> LossFn:
+    """``loss_fn``, else the loss of the step being run (:func:`memoplan.step.running`), else
+    ``loss = auto``: the model's own loss where the output carries one, else the sum."""
+    from memoplan.step import auto_loss, current
+
+    if loss_fn is not None:
+        return loss_fn
+    step = current()
+    return step.loss if step is not None else auto_loss
+
+
+def forward_context(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None):
+    """Where a step's forward and loss run: under the running step's autocast, if it has one."""
+    from memoplan.step import current
+
+    step = current()
+    if step is None or step.autocast is None:
+        return contextlib.nullcontext()
+    return step.forward_context(step_device(model, args, kwargs))
 
 
 def training_step(
@@ -198,10 +211,14 @@ def training_step(
     kwargs: Mapping[str, Any] | None = None,
     loss_fn: LossFn | None = None,
 ) -> tuple[Any, torch.Tensor]:
-    """Zero gradients (``set_to_none``), run forward, loss and backward; return (output, loss)."""
+    """Zero gradients (``set_to_none``), run forward, loss and backward; return (output, loss).
+
+    The loss is ``loss_fn``, else the running step's (:mod:`memoplan.step`: ``loss = auto`` when
+    none runs); the forward and the loss run under the step's autocast, the backward outside it."""
     model.zero_grad(set_to_none=True)
-    output = model(*args, **(kwargs or {}))
-    loss = (loss_fn or default_loss)(output)
+    with forward_context(model, args, kwargs):
+        output = model(*args, **(kwargs or {}))
+        loss = step_loss(loss_fn)(output)
     loss.backward()
     return output, loss
 
@@ -282,8 +299,9 @@ def timeline_step(
     warm_up()
     meter = LiveStorageMeter(record=True)
     with gc_paused(), meter, marks(meter.mark) if marks is not None else contextlib.nullcontext():
-        output = model(*args, **(kwargs or {}))
-        loss = (loss_fn or default_loss)(output)
+        with forward_context(model, args, kwargs):
+            output = model(*args, **(kwargs or {}))
+            loss = step_loss(loss_fn)(output)
         assert meter.samples is not None
         backward = len(meter.samples) - 1
         loss.backward()

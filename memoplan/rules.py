@@ -59,6 +59,12 @@ RANGES: tuple[Range, ...] = (
         frozenset({_S.SYNTAX, _S.RESOLVE, _S.VERIFY}),
     ),
     Range(240, 249, "the `memonger` block", frozenset({_S.SYNTAX, _S.RESOLVE})),
+    Range(
+        250,
+        259,
+        "the `step` block and `--loss`, `--autocast`, ...: the training step a plan is for",
+        frozenset({_S.SYNTAX, _S.SPECS, _S.CLI}),
+    ),
     Range(300, 399, "the plan against a model's structure", frozenset({_S.RESOLVE, _S.CHECK})),
     Range(400, 499, "installing a plan and running a planned step", frozenset({_S.RUNTIME})),
     Range(500, 509, "loading models and examples; the command line", frozenset({_S.SPECS, _S.CLI})),
@@ -144,6 +150,13 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP242", _S.RESOLVE, E, "`memonger`: the captured graph holds something the arena module cannot run", "plan this model without a `memonger` block"),
     ("MP243", _S.RESOLVE, E, "`memonger` without an `example` (or applied from a `ResolvedPlan`, which has none)", "add an `example` statement, or apply the plan from its text"),
     ("MP244", _S.SYNTAX, N, "`check`: where the `memonger` block acts", "nothing: the block lays out the model's inference buffers when the plan is applied"),
+    # ---- the step
+    ("MP250", _S.SYNTAX, E, "`step`: `mixed_precision` (FSDP2's `MixedPrecisionPolicy`) without `shards` above 1", "add `shards = N` (the FSDP2 ranks), or leave out `mixed_precision`"),
+    ("MP251", _S.SPECS, E, "the step's loss callable (`--loss FILE.py:callable`, `loss = \"...\"`) raised, or returned something other than a one-element floating-point tensor", "fix the callable: it is called with the model's output and returns the loss"),
+    ("MP252", _S.SPECS, E, "`loss = model` (the model's own loss), and the model's output carries no `loss` (an attribute or key holding a tensor)", "give the example the labels the model takes its loss of, or write `loss = auto` / `sum`"),
+    ("MP253", _S.CLI, E, "the step asks for a precision the device cannot run: autocast in a dtype the device has no autocast for, or parameters of a dtype it cannot compute in", "plan on a device that has it (`--device`), or change `--autocast` / `--mixed-precision`"),
+    ("MP254", _S.CLI, E, "the plan's `step` block and the command line's `--loss`, `--autocast`, `--optimizer`, `--master-weights`, `--shards` or `--mixed-precision` disagree", "leave out the option (the plan's step is used), or change the `step` block"),
+    ("MP255", _S.SYNTAX, N, "`check`: the `step` block sets the training step `memoplan plan`, `verify` and `report` run", "nothing: those commands run this step"),
     # ---- the plan against a model
     ("MP301", _S.RESOLVE, E, "a selector (or class filter) that matches no module, with the nearest paths or classes", "use a path `memoplan explain` lists, or a class the model has"),
     ("MP303", _S.RESOLVE, E, "two equally specific rules disagree about a module", "make one rule more specific, or give both the same policies"),

@@ -286,9 +286,10 @@ class _AllocatorMeter(LiveStorageMeter):
     """The live-storage meter with CUDA storages rounded up as the caching allocator rounds them;
     sharded over ``shards`` ranks, each gradient counts ``1/shards`` once it is accumulated."""
 
-    def __init__(self, shards: int = 1) -> None:
+    def __init__(self, shards: int = 1, widen: tuple[int, int] = (1, 1)) -> None:
         super().__init__()
         self.shards = shards
+        self.widen = widen  # a sharded gradient is kept in a dtype this much wider (fp32 of bf16: (4, 2))
         self._sharded: set[int] = set()
 
     def shard(self, storage: torch.UntypedStorage) -> None:
@@ -304,7 +305,7 @@ class _AllocatorMeter(LiveStorageMeter):
     def _nbytes(self, storage: torch.UntypedStorage) -> int:
         nbytes = storage.nbytes()
         if id(storage) in self._sharded:
-            nbytes = -(-nbytes // self.shards)
+            nbytes = -(-nbytes * self.widen[0] // (self.widen[1] * self.shards))
         if storage.device.type == "cuda":
             return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
         return nbytes
@@ -337,15 +338,19 @@ def _fake_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
+    shards = SHARDS.get()
+    compute = _mixed_precision(shards)
     with Restored(model, example, target):
         _fake_state(model, mode)
         convert = lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
         args = pytree.tree_map(convert, tuple(example.args))
         kwargs = pytree.tree_map(convert, dict(example.kwargs))
+        widen = (1, 1)
+        if compute is not None:
+            args, kwargs, widen = _in_compute_dtype(model, mode, compute, (args, kwargs))
         probe = _FakeProbe(model, target)
         flops = _Flops(probe)
-        shards = SHARDS.get()
-        meter = _AllocatorMeter(shards)
+        meter = _AllocatorMeter(shards, widen)
         hooks = [
             p.register_post_accumulate_grad_hook(lambda p: meter.shard(p.grad.untyped_storage()))
             for p in model.parameters()
@@ -399,6 +404,35 @@ def _as_real_data(*, hide_fakes: bool) -> Iterator[None]:
             hf.is_fake_tensor = is_fake  # type: ignore[union-attr]
         if packed is not None:
             masks.find_packed_sequence_indices = packed  # type: ignore[union-attr]
+
+
+def _mixed_precision(shards: int) -> torch.dtype | None:
+    """The compute dtype of FSDP2's ``MixedPrecisionPolicy`` in the running step (sharded steps only)."""
+    from memoplan.step import current
+
+    step = current()
+    return step.mixed_precision if step is not None and shards > 1 else None
+
+
+def _in_compute_dtype(model: nn.Module, mode: Any, dtype: torch.dtype, inputs: Any) -> tuple[Any, Any, tuple[int, int]]:
+    """FSDP2 with ``MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=float32)`` on fake state:
+    each floating parameter gathered in ``dtype`` (shared ones stay shared), the forward's floating
+    inputs cast to it (``cast_forward_inputs``); returns the inputs and how much wider the fp32
+    gradient shards are than the gradients autograd makes."""
+    cast: dict[int, nn.Parameter] = {}
+    with mode:
+        for module in model.modules():
+            for name, p in list(module._parameters.items()):
+                if p is None or not p.is_floating_point():
+                    continue
+                if id(p) not in cast:
+                    cast[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+                module._parameters[name] = cast[id(p)]
+        args, kwargs = pytree.tree_map(
+            lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, inputs
+        )
+    width = torch.empty((), dtype=dtype).element_size()
+    return args, kwargs, (4, width)
 
 
 def _fake_state(model: nn.Module, mode: Any) -> None:

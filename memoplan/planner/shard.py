@@ -16,11 +16,13 @@ import os
 
 from torch import nn
 
+from memoplan.syntax.blocks import OPTIMIZER_STATES
+
 __all__ = ["OPTIMIZERS", "SHARDS", "default_shards", "gathered_bytes", "optimizer_state_bytes", "resident_bytes"]
 
-#: fp32 states an optimizer keeps per parameter element: SGD none (with momentum one, the
-#: momentum buffer), Adam and AdamW two (the first and second moments).
-OPTIMIZERS = {"none": 0, "sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+#: States an optimizer keeps per parameter element, in the parameter's dtype: SGD none (with
+#: momentum one, the momentum buffer), Adam and AdamW two (the first and second moments).
+OPTIMIZERS = OPTIMIZER_STATES
 
 #: The ranks a step is sharded over while it is estimated (1: not sharded).
 SHARDS: contextvars.ContextVar[int] = contextvars.ContextVar("memoplan_shards", default=1)
@@ -37,11 +39,14 @@ def _per_rank(nbytes: int, shards: int) -> int:
 
 
 def optimizer_state_bytes(model: nn.Module, optimizer: str, shards: int = 1) -> int:
-    """The optimizer's fp32 state one rank keeps (``OPTIMIZERS``), sharded ``1/shards``."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
-    numel = sum(p.numel() for p in _unique(model) if p.requires_grad)
-    return _per_rank(OPTIMIZERS[optimizer] * 4 * numel, shards)
+    """The optimizer's state one rank keeps (``OPTIMIZERS``, in each parameter's dtype; fp32 and
+    an fp32 copy of the parameters with the running step's ``master_weights``), sharded ``1/shards``
+    (:func:`memoplan.step.optimizer_state_bytes`)."""
+    from memoplan.step import current
+    from memoplan.step import optimizer_state_bytes as kept
+
+    step = current()
+    return kept(model, optimizer, shards, master_weights=step is not None and step.master_weights)
 
 
 def resident_bytes(model: nn.Module, optimizer: str, shards: int = 1) -> int:

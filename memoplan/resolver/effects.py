@@ -49,6 +49,17 @@ def statement_effects(plan: ast.Plan, *, checking: bool = False) -> list[Diagnos
                     Severity.NOTE,
                 )
             )
+        elif isinstance(statement, ast.ConfigBlock) and statement.kind is ast.BlockKind.STEP and checking:
+            found.append(
+                Diagnostic(
+                    "MP255",
+                    "the `step` block sets the training step that `memoplan plan`, `verify` and `report` run",
+                    _head(statement),
+                    "its loss, precision, optimizer and sharding are those commands' defaults; `apply` "
+                    "changes nothing for it",
+                    Severity.NOTE,
+                )
+            )
         elif isinstance(statement, ast.Budget) and checking:
             found.append(
                 Diagnostic(

@@ -325,6 +325,7 @@ class BlockKind(enum.Enum):
     SUBLINEAR = "sublinear"
     MEMORY = "memory"
     MEMONGER = "memonger"
+    STEP = "step"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Syntax stage: the config blocks (dtr, sublinear, memory, memonger), their keys, types and ranges.
+"""Syntax stage: the config blocks (dtr, sublinear, memory, memonger, step), their keys, types and ranges.
 
 Each block has one typed, frozen config class.  The schema below is the single
 source of truth for which keys exist, what type each takes, its range and its
@@ -61,7 +61,38 @@ class MemongerConfig:
     peak_slack: float = 0.02  # a call's estimated peak may exceed eager's by this fraction, no more
 
 
-BlockConfig = DtrConfig | SublinearConfig | MemoryConfig | MemongerConfig
+#: The optimizers a step may keep state for, and how many tensors the size of a parameter each keeps.
+OPTIMIZER_STATES = {"none": 0, "sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+
+#: The loss words of a `step` block (any other loss is a callable, `"file.py:callable"`).
+LOSS_WORDS = ("auto", "sum", "model")
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """The training step a plan is made for (``memoplan.step`` runs it): what ``plan``, ``verify``
+    and ``report`` run, written once in the plan so that each runs the same step.
+
+    ``loss``: ``auto`` (the model's own loss where its output carries one, an attribute or key
+    ``loss``, else the sum of its floating outputs), ``sum``, ``model`` (the model's own, required)
+    or ``path/file.py:callable`` / ``pkg.module:callable`` (called with the output);
+    ``autocast``: the forward and loss under ``torch.autocast`` in that dtype; ``optimizer``: the
+    optimizer whose state each rank keeps between steps, in the parameters' dtype (fp32 with
+    ``master_weights``); ``master_weights``: ``fp32`` keeps an fp32 copy of every parameter that is
+    not fp32 (and the state in fp32); ``shards``: the step of one of N FSDP2 ranks;
+    ``mixed_precision``: FSDP2's ``MixedPrecisionPolicy`` — parameters gathered and computed in
+    that dtype, gradients reduced (and kept, sharded) in fp32.
+    """
+
+    loss: str = "auto"
+    autocast: str = "none"  # none | bf16 | fp16
+    optimizer: str = "none"  # a key of OPTIMIZER_STATES
+    master_weights: str = "none"  # none | fp32
+    shards: int = 1
+    mixed_precision: str = "none"  # none | bf16 | fp16
+
+
+BlockConfig = DtrConfig | SublinearConfig | MemoryConfig | MemongerConfig | StepConfig
 
 
 @dataclass(frozen=True)
@@ -74,6 +105,7 @@ class Key:
     choices: tuple = ()  # for "choice": the allowed integers or words
     required: bool = False
     aliases: tuple[tuple[object, object], ...] = ()  # (accepted value, what it means), with a warning
+    text: str = ""  # for "choice": a string is accepted too (a spec `file.py:name`); what it is, in words
 
 
 SCHEMA: dict[BlockKind, tuple[type, dict[str, Key]]] = {
@@ -114,6 +146,17 @@ SCHEMA: dict[BlockKind, tuple[type, dict[str, Key]]] = {
             "peak_slack": Key("float", lambda v: v >= 0, ">= 0"),
         },
     ),
+    BlockKind.STEP: (
+        StepConfig,
+        {
+            "loss": Key("choice", choices=LOSS_WORDS, text='a callable in quotes, `"losses.py:loss"`'),
+            "autocast": Key("choice", choices=("none", "bf16", "fp16")),
+            "optimizer": Key("choice", choices=tuple(OPTIMIZER_STATES)),
+            "master_weights": Key("choice", choices=("none", "fp32")),
+            "shards": Key("int", lambda v: v >= 1, ">= 1"),
+            "mixed_precision": Key("choice", choices=("none", "bf16", "fp16")),
+        },
+    ),
 }
 
 _KIND_WORDS = {
@@ -148,8 +191,12 @@ def _read(key: Key, value) -> tuple[object | None, str | None]:
         if isinstance(value, Text):
             return value.value, None
         return None, f"expects {_KIND_WORDS['selector']}"
-    # choice: integers or words, as the choices are
+    # choice: integers or words, as the choices are (and a spec `module:name` in quotes, where allowed)
     words = isinstance(key.choices[0], str)
+    if key.text and isinstance(value, Text):
+        if ":" in value.value.strip(":"):
+            return value.value, None
+        return None, f"expects one of {', '.join(key.choices)} or {key.text}"
     if words and isinstance(value, Word):
         return value.name, None
     if not words and number and isinstance(value, int):
@@ -191,6 +238,8 @@ def check_block(block: ConfigBlock) -> list[Diagnostic]:
         found = _value_diagnostic(block.kind, entry, key)
         if found is not None:
             diags.append(found)
+    if block.kind is BlockKind.STEP and not diags:
+        diags.extend(_step_diagnostics(block))
     unknown = [e.key for e in block.entries if e.key not in keys]
     for name, key in keys.items():
         misspelt = any(difflib.get_close_matches(u, [name], cutoff=0.6) for u in unknown)
@@ -204,6 +253,22 @@ def check_block(block: ConfigBlock) -> list[Diagnostic]:
                 )
             )
     return diags
+
+
+def _step_diagnostics(block: ConfigBlock) -> list[Diagnostic]:
+    """A `step` block whose keys contradict each other: FSDP2's mixed precision on one rank."""
+    config = config_of(block)
+    if config.mixed_precision != "none" and config.shards < 2:
+        entry = next(e for e in block.entries if e.key == "mixed_precision")
+        return [
+            Diagnostic(
+                "MP250",
+                f"`mixed_precision = {config.mixed_precision}` is FSDP2's policy, and the step is not sharded",
+                entry.span,
+                "add `shards = N` (the FSDP2 ranks, at least 2), or leave out `mixed_precision`",
+            )
+        ]
+    return []
 
 
 def _value_diagnostic(kind: BlockKind, entry, key) -> Diagnostic | None:
@@ -220,7 +285,7 @@ def _value_diagnostic(kind: BlockKind, entry, key) -> Diagnostic | None:
             f"write `{entry.key} = {aliases[value]}`",
             severity=Severity.WARNING,
         )
-    elif key.kind == "choice" and value not in key.choices:
+    elif key.kind == "choice" and value not in key.choices and not isinstance(entry.value, Text):
         if isinstance(value, str):
             return Diagnostic(
                 "MP204",
@@ -243,7 +308,7 @@ def _value_diagnostic(kind: BlockKind, entry, key) -> Diagnostic | None:
 def _help_for(kind: BlockKind, name: str) -> str:
     key = SCHEMA[kind][1][name]
     if key.kind == "choice":
-        return "allowed: " + ", ".join(str(c) for c in key.choices)
+        return "allowed: " + ", ".join(str(c) for c in key.choices) + (f", or {key.text}" if key.text else "")
     return f"{_KIND_WORDS[key.kind]}, {key.rule}"
 
 

@@ -20,7 +20,7 @@ from memoplan.syntax.blocks import check_block
 from memoplan.syntax.policies import POLICIES, Option, policy_names
 
 POLICY_NAMES = policy_names()  # syntax/policies.py: every policy and its options, once
-STATEMENT_NAMES = ("model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger")
+STATEMENT_NAMES = ("model", "example", "module", "budget", "dtr", "sublinear", "memory", "memonger", "step")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 DTYPES = FLOAT_DTYPES + ("int64", "int32", "int16", "int8", "uint8", "bool")
 

@@ -169,6 +169,16 @@ def test_hover_on_a_key_shows_its_row_of_the_reference(server) -> None:
     assert (hover.range.start.line, hover.range.start.character, hover.range.end.character) == (2, 4, 24)
 
 
+def test_the_step_block_is_completed_and_hovered(server) -> None:
+    text = "memplan 1\nstep {\n    shards = 2\n    mixed_precision = bf16\n    autocast = \n    \n}\n"
+    _open(server, text)
+    assert _labels(server.complete(URI, 4, 15)) == ["none", "bf16", "fp16"]
+    assert _labels(server.complete(URI, 5, 4)) == ["loss", "optimizer", "master_weights"]
+    value = server.hover(URI, 3, 8).contents.value
+    assert "`mixed_precision`" in value and "`step` block" in value
+    assert dict(reference().row("step", "mixed_precision").cells)["meaning"] in value
+
+
 def test_hover_on_policies_options_codecs_and_statements(server) -> None:
     text = "memplan 1\nmodule a {\n    checkpoint segments = 2\n    compress input = bit\n}\nbudget 50%\n"
     _open(server, text)
@@ -251,6 +261,7 @@ def test_completion_in_context(server) -> None:
         "sublinear",
         "memory",
         "memonger",
+        "step",
     ]
     assert _labels(server.complete(URI, 3, 28)) == ["split", "rng", "impl", "nested", "save"]
     assert _labels(server.complete(URI, 4, 21)) == ["none", "bool", "uint8", "bit", "sparse", "auto", "int8"]

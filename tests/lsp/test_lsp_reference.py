@@ -57,7 +57,7 @@ def test_every_offered_key_and_choice_parses() -> None:
         assert language.block_keys(block) == tuple(SCHEMA[next(k for k in SCHEMA if k.value == block)][1])
         for key in language.block_keys(block):
             for value in language.key_values(block, key):
-                required = "eviction_threshold = 1 GiB; " if block == "dtr" else ""
+                required = {"dtr": "eviction_threshold = 1 GiB; ", "step": "shards = 2; "}.get(block, "")
                 text = f"memplan 1\n{block} {{ {required}{key} = {value} }}\n"
                 plan, diagnostics = parse_with_diagnostics(text)
                 assert plan is not None and not [d for d in diagnostics if d.is_error], (text, diagnostics)

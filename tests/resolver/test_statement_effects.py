@@ -39,6 +39,13 @@ VALUES = {
     "algo": "dp",
     "ordering": "longest_path",
     "peak_slack": "0.5",
+    # the `step` block: each key changes the step `plan`, `verify` and `report` run (tests/test_step.py)
+    "loss": "sum",
+    "autocast": "bf16",
+    "optimizer": "adamw",
+    "master_weights": "fp32",
+    "shards": "2",
+    "mixed_precision": "bf16",
 }
 
 # The code that refuses each block kind while its run-time part is not built.  `memory` acts
@@ -67,6 +74,7 @@ def test_the_tables_cover_every_statement_and_key():
         ast.BlockKind.SUBLINEAR,
         ast.BlockKind.DTR,
         ast.BlockKind.MEMONGER,
+        ast.BlockKind.STEP,
     }
     assert set(POLICIES) == set(POLICY_NAMES)
     assert set(STATEMENT_NAMES) == {"model", "example", "module", "budget"} | {k.value for k in ast.BlockKind}

@@ -10,6 +10,7 @@ from memoplan.syntax.blocks import (
     DtrConfig,
     MemongerConfig,
     MemoryConfig,
+    StepConfig,
     SublinearConfig,
     check_block,
     config_of,
@@ -193,6 +194,7 @@ sublinear {
 }
 memory { static_memory_policy = 4; atomic_clean_policy = 1 }
 memonger { algo = dp; ordering = longest_path }
+step { loss = "losses.py:nll"; autocast = bf16; optimizer = adamw; master_weights = fp32; shards = 8; mixed_precision = bf16 }
 """
     plan = parse("memplan 1\n" + text)
     configs = [config_of(plan.block(kind)) for kind in ast.BlockKind]
@@ -201,6 +203,7 @@ memonger { algo = dp; ordering = longest_path }
         SublinearConfig(3, 50, 2, 0, 4),
         MemoryConfig(4, 1),
         MemongerConfig("dp", "longest_path"),
+        StepConfig("losses.py:nll", "bf16", "adamw", "fp32", 8, "bf16"),
     ]
     assert isinstance(configs[0].recomp_memory_factor, float)
     assert configs[1].workers == 4

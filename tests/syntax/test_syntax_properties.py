@@ -148,14 +148,22 @@ def _entry_value(kind: ast.BlockKind, key: str):
     if spec.kind == "size":
         return sizes() | st.just(0) if key != "eviction_threshold" else sizes()
     if spec.kind == "int":
-        low = {"thresh_nr_try": 1, "genetic_pool_size": 2, "num_worker": 1}.get(key, 0)
+        # `shards` from 2: a drawn `mixed_precision` needs a sharded step (MP250)
+        low = {"thresh_nr_try": 1, "genetic_pool_size": 2, "num_worker": 1, "shards": 2}.get(key, 0)
         return st.integers(low, 10**9)
     if spec.kind == "float":
         return st.integers(0, 10**6) | st.floats(min_value=0, max_value=1e300)
     if spec.kind == "selector":  # any text: the resolver checks it against the selector grammar
         return st.builds(ast.Text, st.text(max_size=20))
     choices = spec.choices + tuple(a for a, _ in spec.aliases)
-    return st.sampled_from([ast.Word(c) if isinstance(c, str) else c for c in choices])
+    words = st.sampled_from([ast.Word(c) if isinstance(c, str) else c for c in choices])
+    if spec.text:  # a spec in quotes too: `"file.py:name"`
+        return words | st.builds(
+            lambda a, b: ast.Text(f"{a}.py:{b}"),
+            st.from_regex(r"[a-z]{1,6}", fullmatch=True),
+            st.from_regex(r"[a-z_]{1,6}", fullmatch=True),
+        )
+    return words
 
 
 @st.composite
@@ -164,6 +172,8 @@ def config_blocks(draw, kind: ast.BlockKind) -> ast.ConfigBlock:
     chosen = draw(st.lists(st.sampled_from(keys), unique=True))
     if kind is ast.BlockKind.DTR and "eviction_threshold" not in chosen:
         chosen.append("eviction_threshold")
+    if kind is ast.BlockKind.STEP and "mixed_precision" in chosen and "shards" not in chosen:
+        chosen.append("shards")
     chosen = draw(st.permutations(chosen))
     entries = tuple(ast.ConfigEntry(k, draw(_entry_value(kind, k)), draw(comments())) for k in chosen)
     return ast.ConfigBlock(kind, entries, draw(comments()), tuple(draw(st.lists(comment, max_size=2))))
