@@ -17,6 +17,7 @@ from pathlib import Path
 from memoplan import cli_output, isolate
 from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
+from memoplan.cli_step import checked, command_step, stepping
 from memoplan.cli_sublinear import sublinear_config
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
 from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
@@ -271,19 +272,34 @@ def _verify(args) -> int:
 
 
 def _verify_plan(args) -> int:
+
+    device = _device(args.device)
+    plan = _load(args.plan)
+    step = command_step(args, plan, args.plan)
+    model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
+    example = _example(plan, args.plan, args.example, required=True)
+    resolved = _resolve(plan, model)
+    checked(step, model, device, plan)
+    with stepping(step, plan):
+        return _verify_with(args, plan, device, step, model, example, resolved)
+
+
+def _verify_with(args, plan, device, step, model, example, resolved) -> int:
+    """`memoplan verify` once its step, model, example and resolved plan are known."""
     from memoplan.codegen.emit import plan_table
     from memoplan.syntax import ast
     from memoplan.verification import budget_check, dtr_check, render_report, verify
 
-    device = _device(args.device)
-    plan = _load(args.plan)
-    model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
-    example = _example(plan, args.plan, args.example, required=True)
-    resolved = _resolve(plan, model)
     print(f"resolved plan {args.plan} ({len(resolved.modules)} modules):")
     for row in plan_table(resolved):
         _show(f"  {row}")
     _cache_warnings(resolved, model, example, plan)
+    print(f"step: {step.describe()}")
+    if step.config.shards > 1:
+        print(
+            f"  one process runs the whole step here: the {step.config.shards} FSDP2 ranks' sharding and "
+            "mixed precision are estimated by `memoplan plan`, not measured"
+        )
     _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
     smaller = _example(None, None, args.compare_example, required=True) if args.compare_example else None
     report = _first_step(
@@ -373,20 +389,22 @@ def _profile(args) -> int:
     from memoplan.planner.report import profile_table
 
     check_output(args.output, model_file(args.model))
+    step = command_step(args, shards=_shards(args))
     model, example = _model_and_example(args)
-    shards = _shards(args)
-    result = _first_step(
-        lambda: take_profile(
-            model,
-            example,
-            method=args.method,
-            note=_progress,
-            repeats=args.repeats,
-            shards=shards,
-            optimizer=args.optimizer,
-        ),
-        "profile",
-    )
+    checked(step, model, _device(args.device))
+    with stepping(step):
+        result = _first_step(
+            lambda: take_profile(
+                model,
+                example,
+                method=args.method,
+                note=_progress,
+                repeats=args.repeats,
+                shards=step.config.shards,
+                optimizer=step.config.optimizer,
+            ),
+            "profile",
+        )
     if cli_output.to_stdout(args.output):  # `-o -`: the JSON on stdout, the table on stderr
         with contextlib.redirect_stdout(sys.stderr):
             _show(profile_table(result))
@@ -487,9 +505,8 @@ def _out_of_memory(step: str, wanted: int | None, message: str) -> Diagnostic:
 
 def _plan(args) -> int:
     """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
-    from memoplan.planner.device_budget import device_budget_bytes, device_budget_refused, device_budget_text
+    from memoplan.planner.device_budget import device_budget_refused, device_budget_text
     from memoplan.planner.presets import parse_budget
-    from memoplan.planner.profile import Profile, merge
     from memoplan.planner.request import PlanRequestError
 
     start = _load(args.start) if args.start is not None else None
@@ -513,7 +530,19 @@ def _plan(args) -> int:
         model_file(args.model),
         *(args.profile or ()),
     )
+    step = command_step(args, start, args.start, shards=_shards(args))
     model, example = _model_and_example(args) if start is None else _start_model_and_example(start, args)
+    checked(step, model, _device(args.device), start)
+    with stepping(step, start):
+        return _plan_with(args, start, request, preset, sublinear, device_budget, step, model, example)
+
+
+def _plan_with(args, start, request, preset, sublinear, device_budget, step, model, example) -> int:
+    """`memoplan plan` once its step, model and example are known: profile, search, write."""
+    from memoplan.planner.device_budget import device_budget_bytes
+    from memoplan.planner.profile import Profile, merge
+    from memoplan.planner.request import PlanRequestError
+
     try:
         prof = merge([Profile.load(path) for path in args.profile]) if args.profile else None
     except ValueError as exc:  # profiles of different models
@@ -530,18 +559,18 @@ def _plan(args) -> int:
     if device_budget is not None:
         limit = device_budget_bytes(_device(args.device), args.budget, device_budget, _progress)
         preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
-    shards = _shards(args)
+    shards = step.config.shards
     if args.dtr and shards > 1:
         print(
             "memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1",
             file=sys.stderr,
         )
         return 2
-    prof = _plan_profile(args, model, example, prof, shards)
+    prof = _plan_profile(args, model, example, prof, step)
     if prof is None:
         return 2
     if args.dtr:
-        return _plan_dtr(args, model, example, prof, preset)
+        return _plan_dtr(args, model, example, prof, preset, step)
     result = _first_step(
         lambda: preset.run(
             model,
@@ -556,11 +585,11 @@ def _plan(args) -> int:
         "planned",
         only_oom=True,
     )
-    _write_plan(args, start, preset, result, model, example, prof)
+    _write_plan(args, start, preset, result, model, example, prof, step)
     return 0
 
 
-def _plan_profile(args, model, example, prof, shards: int):
+def _plan_profile(args, model, example, prof, step):
     """The profile ``plan`` searches over: the one given (``--profile``) or one taken now (with
     ``--method``); None, with the error said, when ``--method measured`` got an estimated one."""
     from memoplan.planner.estimate import take_profile
@@ -576,8 +605,8 @@ def _plan_profile(args, model, example, prof, shards: int):
                 note=_progress,
                 repeats=repeats,
                 fake_peak=args.method == "auto",
-                shards=shards,
-                optimizer=args.optimizer,
+                shards=step.config.shards,
+                optimizer=step.config.optimizer,
             ),
             "profile",
         )
@@ -623,9 +652,9 @@ def _preset_how(preset) -> str:
     return f"planner {preset.planner.value}"
 
 
-def _write_plan(args, start, preset, result, model, example, prof) -> None:
+def _write_plan(args, start, preset, result, model, example, prof, step) -> None:
     """Write the plan ``memoplan plan`` made (its sources and budget stated) and say what it did."""
-    from memoplan.planner.write import rebased, with_budget, with_sources
+    from memoplan.planner.write import rebased, with_budget, with_sources, with_step
     from memoplan.resolver import resolve
     from memoplan.syntax import format_plan, parse_example_spec
 
@@ -642,7 +671,7 @@ def _write_plan(args, start, preset, result, model, example, prof) -> None:
             parse_example_spec(args.example, "--example") if args.example else own.example,
             args.output.parent,
         )
-    plan = with_budget(plan, preset.budget, preset.hard)
+    plan = with_step(with_budget(plan, preset.budget, preset.hard), step.config, args.output.parent)
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     _cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
     verdict = "met" if result.met else "NOT met (hint)"
@@ -669,14 +698,15 @@ def _write_plan(args, start, preset, result, model, example, prof) -> None:
     )
 
 
-def _plan_dtr(args, model, example, prof, preset) -> int:
+def _plan_dtr(args, model, example, prof, preset, step) -> int:
     """`memoplan plan --budget B --dtr`: a plan with one `dtr` block (memoplan.planner.dtr_plan)."""
     from memoplan.planner.dtr_plan import make_dtr_plan
-    from memoplan.planner.write import with_sources
+    from memoplan.planner.write import with_sources, with_step
     from memoplan.syntax import format_plan, parse_example_spec
 
     result = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=prof)
     plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
+    plan = with_step(plan, step.config, args.output.parent)
     with writing(args.output):
         replace_file(args.output, format_plan(plan))
     sim = result.simulation
@@ -703,13 +733,15 @@ def _report_html(args) -> int:
     refused = [d for d in statement_effects(plan, checking=True) if d.is_error]
     if refused:
         raise PlanError(tuple(refused), plan.source)
+    step = command_step(args, plan, args.plan)
     model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
     example = _example(plan, args.plan, args.example, required=True)
     resolved = _resolve(plan, model)
     found = check_example(plan, model, example.args, example.kwargs)
     if found:
         raise PlanError(tuple(found), plan.source)
-    with writing(args.output):
+    checked(step, model, device, plan)
+    with writing(args.output), stepping(step, plan):
         result = _first_step(
             lambda: report_command.write_report(
                 plan, resolved, model, example, args.output, options, device=device, progress=_progress

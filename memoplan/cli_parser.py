@@ -226,6 +226,7 @@ def _verify(sub: Any, run: Runner) -> None:
         help="run both steps under torch.compile (default backend inductor; aot_eager needs no C++ compiler) "
         "and print the graphs, ops and graph breaks of each next to the peaks",
     )
+    shard_options(verify)
     device_option(verify)
     verify.set_defaults(run=run)
 
@@ -332,6 +333,7 @@ def _report(sub: Any, run: Runner) -> None:
     )
     report.add_argument("plan", type=Path)
     model_options(report)
+    shard_options(report)
     device_option(report)
     report_command.add_arguments(report)
     report.set_defaults(run=run)
@@ -390,7 +392,23 @@ def method_option(parser: argparse.ArgumentParser, help: str | None = None) -> N
 
 
 def shard_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    """The step's options (the `step` block's keys): loss, precision, optimizer, FSDP2 sharding."""
+    step = parser.add_argument_group(
+        "the training step (the `step` block's keys; default: the plan's `step` block, else the default step)"
+    )
+    step.add_argument(
+        "--loss",
+        metavar="LOSS",
+        help="auto (default): the model's own loss where its output carries one (attribute or key `loss`), "
+        "else the sum of its floating outputs; sum; model: the model's own, required; or FILE.py:callable "
+        "(pkg.module:callable), called with the output",
+    )
+    step.add_argument(
+        "--autocast",
+        choices=("none", "bf16", "fp16"),
+        help="run the forward and the loss under torch.autocast in this dtype (default none)",
+    )
+    step.add_argument(
         "--shards",
         type=positive_int,
         metavar="N",
@@ -398,12 +416,23 @@ def shard_options(parser: argparse.ArgumentParser) -> None:
         "gradients and optimizer state sharded 1/N, activations of the example, which is one rank's batch; "
         "estimated on fake tensors (default: WORLD_SIZE under torchrun, else 1)",
     )
-    parser.add_argument(
+    step.add_argument(
         "--optimizer",
         choices=("none", "sgd", "momentum", "adam", "adamw"),
-        default="none",
-        help="the optimizer whose fp32 state each rank keeps between steps (sharded 1/N): sgd none, momentum "
-        "one per parameter, adam and adamw two; reported in the profile, not part of the step's peak (default none)",
+        help="the optimizer whose state each rank keeps between steps (sharded 1/N), in the parameters' dtype: "
+        "sgd none, momentum one tensor per parameter, adam and adamw two; reported, not part of the step's "
+        "peak (default none)",
+    )
+    step.add_argument(
+        "--master-weights",
+        choices=("none", "fp32"),
+        help="fp32: an fp32 copy of every parameter that is not fp32, and the optimizer state in fp32 (default none)",
+    )
+    step.add_argument(
+        "--mixed-precision",
+        choices=("none", "bf16", "fp16"),
+        help="with --shards: FSDP2's MixedPrecisionPolicy, parameters gathered and computed in this dtype, "
+        "gradients reduced in fp32 (default none)",
     )
 
 

@@ -286,7 +286,7 @@ def merged(
             found.append(
                 Diagnostic(
                     "MP254",
-                    f"`{OPTIONS[key]} {value}` contradicts the plan's step: `{key} = {getattr(written, key)}`",
+                    f"`{OPTIONS[key]} {value}` contradicts the plan's step: `{key} = {_shown(getattr(written, key))}`",
                     spans[key],
                     f"leave out `{OPTIONS[key]}` (the plan's step is run), or change the `step` block",
                 )
@@ -308,6 +308,11 @@ def merged(
             source,
         )
     return config
+
+
+def _shown(value: Any) -> str:
+    """A key's value as the block writes it: a spec in quotes."""
+    return f'"{value}"' if isinstance(value, str) and ":" in value else str(value)
 
 
 def as_block(config: StepConfig) -> ast.ConfigBlock:

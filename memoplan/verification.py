@@ -133,8 +133,12 @@ def verify(
     device: torch.device | str | None = None,
     compare_example: Example | None = None,
     compile: str | None = None,
+    step: Any = None,
 ) -> VerifyReport:
     """Run one step on a copy of ``model`` without and one with ``plan``; compare everything.
+
+    ``step``: the training step to run, a :class:`memoplan.syntax.blocks.StepConfig` (its loss
+    and autocast; default: the step :func:`memoplan.step.running` set, else the default step).
 
     When the unplanned step runs out of memory at full size (or ``compare_example`` is given),
     the planned step is measured at full size alone, the unplanned peak is estimated on fake
@@ -151,6 +155,21 @@ def verify(
     resets Dynamo's caches first.  On the CPU the meter's dispatch mode keeps Dynamo out, so the
     peaks there are eager's (the report says so); on CUDA they are the compiled steps'.
     """
+    if step is not None:
+        from memoplan.step import make_step, running
+
+        with running(make_step(step)):
+            return verify(
+                model,
+                plan,
+                example,
+                seed=seed,
+                loss_fn=loss_fn,
+                rtol=rtol,
+                device=device,
+                compare_example=compare_example,
+                compile=compile,
+            )
     if compile is not None:
         return _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, compile)
     if compare_example is not None:

@@ -138,6 +138,7 @@ def plan(
     profile=None,
     method: str = "auto",
     progress: bool = False,
+    step=None,
 ) -> PlanResult:
     """Plan ``model`` on ``example`` for ``budget`` (``"4 GiB"``, ``"50%"``, ``"60% hint"``,
     ``"speed"``), a ``coverage`` (``"60%"`` or ``"5"`` of the candidate modules) or a ``preset`` (``safe``, ``balanced``, ``memory``, ``exhaustive``), as
@@ -151,7 +152,10 @@ def plan(
     text) whose rules are kept and completed; ``sublinear``: a
     :class:`memoplan.syntax.blocks.SublinearConfig` (with ``planner="sublinear"``); ``profile``:
     a :class:`~memoplan.planner.profile.Profile` already taken, else one is taken by ``method``
-    (``auto``, ``measured``, ``estimated``).  Impossible combinations raise
+    (``auto``, ``measured``, ``estimated``); ``step``: the training step planned for, a
+    :class:`memoplan.syntax.blocks.StepConfig` (its loss, autocast, optimizer, master weights,
+    shards and FSDP2 mixed precision; default: ``start``'s `step` block, else the default step),
+    written into the plan as its `step` block.  Impossible combinations raise
     :class:`PlanRequestError` (a :class:`ValueError`) before the model runs; a hard budget
     that no plan meets raises :class:`memoplan.PlanError` (MP601).  ``model`` is not changed.
     """
@@ -182,16 +186,29 @@ def plan(
         from memoplan.syntax.blocks import config_of
 
         sublinear = config_of(request.sublinear_block())
-    example = as_example(example)
-    prof = profile if profile is not None else take_profile(model, example, method=method, progress=progress)
-    result = chosen.run(
-        model,
-        example,
-        prof=prof,
-        progress=progress,
-        named=preset is not None,
-        nested=nested,
-        sublinear=sublinear,
-        start=parsed_start,
+    from memoplan.planner.write import with_step
+    from memoplan.step import make_step, merged, running, step_block
+
+    written, spans = step_block(parsed_start)
+    config = merged(
+        written, spans, {} if step is None else vars(step), None if parsed_start is None else parsed_start.source
     )
-    return replace(result, plan=with_budget(result.plan, chosen.budget, chosen.hard))
+    example = as_example(example)
+    with running(make_step(config)):
+        if profile is not None:
+            prof = profile
+        else:
+            prof = take_profile(
+                model, example, method=method, progress=progress, shards=config.shards, optimizer=config.optimizer
+            )
+        result = chosen.run(
+            model,
+            example,
+            prof=prof,
+            progress=progress,
+            named=preset is not None,
+            nested=nested,
+            sublinear=sublinear,
+            start=parsed_start,
+        )
+    return replace(result, plan=with_step(with_budget(result.plan, chosen.budget, chosen.hard), config, "."))

@@ -171,11 +171,32 @@ def with_sources(plan: ast.Plan, model: str, example: ast.ExampleStmt, folder: P
     it from; module specs and inline tensors are written as given.
     """
     stmts = (
-        ast.ModelStmt(_relative_spec(model, folder)),
-        replace(example, spec=None if example.spec is None else _relative_spec(example.spec, folder)),
+        ast.ModelStmt(relative_spec(model, folder)),
+        replace(example, spec=None if example.spec is None else relative_spec(example.spec, folder)),
     )
     rest = tuple(s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt)))
     return replace(plan, statements=(*stmts, *rest))
+
+
+def with_step(plan: ast.Plan, config, folder: Path | str) -> ast.Plan:
+    """``plan`` with the `step` block of the step it was planned for (``config``, a
+    :class:`~memoplan.syntax.blocks.StepConfig`) in place of any it had; none for the default step.
+    A loss callable in a file is written relative to ``folder``, the plan's folder."""
+    from memoplan.step import as_block
+    from memoplan.syntax import ast
+    from memoplan.syntax.blocks import StepConfig
+
+    rest = tuple(s for s in plan.statements if not (isinstance(s, ast.ConfigBlock) and s.kind is ast.BlockKind.STEP))
+    if config == StepConfig():
+        return replace(plan, statements=rest)
+    if ":" in config.loss:
+        config = replace(config, loss=relative_spec(config.loss, folder))
+    from memoplan.step import describe
+
+    header = replace(
+        plan.header_comments, leading=(*plan.header_comments.leading, comment_line(f"step: {describe(config)}"))
+    )
+    return replace(plan, statements=(*rest, as_block(config)), header_comments=header)
 
 
 def rebased(plan: ast.Plan, base: Path | str, folder: Path | str) -> ast.Plan:
@@ -185,16 +206,16 @@ def rebased(plan: ast.Plan, base: Path | str, folder: Path | str) -> ast.Plan:
 
     def move(s: ast.Statement) -> ast.Statement:
         if isinstance(s, ast.ModelStmt):
-            return replace(s, spec=_relative_spec(s.spec, folder, base))
+            return replace(s, spec=relative_spec(s.spec, folder, base))
         if isinstance(s, ast.ExampleStmt) and s.spec is not None:
-            return replace(s, spec=_relative_spec(s.spec, folder, base))
+            return replace(s, spec=relative_spec(s.spec, folder, base))
         return s
 
     statements = tuple(move(s) for s in plan.statements)
     return replace(plan, statements=statements)
 
 
-def _relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str:
+def relative_spec(spec: str, folder: Path | str, base: Path | str = ".") -> str:
     """A file spec (relative to ``base``) as seen from ``folder`` (``memoplan.specs``' rule: ``.py`` or a separator)."""
     text = spec.strip()
     location, colon, attr = text.rpartition(":")

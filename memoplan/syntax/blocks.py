@@ -258,6 +258,7 @@ def check_block(block: ConfigBlock) -> list[Diagnostic]:
 def _step_diagnostics(block: ConfigBlock) -> list[Diagnostic]:
     """A `step` block whose keys contradict each other: FSDP2's mixed precision on one rank."""
     config = config_of(block)
+    assert isinstance(config, StepConfig)
     if config.mixed_precision != "none" and config.shards < 2:
         entry = next(e for e in block.entries if e.key == "mixed_precision")
         return [
