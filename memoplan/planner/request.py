@@ -153,9 +153,7 @@ def plan(
     :class:`memoplan.syntax.blocks.SublinearConfig` (with ``planner="sublinear"``); ``profile``:
     a :class:`~memoplan.planner.profile.Profile` already taken, else one is taken by ``method``
     (``auto``, ``measured``, ``estimated``); ``step``: the training step planned for, a
-    :class:`memoplan.syntax.blocks.StepConfig` (its loss, autocast, optimizer, master weights,
-    shards and FSDP2 mixed precision; default: ``start``'s `step` block, else the default step),
-    written into the plan as its `step` block.  Impossible combinations raise
+    :class:`memoplan.syntax.blocks.StepConfig` (default ``start``'s), written as the plan's `step` block.  Impossible combinations raise
     :class:`PlanRequestError` (a :class:`ValueError`) before the model runs; a hard budget
     that no plan meets raises :class:`memoplan.PlanError` (MP601).  ``model`` is not changed.
     """
@@ -183,28 +181,21 @@ def plan(
     request.check_preset(chosen, sublinear=sublinear is not None or request.sublinear_block() is not None)
     request.check_nested(chosen)
     if sublinear is None and request.sublinear_block() is not None:
-        from memoplan.syntax.blocks import config_of
-
-        sublinear = config_of(request.sublinear_block())
+        sublinear = _config_of(request.sublinear_block())
     from memoplan.planner.write import with_step
-    from memoplan.step import make_step, merged, running, step_block
+    from memoplan.step import make_step, running
 
-    written, spans = step_block(parsed_start)
-    config = merged(
-        written, spans, {} if step is None else vars(step), None if parsed_start is None else parsed_start.source
-    )
+    config = _step_config(step, parsed_start)  # the `step` block of `start` with `step` over it
     example = as_example(example)
     with running(make_step(config)):
-        if profile is not None:
-            prof = profile
-        else:
-            prof = take_profile(
+        if profile is None:
+            profile = take_profile(
                 model, example, method=method, progress=progress, shards=config.shards, optimizer=config.optimizer
             )
         result = chosen.run(
             model,
             example,
-            prof=prof,
+            prof=profile,
             progress=progress,
             named=preset is not None,
             nested=nested,
@@ -212,3 +203,24 @@ def plan(
             start=parsed_start,
         )
     return replace(result, plan=with_step(with_budget(result.plan, chosen.budget, chosen.hard), config, "."))
+
+
+def _config_of(block):
+    from memoplan.syntax.blocks import config_of
+
+    return config_of(block)
+
+
+def _step_config(step, start):
+    """The step ``plan`` plans for: ``start``'s `step` block with the keys ``step`` sets (those
+    that differ from the default step) over it; MP254 where they contradict the block."""
+    from dataclasses import fields
+
+    from memoplan.step import merged, step_block
+    from memoplan.syntax.blocks import StepConfig
+
+    written, spans = step_block(start)
+    default = StepConfig()
+    given = {} if step is None else {f.name: getattr(step, f.name) for f in fields(step)}
+    given = {k: v for k, v in given.items() if written is None or v != getattr(default, k)}
+    return merged(written, spans, given, None if start is None else start.source)
