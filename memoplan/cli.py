@@ -389,7 +389,7 @@ def _profile(args) -> int:
     from memoplan.planner.report import profile_table
 
     check_output(args.output, model_file(args.model))
-    step = command_step(args, shards=_shards(args))
+    step = _sharded_step(args)
     model, example = _model_and_example(args)
     checked(step, model, _device(args.device))
     with stepping(step):
@@ -417,10 +417,22 @@ def _profile(args) -> int:
 
 
 def _shards(args) -> int:
-    """``--shards``, else ``WORLD_SIZE`` (torchrun), else 1; a sharded step is estimated, never measured."""
+    """``--shards``, else ``WORLD_SIZE`` (torchrun), else 1."""
     from memoplan.planner.shard import default_shards
 
     shards = args.shards if args.shards is not None else default_shards()
+    if args.shards is None and shards > 1:
+        _progress(
+            f"note: WORLD_SIZE={shards}: planning the step of one of {shards} FSDP2 ranks (--shards 1 for an unsharded one)"
+        )
+    return shards
+
+
+def _sharded_step(args, plan=None, path=None):
+    """The step of ``profile`` and ``plan`` (:func:`memoplan.cli_step.command_step`); MP603 when it
+    is sharded (``--shards``, WORLD_SIZE or the plan's `step` block) and ``--method measured``."""
+    step = command_step(args, plan, path, shards=_shards(args))
+    shards = step.config.shards
     if shards > 1 and args.method == "measured":
         raise PlanError(
             (
@@ -431,11 +443,7 @@ def _shards(args) -> int:
                 ),
             )
         )
-    if args.shards is None and shards > 1:
-        _progress(
-            f"note: WORLD_SIZE={shards}: planning the step of one of {shards} FSDP2 ranks (--shards 1 for an unsharded one)"
-        )
-    return shards
+    return step
 
 
 def _save_to_stdout(result) -> int:
@@ -530,7 +538,7 @@ def _plan(args) -> int:
         model_file(args.model),
         *(args.profile or ()),
     )
-    step = command_step(args, start, args.start, shards=_shards(args))
+    step = _sharded_step(args, start, args.start)
     model, example = _model_and_example(args) if start is None else _start_model_and_example(start, args)
     checked(step, model, _device(args.device), start)
     with stepping(step, start):

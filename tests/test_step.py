@@ -207,6 +207,7 @@ def test_the_estimate_is_the_measured_peak_of_a_bf16_llama_with_its_own_loss(dty
     with running(step):
         measured = measure_step(model, example.args, example.kwargs).peak_bytes
         estimated = fake_step(model, example, CPU).peak_bytes
+    print(f"{dtype} autocast {autocast}: estimated {estimated} B, measured {measured} B")
     assert estimated == measured  # the same kernels here: to the byte
     with running(make_step(StepConfig(loss="sum", autocast=autocast))):
         summed = measure_step(model, example.args, example.kwargs).peak_bytes
@@ -321,3 +322,23 @@ def test_the_fsdp2_mixed_precision_estimate_holds_per_rank_on_two_ranks(tmp_path
             estimated = sharded_estimate(model, step_models.example(rank), 2, "none", progress=False, repeats=1)
         print(f"rank {rank}: FSDP2 bf16/fp32 step estimated {estimated.peak_bytes} B, measured {measured} B")
         assert abs(estimated.peak_bytes - measured) <= 0.05 * measured, (estimated.peak_bytes, measured)
+
+
+def test_a_sharded_step_from_the_plans_block_is_not_measured(net, capsys):
+    plan = net / "p.memplan"
+    plan.write_text('memplan 1\nmodel "net.py:build"\nexample "net.py:example"\nstep { shards = 2 }\n')
+    assert main(["plan", str(plan), "--budget", "70%", "--method", "measured", "-o", "new.memplan"]) == 1
+    assert "error[MP603]" in capsys.readouterr().err and not (net / "new.memplan").exists()
+
+
+@pytest.mark.slow
+def test_report_runs_the_plans_step(net, capsys):
+    pytest.importorskip("matplotlib")
+    plan = net / "p.memplan"
+    plan.write_text('memplan 1\nmodel "net.py:build"\nexample "net.py:example"\nstep { loss = "net.py:raises" }\n')
+    assert main(["report", str(plan), "-o", "r.html", "--no-sweep"]) == 1
+    err = capsys.readouterr().err
+    assert "p.memplan:4:8: error[MP251]" in err and not (net / "r.html").exists()
+    plan.write_text('memplan 1\nmodel "net.py:build"\nexample "net.py:example"\nstep { loss = "net.py:mean" }\n')
+    assert main(["report", str(plan), "-o", "r.html", "--no-sweep"]) == 0
+    assert (net / "r.html").exists()
