@@ -17,7 +17,7 @@ from pathlib import Path
 from memoplan import cli_output, isolate
 from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
-from memoplan.cli_step import checked, command_step, stepping
+from memoplan.cli_step import checked, command_step, sharded_step, stepping
 from memoplan.cli_sublinear import sublinear_config
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
 from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
@@ -429,21 +429,7 @@ def _shards(args) -> int:
 
 
 def _sharded_step(args, plan=None, path=None):
-    """The step of ``profile`` and ``plan`` (:func:`memoplan.cli_step.command_step`); MP603 when it
-    is sharded (``--shards``, WORLD_SIZE or the plan's `step` block) and ``--method measured``."""
-    step = command_step(args, plan, path, shards=_shards(args))
-    shards = step.config.shards
-    if shards > 1 and args.method == "measured":
-        raise PlanError(
-            (
-                Diagnostic(
-                    "MP603",
-                    f"--method measured with {shards} shards: a sharded step runs only under torch.distributed",
-                    help="leave out --method measured (one rank's step is estimated on fake tensors), or use --shards 1",
-                ),
-            )
-        )
-    return step
+    return sharded_step(args, plan, path, shards=_shards(args))
 
 
 def _save_to_stdout(result) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from memoplan.diagnostics import PlanError
 from memoplan.step import OPTIONS, Step, check_precision, make_step, merged, running, step_block
 
-__all__ = ["command_step", "given_options", "stepping"]
+__all__ = ["checked", "command_step", "given_options", "sharded_step", "stepping"]
 
 
 def given_options(args: Any, shards: int | None = None) -> dict[str, Any]:
@@ -47,6 +47,25 @@ def command_step(args: Any, plan=None, path: Path | None = None, *, shards: int 
         if error.source is None and from_plan and source is not None:
             raise PlanError(error.diagnostics, source) from None
         raise
+
+
+def sharded_step(args: Any, plan=None, path: Path | None = None, *, shards: int) -> Step:
+    """The step of ``profile`` and ``plan``; MP603 when it is sharded (``--shards``, WORLD_SIZE or
+    the plan's `step` block) and ``--method measured``: a sharded step runs only under torch.distributed."""
+    from memoplan.diagnostics import Diagnostic
+
+    step = command_step(args, plan, path, shards=shards)
+    if step.config.shards > 1 and args.method == "measured":
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP603",
+                    f"--method measured with {step.config.shards} shards: a sharded step runs only under torch.distributed",
+                    help="leave out --method measured (one rank's step is estimated on fake tensors), or use --shards 1",
+                ),
+            )
+        )
+    return step
 
 
 def checked(step: Step, model, device, plan=None) -> Step:
