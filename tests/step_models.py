@@ -86,6 +86,20 @@ def meta(dtype: torch.dtype = torch.bfloat16):
         return LlamaForCausalLM(config()).to(dtype)
 
 
+def fake(dtype: torch.dtype = torch.bfloat16):
+    """The same model built under ``FakeTensorMode``: nothing of its weights allocated."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import LlamaForCausalLM
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in that dtype: converting fake parameters is refused
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return LlamaForCausalLM(config())
+    finally:
+        torch.set_default_dtype(default)
+
+
 def example(rank: int = 0):
     from memoplan.specs import Example
 

@@ -212,6 +212,8 @@ def test_the_estimate_is_the_measured_peak_of_a_bf16_llama_with_its_own_loss(dty
     with running(make_step(StepConfig(loss="sum", autocast=autocast))):
         summed = measure_step(model, example.args, example.kwargs).peak_bytes
     assert summed > measured  # the sum keeps a float32 copy of the logits the model's own loss does not
+    with running(step):  # the model built without its weights: the same estimate
+        assert fake_step(step_models.fake(dtype), example, CPU).peak_bytes == measured
 
 
 # ---------------------------------------------------------------- the command line
