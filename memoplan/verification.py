@@ -138,7 +138,8 @@ def verify(
     """Run one step on a copy of ``model`` without and one with ``plan``; compare everything.
 
     ``step``: the training step to run, a :class:`memoplan.syntax.blocks.StepConfig` (its loss
-    and autocast; default: the step :func:`memoplan.step.running` set, else the default step).
+    and autocast; default: the step :func:`memoplan.step.running` set, else the `step` block of
+    ``plan`` when it is a plan's text or file, else the default step).
 
     When the unplanned step runs out of memory at full size (or ``compare_example`` is given),
     the planned step is measured at full size alone, the unplanned peak is estimated on fake
@@ -155,6 +156,8 @@ def verify(
     resets Dynamo's caches first.  On the CPU the meter's dispatch mode keeps Dynamo out, so the
     peaks there are eager's (the report says so); on CUDA they are the compiled steps'.
     """
+    if step is None:
+        step = _plan_step(plan)
     if step is not None:
         from memoplan.step import make_step, running
 
@@ -202,6 +205,23 @@ def verify(
     del reference, planned  # compared: free them before timing fresh copies
     times = _step_times(model, resolved, example, loss_fn, device, where)
     return VerifyReport(resolved, *memory, checks, rtol, tuple(nondeterministic), *times, evictions, arena)
+
+
+def _plan_step(plan: api.PlanLike):
+    """The `step` block of ``plan`` (a plan, its file or text) when no step is running, else None."""
+    from memoplan.step import current, step_block
+
+    if current() is not None or isinstance(plan, ResolvedPlan):
+        return None
+    parsed = api.as_plan(plan)
+    config = step_block(parsed)[0]
+    if config is not None and ":" in config.loss and parsed.file and os.path.isfile(parsed.file):
+        from dataclasses import replace
+
+        from memoplan.planner.write import relative_spec
+
+        config = replace(config, loss=relative_spec(config.loss, ".", os.path.dirname(parsed.file)))  # from its folder
+    return config
 
 
 def arena_check(reference: nn.Module, planned: nn.Module, example: Example, device: torch.device) -> ArenaCheck:

@@ -286,6 +286,13 @@ def test_the_api_takes_the_same_step(net):
     block = result.plan.block(ast.BlockKind.STEP)
     assert block is not None and {e.key for e in block.entries} == {"loss", "optimizer"}
     assert memoplan.verify(model, memoplan.resolve(result.plan, model), example, step=config).equivalent
+    # a plan file's own step block, its loss found from the plan's folder
+    (net / "sub").mkdir()
+    path = net / "sub" / "p.memplan"
+    path.write_text('memplan 1\nstep { loss = "../net.py:raises" }\n')
+    with pytest.raises(PlanError) as caught:
+        memoplan.verify(model, path, example)
+    assert [d.code for d in caught.value.diagnostics] == ["MP251"]
 
 
 # ---------------------------------------------------------------- FSDP2 mixed precision on two ranks
