@@ -351,3 +351,11 @@ def test_report_runs_the_plans_step(net, capsys):
     plan.write_text('memplan 1\nmodel "net.py:build"\nexample "net.py:example"\nstep { loss = "net.py:mean" }\n')
     assert main(["report", str(plan), "-o", "r.html", "--no-sweep"]) == 0
     assert (net / "r.html").exists()
+
+
+def test_check_says_where_the_step_block_acts(tmp_path, capsys):
+    plan = tmp_path / "p.memplan"
+    plan.write_text("memplan 1\nstep { loss = sum; optimizer = adamw }\n")
+    assert main(["check", str(plan)]) == 0
+    err = capsys.readouterr().err
+    assert "p.memplan:2:1: note[MP255]" in err and "`memoplan plan`, `verify` and `report`" in err
