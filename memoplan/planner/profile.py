@@ -173,7 +173,7 @@ def profile(
     (its first parameter's, else the example's); naming another device profiles a
     deep copy moved there, so the model itself is never moved.  ``repeats`` timed
     steps give the medians.  ``progress`` draws a bar on stderr.  ``loss_fn`` maps
-    the output to the loss (default: :func:`memoplan.measure.default_loss`).
+    the output to the loss (default: the running step's, :func:`memoplan.measure.step_loss`).
     ``peak_bytes``: the unplanned peak found otherwise (on fake tensors, ``memoplan plan``'s
     default): the peak step is not run, and ``peak_method`` says ``fake-tensor``.  ``probe``
     False: no probe step either (every module's bytes are 0: the caller has them from elsewhere).

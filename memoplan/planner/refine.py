@@ -117,7 +117,7 @@ _copy = unplanned_copy
 def measure_plan(model: nn.Module, example: Example, plan: ast.Plan, *, loss_fn=None) -> int:
     """Peak bytes of one training step of a copy of ``model`` with ``plan``; ``model`` is unchanged.
 
-    ``loss_fn`` is the step's loss (:func:`memoplan.measure.default_loss` when None).
+    ``loss_fn`` is the step's loss (the running step's when None: :func:`memoplan.measure.step_loss`).
 
     Raises :class:`PlanError` when the plan does not resolve against the model.  While planning
     from an estimated profile (:data:`memoplan.planner.shrink.ESTIMATING`) the peak is estimated
