@@ -158,21 +158,19 @@ def verify(
     """
     if step is None:
         step = _plan_step(plan)
-    if step is not None:
-        from memoplan.step import make_step, running
+    with _running(step):
+        return _verify(model, plan, example, seed, loss_fn, rtol, device, compare_example, compile)
 
-        with running(make_step(step)):
-            return verify(
-                model,
-                plan,
-                example,
-                seed=seed,
-                loss_fn=loss_fn,
-                rtol=rtol,
-                device=device,
-                compare_example=compare_example,
-                compile=compile,
-            )
+
+def _running(step) -> contextlib.AbstractContextManager[Any]:
+    """Run the steps inside as ``step`` (a StepConfig); None: as the caller runs them."""
+    from memoplan.step import make_step, running
+
+    return contextlib.nullcontext() if step is None else running(make_step(step))
+
+
+def _verify(model, plan, example, seed, loss_fn, rtol, device, compare_example, compile) -> VerifyReport:
+    """:func:`verify` in its step."""
     if compile is not None:
         return _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, compile)
     if compare_example is not None:
