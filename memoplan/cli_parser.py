@@ -41,7 +41,9 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "coverage planner hint nested dtr profile method repeats loss planned_only seed rtol compare_example "
         "compile sweep budgets peers".split()
     ),
-    "where the step runs": tuple("device device_memory autocast shards optimizer isolate".split()),
+    "where the step runs": tuple(
+        "device device_memory autocast shards optimizer master_weights mixed_precision isolate".split()
+    ),
     "output options": ("format", "json", "quiet", "verbose", "help"),
 }
 OTHER_OPTIONS = "other options"
@@ -393,9 +395,7 @@ def method_option(parser: argparse.ArgumentParser, help: str | None = None) -> N
 
 def shard_options(parser: argparse.ArgumentParser) -> None:
     """The step's options (the `step` block's keys): loss, precision, optimizer, FSDP2 sharding."""
-    step = parser.add_argument_group(
-        "the training step (the `step` block's keys; default: the plan's `step` block, else the default step)"
-    )
+    step = parser  # `--help` places them (OPTION_GROUPS); each sets a key of the `step` block
     step.add_argument(
         "--loss",
         metavar="LOSS",
