@@ -312,7 +312,9 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
             device=device,
             compare_example=smaller,
             compile=args.compile,
-        )
+        ),
+        instead="`verify` estimates the unplanned peak only with `--compare-example` or when the full-size "
+        "unplanned step does not fit; without them both steps run for real",
     )
     _show(render_report(report))
     OUTPUT.current.details.update(cli_output.verify_details(report))
@@ -443,11 +445,16 @@ def _save_to_stdout(result) -> int:
     return 0
 
 
-def _first_step(run, step: str = "unplanned", *, only_oom: bool = False):
+_MEASURED = "`--method measured` runs the step for real"
+
+
+def _first_step(run, step: str = "unplanned", *, only_oom: bool = False, instead: str = _MEASURED):
     """``run()``, the first training step of the user's model; MP411 when a step runs out of
     memory (the step named by the error, else ``step``), MP504 (as `verify` says it) when it
     raises anything else but KeyboardInterrupt (``SystemExit`` too); ``only_oom``: other errors
-    pass as they are."""
+    pass as they are.  A step estimated on fake tensors that failed is MP504 whose help names the
+    estimate and ``instead``, what runs the step for real (:func:`_estimate_failed`)."""
+    from memoplan.planner.estimate import FakeStepFailed
     from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory, wanted_bytes
     from memoplan.specs import describe_exception
 
@@ -455,6 +462,8 @@ def _first_step(run, step: str = "unplanned", *, only_oom: bool = False):
         return run()
     except PlanError:
         raise
+    except FakeStepFailed as exc:
+        raise PlanError((_estimate_failed(exc, instead),)) from None
     except StepOutOfMemory as exc:
         oom = (exc.step, exc.wanted, exc.message)
     except BaseException as exc:  # the user's model or example failed: a diagnostic, not a traceback
@@ -474,6 +483,24 @@ def _first_step(run, step: str = "unplanned", *, only_oom: bool = False):
         text = str(exc).strip()
         oom = (step, wanted_bytes(exc), text.splitlines()[0] if text else type(exc).__name__)
     raise PlanError((_out_of_memory(*oom),))
+
+
+def _estimate_failed(exc, instead: str) -> Diagnostic:
+    """MP504 for a training step that could not run on fake tensors (memoplan's estimate): the
+    help names the estimate, not the example, unless the operator's real kernel refused too."""
+    if exc.data_dependent:
+        help = (
+            "the estimate runs the step on fake tensors, which have no values, and the model reads some "
+            f"(`.item()`, `.tolist()`, `nonzero`, a branch on data): {instead}"
+        )
+    elif exc.real_kernel_refused:
+        help = f"{exc.operator} refuses these inputs when run for real too: check that the example input fits the model (`--example`)"
+    else:
+        help = (
+            f"the estimate runs the step on fake tensors, and this failed there: {instead}; "
+            "if that fails too, check that the example input fits the model (`--example`)"
+        )
+    return Diagnostic("MP504", str(exc), help=help)
 
 
 # What to do when a step runs out of memory, by the step that did.

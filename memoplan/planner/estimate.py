@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,7 +61,7 @@ from memoplan.planner.shrink import describe_example, is_out_of_memory, shrink, 
 from memoplan.specs import Example
 from memoplan.version import __version__
 
-__all__ = ["METHODS", "estimate", "sharded_estimate", "take_profile"]
+__all__ = ["METHODS", "FakeStepFailed", "estimate", "sharded_estimate", "take_profile"]
 
 METHODS = ("auto", "measured", "estimated")
 
@@ -99,7 +100,7 @@ def take_profile(
         return profile(model, example, **options)
     try:
         if fake_peak:
-            return _with_fake_peak(model, example, options)
+            return _with_fake_peak(model, example, options, note)
         return profile(model, example, **options)
     except BaseException as exc:
         if not is_out_of_memory(exc):
@@ -150,13 +151,15 @@ def sharded_estimate(
     return replace(prof, shards=shards, optimizer_state_bytes=optimizer_state_bytes(model, optimizer, shards))
 
 
-def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> Profile:
+def _with_fake_peak(
+    model: nn.Module, example: Any, options: dict[str, Any], note: Callable[[str], None] | None = None
+) -> Profile:
     """A profile whose bytes are found on fake tensors (exact on every model tested) and whose
     times are measured: one real timed step at the full size, then the fake step (the real step
     first: one that does not fit fails before the fake step takes any room), and whether each
     module's inputs are binary from a real forward (no grad) of the example cut to batch 1.  The whole
     measured profile when it runs on another device (a moved copy) or the step cannot run on
-    fake tensors."""
+    fake tensors (``note`` says so, and names an operator run for real on zeros)."""
     timed = profile(model, example, **options, peak_bytes=0, probe=False)
     full = as_example(example)
     here = step_device(model, full.args, full.kwargs)
@@ -165,10 +168,11 @@ def _with_fake_peak(model: nn.Module, example: Any, options: dict[str, Any]) -> 
         return profile(model, example, **options)
     try:
         fake = fake_step(model, full, target, options.get("loss_fn"))
-    except Exception as exc:  # noqa: BLE001  an op without a fake kernel: the real peak and probe steps
-        if is_out_of_memory(exc):
-            raise
+    except FakeStepFailed as exc:  # the real peak and probe steps
+        if note is not None:
+            note(f"note: {exc}; measuring the peak with real steps instead")
         return profile(model, example, **options)
+    _note_fallbacks(fake, note)
     tiny = full
     while (smaller := shrink(tiny)) is not None:
         tiny = smaller
@@ -206,6 +210,7 @@ def estimate(
     model, example, target = on_device(model, as_example(example), device)
     note(f"estimating on fake tensors ({describe_example(example)})")
     full = fake_step(model, example, target, loss_fn)
+    _note_fallbacks(full, note)
     # Only the times of the smaller run are used: no peak step, no probe (binary inputs below).
     options: dict[str, Any] = {
         "repeats": repeats,
@@ -233,6 +238,17 @@ def estimate(
     return _assemble(model, example, target, full, None, repeats)
 
 
+def _note_fallbacks(step: FakeStep, note: Callable[[str], None] | None) -> None:
+    """Say which operators ran for real on zeros (their fake kernel refused), and why."""
+    if note is None:
+        return
+    for operator, error in step.fallbacks:
+        note(
+            f"note: {operator} has no fake kernel for these inputs on this device ({error}); "
+            "it ran for real on zeros of the same shapes (not counted; its outputs are, as any operator's)"
+        )
+
+
 # ---------------------------------------------------------------- the fake step
 
 
@@ -245,6 +261,7 @@ class FakeStep:
     unattributed: int
     flops: dict[int, int] = field(default_factory=dict)  # id(module) -> forward FLOPs, its subtree's
     total_flops: int = 0  # the whole step's, backward included
+    fallbacks: tuple[tuple[str, str], ...] = ()  # (operator, its fake kernel's error): run for real on zeros
 
 
 class _FakeProbe(Probe):
@@ -302,6 +319,21 @@ class _AllocatorMeter(LiveStorageMeter):
             self.current_bytes += nbytes - entry[0]
             self._live[key] = (nbytes, entry[1])
 
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        if func is not torch.ops.aten.lift_fresh.default:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        # A constant of the model's code (``torch.tensor(...)``): the real step allocates it before
+        # any operator runs, and ``lift_fresh`` returns it as it is, so the CPU's live-storage meter
+        # never counts it; here ``lift_fresh`` makes its fake copy, counted only on CUDA (whose
+        # allocator sees the real constant).
+        out = func(*args, **(kwargs or {}))
+        if out.device.type == "cuda":
+            self._see(out.untyped_storage(), known=False)
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        return out
+
     def _nbytes(self, storage: torch.UntypedStorage) -> int:
         nbytes = storage.nbytes()
         if id(storage) in self._sharded:
@@ -320,20 +352,108 @@ def fake_step(
     Code that branches on whether it is being traced (transformers skips a causal mask for real
     data and builds one for fake tensors) is shown real tensors' branch first; when that branch
     needs the data (``DataDependentOutputException``), the step is run again on the traced branch.
+    An operator whose fake kernel refuses inputs its real kernel takes runs for real on zeros
+    (:class:`_RealKernelFallback`; ``FakeStep.fallbacks`` names it).  Anything else the step raises
+    (an out-of-memory error aside) is raised as :class:`FakeStepFailed`, from the original error.
     """
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
+    fallback = _RealKernelFallback()
     try:
-        with _as_real_data(hide_fakes=True):
-            return _fake_step(model, example, target, loss_fn, peak_only)
-    except DataDependentOutputException:
-        pass
-    with _as_real_data(hide_fakes=False):
-        return _fake_step(model, example, target, loss_fn, peak_only)
+        try:
+            with _as_real_data(hide_fakes=True):
+                return _fake_step(model, example, target, loss_fn, peak_only, fallback)
+        except DataDependentOutputException:
+            pass
+        with _as_real_data(hide_fakes=False):
+            return _fake_step(model, example, target, loss_fn, peak_only, fallback)
+    except Exception as exc:  # noqa: BLE001  the model's code or an operator, on fake tensors
+        if is_out_of_memory(exc) or isinstance(exc, FakeStepFailed):
+            raise
+        raise FakeStepFailed(exc, *fallback.refusal(exc)) from exc
+
+
+class FakeStepFailed(Exception):
+    """The training step could not run on fake tensors (the estimate): ``cause`` is what it raised.
+
+    ``operator`` is the operator whose fake kernel raised it, when one did; ``real_kernel_refused``
+    says that its real kernel, run on zeros of the same shapes, refused the inputs too (so the
+    inputs, not the estimate, are wrong); ``data_dependent`` that the step reads tensor values
+    (``.item()``, ``.tolist()``, ``nonzero``, a branch on data), which fake tensors do not have.
+    """
+
+    def __init__(self, cause: Exception, operator: str | None = None, real_kernel_refused: bool = False) -> None:
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+        self.cause = cause
+        self.operator = operator
+        self.real_kernel_refused = real_kernel_refused
+        self.data_dependent = isinstance(cause, (DataDependentOutputException, DynamicOutputShapeException))
+        text = str(cause).strip()
+        described = f"{type(cause).__name__}: {text.splitlines()[0]}" if text else type(cause).__name__
+        where = f" in {operator}" if operator and operator not in described else ""
+        super().__init__(f"estimating one training step on fake tensors raised {described}{where}")
+
+
+class _RealKernelFallback(TorchDispatchMode):
+    """Just above the fake mode: an operator whose fake kernel raises (``aten._grouped_mm``'s wants
+    bfloat16, as CUDA's kernel does, while the CPU's takes float32) runs its real kernel on zeros of
+    the inputs' shapes, dtypes and devices (``torch``'s fallback for operators without a fake
+    kernel), and its outputs become fake tensors of the real outputs' metadata; the zeros are not
+    seen by the meter (the outputs are, as every operator's are).  Not for a data-dependent error
+    (the zeros would give a wrong shape) nor an in-place view; when the real kernel refuses too,
+    the fake kernel's error is raised.  ``fallbacks``: each operator that fell back and why."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fallbacks: dict[str, str] = {}
+        self._refusal: tuple[BaseException, str, bool] | None = None
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+            FakeTensor,
+            run_fallback_kernel,
+        )
+
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+            self._refusal = (exc, str(func), False)
+            raise
+        except Exception as exc:
+            flat, spec = pytree.tree_flatten((args, kwargs))
+            fakes = [a for a in flat if isinstance(a, FakeTensor)]
+            if not fakes or is_out_of_memory(exc):
+                raise
+            try:
+                out = run_fallback_kernel(fakes[0].fake_mode, func, flat, spec, exc)  # type: ignore[arg-type]
+            except Exception:  # noqa: BLE001  the real kernel refuses these inputs too: the fake kernel's error
+                self._refusal = (exc, str(func), True)
+                raise exc from None
+            text = str(exc).strip()
+            self.fallbacks.setdefault(str(func), f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+            return out
+
+    def refusal(self, exc: BaseException) -> tuple[str | None, bool]:
+        """The operator that raised ``exc`` (None when no operator did) and whether its real kernel
+        refused too."""
+        if self._refusal is not None and self._refusal[0] is exc:
+            return self._refusal[1], self._refusal[2]
+        return None, False
 
 
 def _fake_step(
-    model: nn.Module, example: Example, target: torch.device, loss_fn: LossFn | None, peak_only: bool
+    model: nn.Module,
+    example: Example,
+    target: torch.device,
+    loss_fn: LossFn | None,
+    peak_only: bool,
+    fallback: _RealKernelFallback,
 ) -> FakeStep:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -358,7 +478,7 @@ def _fake_step(
         ]
         warm_up()
         try:
-            with mode, gc_paused(), meter, contextlib.ExitStack() as watching:
+            with mode, fallback, _quiet_fake_kernels(), gc_paused(), meter, contextlib.ExitStack() as watching:
                 if not peak_only:  # the probe and the FLOP counter, inside the meter as always
                     watching.enter_context(probe)
                     watching.enter_context(flops)
@@ -370,7 +490,28 @@ def _fake_step(
             for hook in hooks:
                 hook.remove()
         peak = meter.peak_bytes + gathered_bytes(model, shards)
-        return FakeStep(peak, probe.records, probe.unattributed, flops.per_module, flops.total)
+        return FakeStep(
+            peak, probe.records, probe.unattributed, flops.per_module, flops.total, tuple(fallback.fallbacks.items())
+        )
+
+
+class _DropFakeKernelTracebacks(logging.Filter):
+    """torch logs the traceback of a fake kernel that raised before raising it; memoplan handles
+    that error itself (a fallback, or a diagnostic), so the traceback is not printed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+@contextlib.contextmanager
+def _quiet_fake_kernels() -> Iterator[None]:
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    drop = _DropFakeKernelTracebacks()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 @contextlib.contextmanager
