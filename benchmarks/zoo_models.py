@@ -4,7 +4,8 @@ Every factory builds its model from a configuration (random weights: nothing is 
 nothing is read from the network), small enough for a CPU step of a few tens of milliseconds,
 and shaped so that the activations, not the parameters and their gradients, make most of the
 training step's peak, as they do in training at full size (a long sequence or a large image on a
-narrow model).  ``ZOO`` lists them with their library and example; a plan names one as
+narrow model), with ``use_cache=False`` (a transformers model in training keeps no key-value
+cache).  ``ZOO`` lists them with their library and example; a plan names one as
 ``benchmarks/zoo_models.py:gpt2`` and its example as written in ``ZOO``.
 
 Libraries: transformers and SpikingJelly (installed by the Makefile with memoplan's test
@@ -67,7 +68,8 @@ ZOO: tuple[Entry, ...] = (
     Entry("vit", "transformers", "randn(8, 3, 64, 64)"),
     Entry("mamba", "transformers", "randint(4, 64, high=256)"),
     *_entries("timm", IMAGES, "timm_vit", "timm_convnext", "timm_mobilenetv3"),
-    *_entries("torchvision", IMAGES, "tv_resnet", "tv_mobilenet_v2", "tv_swin", "tv_vit"),
+    Entry("tv_resnet", "torchvision", "randn(8, 3, 128, 128)"),  # its widths are fixed: a larger image
+    *_entries("torchvision", IMAGES, "tv_mobilenet_v2", "tv_swin", "tv_vit"),
     Entry("unet2d", "diffusers", f"{_HERE}:unet2d_example"),
     Entry("unet2d_condition", "diffusers", f"{_HERE}:unet2d_condition_example"),
     Entry("spiking_cnn", "spikingjelly", "randn(4, 8, 1, 32, 32)"),
@@ -139,7 +141,14 @@ def gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=VOCAB, n_positions=128, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+        vocab_size=VOCAB,
+        n_positions=128,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
     )
     return GPT2LMHeadModel(config)
 
@@ -159,6 +168,7 @@ def _decoder(config_class: str, model_class: str, **extra: Any) -> nn.Module:
         "bos_token_id": 0,
         "eos_token_id": 0,
         "pad_token_id": 0,
+        "use_cache": False,
     }
     options.update(extra)
     config = getattr(transformers, config_class)(**options)
@@ -202,6 +212,7 @@ def gpt_neox() -> nn.Module:
         max_position_embeddings=128,
         bos_token_id=0,
         eos_token_id=0,
+        use_cache=False,
     )
     return GPTNeoXForCausalLM(config)
 
@@ -220,6 +231,7 @@ def opt() -> nn.Module:
         bos_token_id=0,
         eos_token_id=0,
         pad_token_id=1,
+        use_cache=False,
     )
     return OPTForCausalLM(config)
 
@@ -229,7 +241,13 @@ def mamba() -> nn.Module:
     from transformers import MambaConfig, MambaForCausalLM
 
     config = MambaConfig(
-        vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=2, bos_token_id=0, eos_token_id=0
+        vocab_size=VOCAB,
+        hidden_size=32,
+        state_size=8,
+        num_hidden_layers=2,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
     )
     return MambaForCausalLM(config)
 
@@ -264,6 +282,7 @@ def t5() -> nn.Module:
         decoder_start_token_id=0,
         pad_token_id=0,
         eos_token_id=1,
+        use_cache=False,
     )
     return T5ForConditionalGeneration(config)
 
@@ -294,6 +313,7 @@ def whisper() -> nn.Module:
         bos_token_id=1,
         eos_token_id=2,
         decoder_start_token_id=1,
+        use_cache=False,
     )
     return WhisperForConditionalGeneration(config)
 

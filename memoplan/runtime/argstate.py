@@ -155,8 +155,8 @@ def cache_bytes(cache: Any) -> int:
     storages: dict[int, int] = {}
     for obj in reachable(cache):
         if isinstance(obj, torch.Tensor) and obj.layout is torch.strided:
-            storage = obj.untyped_storage()
-            storages.setdefault(storage.data_ptr() or id(storage), storage.nbytes())
+            storage = obj.untyped_storage()  # told apart by its C++ identity: a fake one has no address
+            storages.setdefault(int(storage._cdata), storage.nbytes())
     return sum(storages.values())
 
 

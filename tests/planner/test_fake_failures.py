@@ -185,3 +185,26 @@ def test_fake_step_failed_keeps_its_cause():
     failure = FakeStepFailed(ValueError("bad\nsecond line"), "aten.mm.default")
     assert str(failure) == "estimating one training step on fake tensors raised ValueError: bad in aten.mm.default"
     assert isinstance(failure.cause, ValueError) and not failure.data_dependent and not failure.real_kernel_refused
+
+
+def test_a_cache_on_fake_tensors_is_counted_without_reading_an_address():
+    """An estimated trial of a plan over a transformers cache counts the cache's storages (MP416):
+    a fake storage has no address to read (torch warns that reading it is a bug)."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memoplan.runtime.argstate import cache_bytes
+
+    class DynamicCache:  # what memoplan takes for a transformers cache: its class's module and name
+        __module__ = "transformers.cache_utils"
+
+        def __init__(self, *tensors):
+            self.layers = list(tensors)
+
+    with FakeTensorMode():
+        keys = torch.empty(2, 8)
+        cache = DynamicCache(keys, keys[1:], torch.empty(3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert cache_bytes(cache) == 2 * 8 * 4 + 3 * 4
