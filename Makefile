@@ -1,6 +1,6 @@
 # Each target sets itself up: a virtual environment in .venv with torch 2.13.0
-# (the CPU build), memoplan installed in editable mode with its test extras, and
-# the optional SpikingJelly 2.0.0.
+# (the CPU build), memoplan installed in editable mode with its test extras, the
+# optional SpikingJelly 2.0.0, and the model zoo's libraries (in .venv/zoo).
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -30,6 +30,14 @@ $(STAMP): pyproject.toml Makefile
 	# it alone and last (so pip has nothing left to check it against).
 	$(PY) -m pip install --quiet transformers==5.23.0 accelerate==1.15.0 loguru tqdm
 	$(PY) -m pip install --quiet --no-deps spikingjelly==2.0.0
+	# The model zoo's torchvision, timm and diffusers (benchmarks/zoo_models.py, docs/zoo.md), with
+	# the pure-Python packages diffusers imports, in a folder of their own off the import path: the
+	# index's torchvision is built against the CUDA torch (its C++ operators do not load with the
+	# CPU build), and transformers would import it wherever it can find it.
+	rm -rf $(VENV)/zoo
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/zoo torchvision==0.28.0 timm==1.0.29 \
+		diffusers==0.42.1 requests==2.34.2 urllib3==2.8.0 certifi==2026.10.19.post1 \
+		charset-normalizer==3.5.3 importlib_metadata==10.2.0 zipp==4.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -81,6 +89,12 @@ clean:
 bench-peers: $(STAMP)
 	mkdir -p build
 	$(PY) benchmarks/planner_vs_peers.py --json build/planner_vs_peers.json
+
+# The model zoo (docs/zoo.md): every architecture's estimate, plans at 50% and 30%, verify.
+.PHONY: bench-zoo
+bench-zoo: $(STAMP)
+	mkdir -p build
+	OMP_NUM_THREADS=1 $(PY) benchmarks/zoo.py --json build/zoo.json --markdown docs/benchmarks/zoo.md
 
 # The VS Code extension's packages (vscode-languageclient) and VS Code's own tokenizer, which
 # tests/lsp/test_textmate.py then compares with memoplan's (skipped without them).  Needs npm.
