@@ -94,7 +94,7 @@ bench-peers: $(STAMP)
 .PHONY: bench-zoo
 bench-zoo: $(STAMP)
 	mkdir -p build
-	OMP_NUM_THREADS=1 $(PY) benchmarks/zoo.py --json build/zoo.json --markdown docs/benchmarks/zoo.md
+	OMP_NUM_THREADS=1 $(PY) benchmarks/zoo.py --json docs/benchmarks/zoo.json --markdown docs/benchmarks/zoo.md
 
 # The VS Code extension's packages (vscode-languageclient) and VS Code's own tokenizer, which
 # tests/lsp/test_textmate.py then compares with memoplan's (skipped without them).  Needs npm.

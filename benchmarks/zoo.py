@@ -1,6 +1,7 @@
 """The model zoo: every architecture of ``benchmarks/zoo_models.py`` through memoplan (docs/zoo.md).
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python benchmarks/zoo.py --json build/zoo.json --markdown docs/benchmarks/zoo.md
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python benchmarks/zoo.py --json docs/benchmarks/zoo.json --markdown docs/benchmarks/zoo.md
+    PYTHONPATH=. .venv/bin/python benchmarks/zoo.py --render docs/benchmarks/zoo.json --markdown docs/benchmarks/zoo.md  # again, measuring nothing
     PYTHONPATH=. .venv/bin/python benchmarks/zoo.py --only gpt2 mixtral --budgets 50   # a few, one budget
 
 For each architecture (random weights from a small configuration; nothing downloaded):
@@ -28,6 +29,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import platform
 import re
 import shlex
@@ -216,7 +218,7 @@ def markdown(results: list[dict[str, Any]], budgets: list[int], command: str, me
         "# The model zoo: measured\n\n"
         "Written by `benchmarks/zoo.py` (docs/zoo.md says what each column means):\n\n"
         f"```\n{command}\n```\n\n"
-        f"{meta['machine']}; {meta['seconds'] / 60:.0f} minutes.\n\n"
+        f"{meta['machine']}; {meta['seconds'] / 60:.0f} minutes; taken {meta['taken']}.\n\n"
         "Peaks in bytes, with their share of the unplanned peak measured; *grads share*: the "
         "parameters' bytes (their gradients) over the unplanned peak; a plan cell: met or hint, the "
         "planned peak measured, `verify`'s verdict, and the CPU time of `memoplan plan` in unplanned "
@@ -234,12 +236,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unit-steps", type=int, default=5, help="plain steps timed for the unit")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--markdown", type=Path, help="write the table and the refusals here")
+    parser.add_argument("--render", type=Path, metavar="JSON", help="measure nothing: write --markdown from this file")
     args = parser.parse_args(argv)
+    if args.render is not None:
+        saved = json.loads(args.render.read_text(encoding="utf-8"))
+        print(table(saved["results"], saved["meta"]["budgets"]))
+        if args.markdown:
+            args.markdown.write_text(
+                markdown(saved["results"], saved["meta"]["budgets"], saved["meta"]["command"], saved["meta"]),
+                encoding="utf-8",
+            )
+        return 0
     entries = [e for e in ZOO if args.only is None or e.name in args.only]
     unknown = set(args.only or ()) - {e.name for e in ZOO}
     if unknown:
         parser.error(f"no such architecture: {', '.join(sorted(unknown))} (known: {', '.join(e.name for e in ZOO)})")
-    command = shlex.join(["python", "benchmarks/zoo.py", *(argv if argv is not None else sys.argv[1:])])
+    threads = os.environ.get("OMP_NUM_THREADS")
+    command = " ".join(
+        ["PYTHONPATH=.", *([f"OMP_NUM_THREADS={threads}"] if threads else []), ".venv/bin/python"]
+        + [shlex.join(["benchmarks/zoo.py", *(argv if argv is not None else sys.argv[1:])])]
+    )
     started = time.time()
     results = []
     with tempfile.TemporaryDirectory() as folder:
@@ -258,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{torch.get_num_threads()} thread(s)",
         "seconds": time.time() - started,
         "command": command,
+        "budgets": args.budgets,
+        "taken": time.strftime("%Y-%m-%d, %H:%M UTC", time.gmtime(started)),
     }
     print(table(results, args.budgets))
     if args.json:
