@@ -1,5 +1,6 @@
 """The model zoo (benchmarks/zoo_models.py): every architecture's estimated peak is its measured
-one, to the byte, and a few go through ``memoplan plan`` and ``memoplan verify`` (EQUIVALENT).
+one, to the byte, and a few go through ``memoplan plan`` and ``memoplan verify`` (EQUIVALENT)
+(both ``slow``); the recorded results are the rendering of their JSON.
 
 The whole zoo at two budgets, with refusals and planning times, is ``benchmarks/zoo.py``
 (docs/zoo.md).  torchvision, timm and diffusers come from the Makefile's set-up (``.venv/zoo``):
@@ -20,8 +21,6 @@ from memoplan.planner.estimate import fake_step
 from memoplan.planner.profile import Restored
 from memoplan.planner.shrink import shrink
 from memoplan.syntax import parse_example_spec
-
-pytestmark = pytest.mark.slow
 
 # The examples' batches are halved (the step's cost is mostly its number of operators), not cut to
 # 1: with a batch of 1, torch's fake kernels give a size-1 dimension other strides than the CPU's
@@ -44,6 +43,7 @@ def _present(entry: Entry) -> None:
     require(absent is None, f"{absent} (for the zoo's {entry.name})", "make test (the Makefile's set-up)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
 def test_the_estimated_peak_is_the_measured_peak(entry):
     _present(entry)
@@ -58,6 +58,7 @@ def test_the_estimated_peak_is_the_measured_peak(entry):
     assert [op for op, _ in fake.fallbacks] == (["aten._grouped_mm.default"] if entry.name == "mixtral" else [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PLANNED)
 def test_plan_and_verify(name, tmp_path, capsys):
     entry = next(e for e in ZOO if e.name == name)
@@ -77,3 +78,20 @@ def test_every_library_of_the_issue_is_in_the_zoo():
     libraries = {e.library for e in ZOO}
     assert libraries == {"transformers", "timm", "torchvision", "diffusers", "spikingjelly"}
     assert len(ZOO) >= 20 and len({e.name for e in ZOO}) == len(ZOO)
+
+
+def test_the_recorded_results_are_the_rendering_of_their_json():
+    """docs/benchmarks/zoo.md is what ``benchmarks/zoo.py --render docs/benchmarks/zoo.json`` writes:
+    no figure of it was edited by hand, and every architecture of the zoo is in it."""
+    import json
+
+    from _paths import ROOT
+
+    from benchmarks import zoo
+
+    saved = json.loads((ROOT / "docs/benchmarks/zoo.json").read_text(encoding="utf-8"))
+    meta = saved["meta"]
+    expected = zoo.markdown(saved["results"], meta["budgets"], meta["command"], meta)
+    assert (ROOT / "docs/benchmarks/zoo.md").read_text(encoding="utf-8") == expected
+    assert [r["name"] for r in saved["results"]] == [e.name for e in ZOO]
+    assert meta["command"] in (ROOT / "docs/zoo.md").read_text(encoding="utf-8")
