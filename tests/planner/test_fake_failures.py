@@ -161,6 +161,7 @@ def test_a_model_that_reads_values_is_not_estimated_and_the_help_names_the_estim
     assert code == 1 and "`--method measured`" in err and "fits the model" not in err, err
 
 
+@pytest.mark.slow
 def test_auto_measures_a_model_the_estimate_cannot_run_and_says_so(tmp_path, capsys):
     models = write(tmp_path, "models.py", textwrap.dedent(MODELS))
     out = tmp_path / "p.memplan"
