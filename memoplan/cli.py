@@ -17,7 +17,7 @@ from pathlib import Path
 from memoplan import cli_output, isolate
 from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
-from memoplan.cli_step import checked, command_step, sharded_step, stepping
+from memoplan.cli_step import checked, command_step, first_step, sharded_step, stepping
 from memoplan.cli_sublinear import sublinear_config
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
 from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
@@ -302,7 +302,7 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
         )
     _progress(f"running one training step without and one with the plan{f' on {device}' if device else ''}")
     smaller = _example(None, None, args.compare_example, required=True) if args.compare_example else None
-    report = _first_step(
+    report = first_step(
         lambda: verify(
             model,
             resolved,
@@ -395,7 +395,7 @@ def _profile(args) -> int:
     model, example = _model_and_example(args)
     checked(step, model, _device(args.device))
     with stepping(step):
-        result = _first_step(
+        result = first_step(
             lambda: take_profile(
                 model,
                 example,
@@ -443,85 +443,6 @@ def _save_to_stdout(result) -> int:
         result.save(path)
         write_output(Path("-"), path.read_text(encoding="utf-8"))
     return 0
-
-
-_MEASURED = "`--method measured` runs the step for real"
-
-
-def _first_step(run, step: str = "unplanned", *, only_oom: bool = False, instead: str = _MEASURED):
-    """``run()``, the first training step of the user's model; MP411 when a step runs out of
-    memory (the step named by the error, else ``step``), MP504 (as `verify` says it) when it
-    raises anything else but KeyboardInterrupt (``SystemExit`` too); ``only_oom``: other errors
-    pass as they are.  A step estimated on fake tensors that failed is MP504 whose help names the
-    estimate and ``instead``, what runs the step for real (:func:`_estimate_failed`)."""
-    from memoplan.planner.estimate import FakeStepFailed
-    from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory, wanted_bytes
-    from memoplan.specs import describe_exception
-
-    try:
-        return run()
-    except PlanError:
-        raise
-    except FakeStepFailed as exc:
-        raise PlanError((_estimate_failed(exc, instead),)) from None
-    except StepOutOfMemory as exc:
-        oom = (exc.step, exc.wanted, exc.message)
-    except BaseException as exc:  # the user's model or example failed: a diagnostic, not a traceback
-        if isinstance(exc, KeyboardInterrupt) or (only_oom and not is_out_of_memory(exc)):
-            raise
-        if not is_out_of_memory(exc):
-            message = describe_exception(exc).split("\n", 1)[0]
-            raise PlanError(
-                (
-                    Diagnostic(
-                        "MP504",
-                        f"running one training step raised {message}",
-                        help="check that the example input fits the model (`--example`)",
-                    ),
-                )
-            ) from None
-        text = str(exc).strip()
-        oom = (step, wanted_bytes(exc), text.splitlines()[0] if text else type(exc).__name__)
-    raise PlanError((_out_of_memory(*oom),))
-
-
-def _estimate_failed(exc, instead: str) -> Diagnostic:
-    """MP504 for a training step that could not run on fake tensors (memoplan's estimate): the
-    help names the estimate, not the example, unless the operator's real kernel refused too."""
-    if exc.data_dependent:
-        help = (
-            "the estimate runs the step on fake tensors, which have no values, and the model reads some "
-            f"(`.item()`, `.tolist()`, `nonzero`, a branch on data): {instead}"
-        )
-    elif exc.real_kernel_refused:
-        help = f"{exc.operator} refuses these inputs when run for real too: check that the example input fits the model (`--example`)"
-    else:
-        help = (
-            f"the estimate runs the step on fake tensors, and this failed there: {instead}; "
-            "if that fails too, check that the example input fits the model (`--example`)"
-        )
-    return Diagnostic("MP504", str(exc), help=help)
-
-
-# What to do when a step runs out of memory, by the step that did.
-_OOM_HELP = {
-    "unplanned": "the unplanned step does not fit: `memoplan profile` and `memoplan plan` estimate it "
-    "(leave out `--method measured`), and `memoplan plan --budget B` writes a plan that fits",
-    "profile": "profile with `--method estimated` (fake tensors: nothing of the step is allocated), "
-    "or give a smaller `--example`",
-    "planned": "the planned step does not fit either: lower the budget (`memoplan plan --budget B`, "
-    "`--nested`), or give a smaller `--example`",
-}
-
-
-def _out_of_memory(step: str, wanted: int | None, message: str) -> Diagnostic:
-    """MP411: a step ran out of memory; what it asked for, which step, what to do."""
-    asked = f"the allocator could not give {wanted:,} B ({wanted / 2**20:.2f} MiB)" if wanted else message
-    return Diagnostic(
-        "MP411",
-        f"the {step} training step ran out of memory: {asked}",
-        help=_OOM_HELP.get(step, _OOM_HELP["planned"]),
-    )
 
 
 def _plan(args) -> int:
@@ -592,7 +513,7 @@ def _plan_with(args, start, request, preset, sublinear, device_budget, step, mod
         return 2
     if args.dtr:
         return _plan_dtr(args, model, example, prof, preset, step)
-    result = _first_step(
+    result = first_step(
         lambda: preset.run(
             model,
             example,
@@ -618,7 +539,7 @@ def _plan_profile(args, model, example, prof, step):
     if prof is None:
         # Planning from estimated trials needs the profile's times only roughly: one timed step.
         repeats = 3 if args.method == "measured" else 1
-        prof = _first_step(
+        prof = first_step(
             lambda: take_profile(
                 model,
                 example,
@@ -763,7 +684,7 @@ def _report_html(args) -> int:
         raise PlanError(tuple(found), plan.source)
     checked(step, model, device, plan)
     with writing(args.output), stepping(step, plan):
-        result = _first_step(
+        result = first_step(
             lambda: report_command.write_report(
                 plan, resolved, model, example, args.output, options, device=device, progress=_progress
             )

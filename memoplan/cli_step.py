@@ -4,6 +4,8 @@
 ``shard_options``); each command builds its step here once (:func:`command_step`), checks it
 against the device (``MP253``) and runs inside :func:`stepping`, so every training step it runs —
 the profile, the estimate, each trial, the verification — is that step (:mod:`memoplan.step`).
+A first step that fails is a diagnostic, not a traceback (:func:`first_step`: MP411 out of
+memory, MP504 otherwise, its help naming the estimate when the fake step is what failed).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memoplan.diagnostics import PlanError
+from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.step import OPTIONS, Step, check_precision, make_step, merged, running, step_block
 
-__all__ = ["checked", "command_step", "given_options", "sharded_step", "stepping"]
+__all__ = ["MEASURED", "checked", "command_step", "first_step", "given_options", "sharded_step", "stepping"]
 
 
 def given_options(args: Any, shards: int | None = None) -> dict[str, Any]:
@@ -93,3 +95,82 @@ def stepping(step: Step, plan=None) -> Iterator[Step]:
         if error.source is None and plan is not None and any(d.span is not None for d in error.diagnostics):
             raise PlanError(error.diagnostics, plan.source) from None
         raise
+
+
+MEASURED = "`--method measured` runs the step for real"
+
+
+def first_step(run, step: str = "unplanned", *, only_oom: bool = False, instead: str = MEASURED):
+    """``run()``, the first training step of the user's model; MP411 when a step runs out of
+    memory (the step named by the error, else ``step``), MP504 (as `verify` says it) when it
+    raises anything else but KeyboardInterrupt (``SystemExit`` too); ``only_oom``: other errors
+    pass as they are.  A step estimated on fake tensors that failed is MP504 whose help names the
+    estimate and ``instead``, what runs the step for real (:func:`_estimate_failed`)."""
+    from memoplan.planner.estimate import FakeStepFailed
+    from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory, wanted_bytes
+    from memoplan.specs import describe_exception
+
+    try:
+        return run()
+    except PlanError:
+        raise
+    except FakeStepFailed as exc:
+        raise PlanError((_estimate_failed(exc, instead),)) from None
+    except StepOutOfMemory as exc:
+        oom = (exc.step, exc.wanted, exc.message)
+    except BaseException as exc:  # the user's model or example failed: a diagnostic, not a traceback
+        if isinstance(exc, KeyboardInterrupt) or (only_oom and not is_out_of_memory(exc)):
+            raise
+        if not is_out_of_memory(exc):
+            message = describe_exception(exc).split("\n", 1)[0]
+            raise PlanError(
+                (
+                    Diagnostic(
+                        "MP504",
+                        f"running one training step raised {message}",
+                        help="check that the example input fits the model (`--example`)",
+                    ),
+                )
+            ) from None
+        text = str(exc).strip()
+        oom = (step, wanted_bytes(exc), text.splitlines()[0] if text else type(exc).__name__)
+    raise PlanError((_out_of_memory(*oom),))
+
+
+def _estimate_failed(exc, instead: str) -> Diagnostic:
+    """MP504 for a training step that could not run on fake tensors (memoplan's estimate): the
+    help names the estimate, not the example, unless the operator's real kernel refused too."""
+    if exc.data_dependent:
+        help = (
+            "the estimate runs the step on fake tensors, which have no values, and the model reads some "
+            f"(`.item()`, `.tolist()`, `nonzero`, a branch on data): {instead}"
+        )
+    elif exc.real_kernel_refused:
+        help = f"{exc.operator} refuses these inputs when run for real too: check that the example input fits the model (`--example`)"
+    else:
+        help = (
+            f"the estimate runs the step on fake tensors, and this failed there: {instead}; "
+            "if that fails too, check that the example input fits the model (`--example`)"
+        )
+    return Diagnostic("MP504", str(exc), help=help)
+
+
+# What to do when a step runs out of memory, by the step that did.
+_OOM_HELP = {
+    "unplanned": "the unplanned step does not fit: `memoplan profile` and `memoplan plan` estimate it "
+    "(leave out `--method measured`), and `memoplan plan --budget B` writes a plan that fits",
+    "profile": "profile with `--method estimated` (fake tensors: nothing of the step is allocated), "
+    "or give a smaller `--example`",
+    "planned": "the planned step does not fit either: lower the budget (`memoplan plan --budget B`, "
+    "`--nested`), or give a smaller `--example`",
+}
+
+
+def _out_of_memory(step: str, wanted: int | None, message: str) -> Diagnostic:
+    """MP411: a step ran out of memory; what it asked for, which step, what to do."""
+    asked = f"the allocator could not give {wanted:,} B ({wanted / 2**20:.2f} MiB)" if wanted else message
+    return Diagnostic(
+        "MP411",
+        f"the {step} training step ran out of memory: {asked}",
+        help=_OOM_HELP.get(step, _OOM_HELP["planned"]),
+    )
