@@ -11,8 +11,9 @@ threaded state, temporal chunks), :class:`MemorySettings` (the ``memory`` block)
 (docs/reference/api.md): :data:`ABI`, :func:`installed_plan` and :class:`PlanMismatchError`.
 Everything else is imported from the submodule that defines it (``tests/runtime/test_runtime_exports.py``
 holds ``__all__`` to this).  This package imports only ``torch``, the standard library and
-:mod:`memoplan.diagnostics`, never the parser or resolver; of the planner only its ``dtr``
-simulator (pure Python), when a ``dtr`` block is traced by ``torch.compile``.
+:mod:`memoplan.diagnostics`, never the parser, resolver or planner (the ``dtr`` simulator that
+both the planner and ``torch.compile``'s lowering of a ``dtr`` block run is
+:mod:`memoplan.runtime.dtr_sim`).
 """
 
 from __future__ import annotations

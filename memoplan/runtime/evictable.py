@@ -15,7 +15,7 @@ Dynamo traces the model:
 * any other candidate's forward is traced as it is: its activations stay until its backward,
   as a resident candidate's do.
 
-The choice is the dtr simulator's (:func:`memoplan.planner.dtr_sim.simulate`, the tracker's own
+The choice is the dtr simulator's (:func:`memoplan.runtime.dtr_sim.simulate`, the tracker's own
 eviction rules replayed on one step): from what the tracker measured on the last eager step
 (each candidate's evictable bytes, the bytes it keeps and its forward time, in call order,
 :attr:`Tracker.measured`) and the plan's settings, the candidates it evicts at least once are
@@ -109,7 +109,7 @@ def compile_choice(tracker: Tracker) -> tuple[frozenset[str], str]:
             "every candidate, since no eager training step has measured them yet (run one eager step "
             "before compiling for the dtr simulator's choice)"
         )
-    from memoplan.planner.dtr_sim import Candidate, simulate  # pure Python, no planner state
+    from memoplan.runtime.dtr_sim import Candidate, simulate  # pure Python
 
     settings = tracker.settings
     calls = [Candidate(where, evictable, kept, seconds) for where, (evictable, kept, seconds) in measured.items()]

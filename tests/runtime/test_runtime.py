@@ -550,14 +550,11 @@ def test_segmented_rejects_groups_that_do_not_cover_children() -> None:
 def test_runtime_imports_only_torch_stdlib_and_leaves() -> None:
     # memoplan.enums: the values that cross stages and the codec specs (a leaf without torch);
     # memoplan.version: the version string MP424 names (a leaf that imports nothing)
-    # memoplan.planner.dtr_sim (with the schema it reads): the dtr simulator, imported lazily by
-    # runtime/evictable.py when torch.compile traces a `dtr` block (torch and the stdlib only)
     allowed_memoplan = {
         "memoplan.diagnostics",
         "memoplan.enums",
         "memoplan.runtime",
         "memoplan.version",
-        "memoplan.planner.dtr_sim",
     }
     for path in Path(rt.__file__).parent.glob("*.py"):
         for name in imported_modules(path):
