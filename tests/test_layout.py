@@ -8,12 +8,18 @@ in a module counts, at any depth (lazy imports inside functions, and those under
 package's ``__init__`` is the top of the graph, and no module of the package imports it for a
 name of its own (the version lives in ``memoplan/version.py`` for that reason).
 
+The map of the package (``docs/design.md``, "Map of the package") is read by this file too:
+every module is in one of its rows, every import across rows is one the importing row's "may
+import" column allows (issue 41).  The table's notation is explained above it in the doc.
+
 The allowlists below are today's exceptions; each says why, and they are to shrink.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from _paths import ROOT
@@ -243,3 +249,225 @@ def test_test_folders_mirror_the_package():
     assert folders <= subpackages, f"test folders that are no subpackage of memoplan: {sorted(folders - subpackages)}"
     names = [p.name for p in tests.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
+
+
+# --- the map in docs/design.md ------------------------------------------------------------
+
+DESIGN = ROOT / "docs" / "design.md"
+MAP_HEADING = "## Map of the package"
+
+
+@dataclass(frozen=True)
+class MapRow:
+    """One row of the map: where it is, its members and what it may import (as written)."""
+
+    line: int  # in docs/design.md
+    members: tuple[str, ...]  # backticked names ending in .py or / (``syntax/``, ``ir.py``)
+    label: str | None  # the stage column's **bold** word, if any
+    allowed: tuple[str, ...]  # every backticked name of the "may import" column
+    text: str  # the whole row, for the paragraph check
+
+
+def _map_section(text: str) -> tuple[str, int]:
+    """The map section of the design page and the line number of its heading."""
+    start = text.index(MAP_HEADING)
+    end = text.find("\n## ", start + len(MAP_HEADING))
+    return text[start : end if end >= 0 else len(text)], text[:start].count("\n") + 1
+
+
+def _backticked(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def _is_member(token: str) -> bool:
+    return token.endswith((".py", "/"))
+
+
+def parse_map(section: str, first_line: int) -> list[MapRow]:
+    """The table's rows (header and rule skipped)."""
+    rows = []
+    table = [(n, line) for n, line in enumerate(section.splitlines(), first_line) if line.startswith("|")]
+    for number, line in table[2:]:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        assert len(cells) == 3, f"docs/design.md:{number}: a map row has 3 columns (modules | stage | may import)"
+        label = re.match(r"\*\*([^*]+)\*\*", cells[1])
+        members = tuple(t for t in _backticked(cells[0]) if _is_member(t))
+        rows.append(MapRow(number, members, label.group(1) if label else None, tuple(_backticked(cells[2])), line))
+    return rows
+
+
+def _dotted(token: str) -> tuple[str, bool]:
+    """A member name as (dotted module, covers its submodules too): ``syntax/`` -> (memoplan.syntax, True)."""
+    if token == "__init__.py":
+        return "memoplan", False
+    if token.endswith("/"):
+        return "memoplan." + token[:-1].replace("/", "."), True
+    return "memoplan." + token.removesuffix(".py").replace("/", "."), False
+
+
+def _covers(token: str, module: str) -> bool:
+    dotted, package = _dotted(token)
+    return module == dotted or (package and module.startswith(dotted + "."))
+
+
+def row_of(rows: list[MapRow], module: str) -> MapRow | None:
+    """The most specific row that holds ``module`` (``report/data.py`` before ``report/``)."""
+    best, key = None, (-1, False)
+    for row in rows:
+        for token in row.members:
+            if _covers(token, module):
+                dotted, package = _dotted(token)
+                if (len(dotted), not package) > key:
+                    best, key = row, (len(dotted), not package)
+    return best
+
+
+def map_problems(rows: list[MapRow], modules: set[str]) -> list[str]:
+    """Names in the table that mean nothing: a member or an allowed name that is no module, no row's label."""
+    labels = {row.label for row in rows if row.label}
+    problems = []
+    for row in rows:
+        if not row.members:
+            problems.append(
+                f"docs/design.md:{row.line}: a map row names no module (`x.py` or `x/`) in its first column"
+            )
+        for token in row.members:
+            if not any(_covers(token, m) for m in modules):
+                problems.append(
+                    f"docs/design.md:{row.line}: `{token}` is no module of memoplan/ (drop it from the row)"
+                )
+        for token in row.allowed:
+            known = token == "*" or token in labels or (_is_member(token) and any(_covers(token, m) for m in modules))
+            if not known:
+                problems.append(
+                    f"docs/design.md:{row.line}: may import `{token}`, which is no module (`x.py`, `x/`), "
+                    "no row's **label** and not `*` (write commentary without backticks)"
+                )
+    return problems
+
+
+def _member_hint(module: str) -> str:
+    parts = module.split(".")[1:]
+    return f"`{parts[0]}/`" if len(parts) > 1 else f"`{parts[0]}.py`"
+
+
+def unmapped(rows: list[MapRow], modules: set[str], section: str) -> list[str]:
+    """Modules in no row; submodules of a package row named neither in that row nor in the section."""
+    problems = []
+    for module in sorted(modules):
+        row = row_of(rows, module)
+        if row is None:
+            problems.append(
+                f"{module} is in no row of docs/design.md's map: add {_member_hint(module)} to the first "
+                "column of the row of its stage (or add a row)"
+            )
+            continue
+        package = next((t for t in row.members if t.endswith("/") and _covers(t, module)), None)
+        if package is None or module == _dotted(package)[0]:
+            continue
+        name = module.removeprefix(_dotted(package)[0] + ".").split(".")[0]
+        path = f"{package}{name}"
+        paragraphs = [p for p in section.split("\n\n") if p.startswith(f"Inside `{package}`")]
+        near = [_backticked(text) for text in [row.text, *paragraphs]]
+        named = any(t in (name, f"{name}.py", f"{name}/") for tokens in near for t in tokens)
+        if not named and not any(t in (f"{path}.py", f"{path}/") for t in _backticked(section)):
+            problems.append(
+                f"{module} is not named in docs/design.md's map: name `{name}` in the row of `{package}` "
+                f"(docs/design.md:{row.line}) or in a paragraph starting 'Inside `{package}`', or write `{path}.py` there"
+            )
+    return problems
+
+
+def import_problems(rows: list[MapRow], graph: dict[str, dict[str, int]], files: dict[str, str]) -> list[str]:
+    """Imports across rows that the importing module's row does not allow."""
+    by_label = {row.label: row for row in rows if row.label}
+    problems = []
+    for module, edges in sorted(graph.items()):
+        row = row_of(rows, module)
+        if row is None:
+            continue  # unmapped() says so
+        allowed = [*row.members]
+        for token in row.allowed:
+            allowed.extend(by_label[token].members if token in by_label else [token])
+        for target, line in sorted(edges.items()):
+            if "*" in allowed or any(_covers(token, target) for token in allowed):
+                continue
+            home = row_of(rows, target)
+            hint = next((t for t in home.members if _covers(t, target)), "?") if home else "?"
+            may = ", ".join(f"`{t}`" for t in row.allowed) or "nothing outside its row"
+            problems.append(
+                f"{files.get(module, module)}:{line} imports {target}, which its row of docs/design.md's map "
+                f"(docs/design.md:{row.line}, `{'`, `'.join(row.members)}`) does not allow; it may import: {may}. "
+                f'Add `{hint}` to that row\'s "may import" column if the stage order allows it, or move the import'
+            )
+    return problems
+
+
+def _the_map() -> tuple[list[MapRow], str]:
+    section, first = _map_section(DESIGN.read_text(encoding="utf-8"))
+    return parse_map(section, first), section
+
+
+def test_the_map_names_only_modules():
+    rows, _ = _the_map()
+    assert rows, "docs/design.md has no map table"
+    problems = map_problems(rows, set(MODULES))
+    assert not problems, "docs/design.md's map:\n" + "\n".join(problems)
+
+
+def test_every_module_is_in_the_map():
+    rows, section = _the_map()
+    problems = unmapped(rows, set(MODULES), section)
+    assert not problems, "modules missing from docs/design.md's map:\n" + "\n".join(problems)
+
+
+def test_imports_follow_the_map():
+    rows, _ = _the_map()
+    files = {name: path.relative_to(PACKAGE.parent).as_posix() for name, (path, _) in MODULES.items()}
+    problems = import_problems(rows, _graph(), files)
+    assert not problems, "imports the map does not allow:\n" + "\n".join(problems)
+
+
+_TOY_MAP = """## Map of the package
+
+| modules | stage | may import |
+| --- | --- | --- |
+| `leaf.py`, `other.py` | **leaves**: shared | nothing |
+| `low/` (`a`, `b`) | low stage | `leaves` |
+| `low/b.py` | pure | nothing |
+| `high.py` | top | `low/`, `leaf.py` (commentary without backticks) |
+| `cli.py` | the command | `*` |
+
+Inside `low/`, `c` is named here.
+"""
+
+
+def test_the_map_checks_fail_where_they_should():
+    modules = {"memoplan.leaf", "memoplan.other", "memoplan.low", "memoplan.low.a", "memoplan.low.b"}
+    modules |= {"memoplan.low.c", "memoplan.high", "memoplan.cli"}
+    rows = parse_map(_TOY_MAP, 1)
+    assert [r.line for r in rows] == [5, 6, 7, 8, 9] and rows[0].label == "leaves"
+    assert row_of(rows, "memoplan.low.b").line == 7 and row_of(rows, "memoplan.low.a").line == 6
+    assert map_problems(rows, modules) == [] and unmapped(rows, modules, _TOY_MAP) == []
+    # a module in no row, a package's submodule named nowhere, a member that is no module
+    missing = unmapped(rows, modules | {"memoplan.step", "memoplan.low.d"}, _TOY_MAP)
+    assert len(missing) == 2 and "add `step.py`" in missing[1] and "name `d` in the row of `low/`" in missing[0]
+    assert "`high.py` is no module" in map_problems(rows, modules - {"memoplan.high"})[0]
+    # allowed: own row, a label, a listed package, anything for `*`
+    good = {
+        "memoplan.low.a": {"memoplan.leaf": 1, "memoplan.low.b": 2},
+        "memoplan.high": {"memoplan.low.b": 1, "memoplan.leaf": 2},
+        "memoplan.cli": {"memoplan.high": 1},
+    }
+    assert import_problems(rows, good, {}) == []
+    # not allowed: a row importing what its row does not name, a specific row's stricter rule
+    bad = {
+        "memoplan.leaf": {"memoplan.low.a": 3},
+        "memoplan.low.b": {"memoplan.leaf": 4},
+        "memoplan.high": {"memoplan.other": 5},
+    }
+    problems = import_problems(rows, bad, {"memoplan.leaf": "memoplan/leaf.py"})
+    assert len(problems) == 3
+    assert problems[0].startswith("memoplan.high:5 imports memoplan.other") and "Add `other.py`" in problems[0]
+    assert problems[1].startswith("memoplan/leaf.py:3 imports memoplan.low.a") and "(docs/design.md:5," in problems[1]
+    assert "memoplan.low.b:4" in problems[2] and "nothing outside its row" in problems[2]
