@@ -1,7 +1,11 @@
 """Codegen stage: ``emit`` — a pure function from a ResolvedPlan to generated source files.
 
-Decisions are made here in Python (which wrappers exist, their names, their
-calls); the template only prints them.  Output is sorted and has no timestamps,
+Decisions are made here in Python (which wrappers exist, their names, which call each
+makes with which values); templates print them: ``plan_module.py.j2`` the module, and one
+template per kind of generated call under ``codegen/templates/calls/`` (``evict``: a ``dtr``
+candidate; ``checkpoint``: torch's checkpoint; ``segments``: ``checkpoint regions = [...]``;
+``region``: memoplan's own region for ``compress``, ``temporal_chunk`` and state; ``memory`` and
+``dtr``: the blocks' settings).  No generated code is built as a Python string here.  Output is sorted and has no timestamps,
 so the same plan gives byte-identical files.
 """
 
@@ -14,7 +18,7 @@ from typing import Any
 from memoplan.codegen.arena import RESERVED as ARENA_RESERVED
 from memoplan.codegen.arena import render_arena
 from memoplan.codegen.names import NameAllocator
-from memoplan.codegen.render import pyrepr, render
+from memoplan.codegen.render import render
 from memoplan.diagnostics import printable
 from memoplan.enums import Boundaries
 from memoplan.ir import (
@@ -91,7 +95,7 @@ def emit(
                 evictable = _Wrapper(
                     names.allocate("dtr_candidate"),
                     f"dtr: its saved activations may be evicted and recomputed  ({draft.evict})",
-                    "_rt.run_evictable(self, type(self).forward, args, kwargs)",
+                    render("calls/evict.py.j2"),
                 )
             targets.append((module, None))
             continue
@@ -150,32 +154,31 @@ class _Policy:
         """Whether memoplan's region runs it (torch's checkpoint cannot compress, chunk or carry state)."""
         return self.codec is not None or self.chunks is not None or bool(self.stateful)
 
+    @property
+    def chunk_boundaries(self) -> str | None:
+        """The ``boundaries`` a chunked region is told, None for the default (``keep``)."""
+        return None if self.boundaries is Boundaries.KEEP else self.boundaries.value
+
+    @property
+    def call_template(self) -> str:
+        """The template of this wrapper's call (see the module docstring)."""
+        if self.groups is not None:
+            return "calls/segments.py.j2"
+        return "calls/region.py.j2" if self.own_region else "calls/checkpoint.py.j2"
+
 
 def _memory_call(plan: ResolvedPlan) -> str | None:
     """The ``memory`` block as the ``MemorySettings`` the generated module passes to install."""
     if plan.memory is None:
         return None
-    fields = [
-        f"static_memory_policy={pyrepr(plan.memory.static_memory_policy)}",
-        f"atomic_clean_policy={pyrepr(plan.memory.atomic_clean_policy)}",
-    ]
-    if plan.memory.static_memory_policy in (2, 4):
-        fields.append(f"reserve_bytes={pyrepr(plan.reserve_bytes)}")
-    return f"_rt.MemorySettings({', '.join(fields)})"
+    return render("calls/memory.py.j2", m=plan.memory, reserve_bytes=plan.reserve_bytes)
 
 
 def _dtr_call(plan: ResolvedPlan) -> str | None:
     """The ``dtr`` block as the ``DtrSettings`` the generated module passes to install."""
     if plan.dtr is None:
         return None
-    config = plan.dtr
-    fields = [
-        f"eviction_threshold={pyrepr(config.eviction_threshold)}",
-        f"evictee_minimum_size={pyrepr(config.evictee_minimum_size)}",
-        f"recomp_memory_factor={pyrepr(float(config.recomp_memory_factor))}",
-        f"recomp_time_factor={pyrepr(float(config.recomp_time_factor))}",
-    ]
-    return f"_rt.DtrSettings({', '.join(fields)})"
+    return render("calls/dtr.py.j2", d=plan.dtr)
 
 
 @dataclass
@@ -282,33 +285,7 @@ def _wrapper(policy: _Policy, texts: list[str], lines: list[str], names: NameAll
         hint.append("saving_" + "_".join(policy.save))
     name = names.allocate("_".join(hint))
     doc = f"{'; '.join(texts)}  ({', '.join(lines)})"
-    rng = pyrepr(policy.preserve_rng)
-    if not policy.own_region:
-        save = f", save={pyrepr(policy.save)}" if policy.save else ""
-        if policy.groups is None:
-            call = f"_rt.run_checkpointed(self, type(self).forward, args, kwargs, preserve_rng={rng}{save})"
-        else:
-            call = f"_rt.run_segmented(self, {pyrepr(policy.groups)}, args, kwargs, preserve_rng={rng}{save})"
-        return _Wrapper(name, doc, call)
-    codec = [f"codec={pyrepr(policy.codec or 'none')}"]
-    if policy.codec is not None:
-        codec.append(f"validate={pyrepr(policy.validate)}")
-        if policy.tolerance is not None:
-            codec.append(f"tolerance={pyrepr(policy.tolerance)}")
-    state = f"stateful={pyrepr(policy.stateful)}"
-    if policy.groups is not None:
-        options = f"_rt.RegionOptions({', '.join(codec)})"
-        call = (
-            f"_rt.run_segmented(self, {pyrepr(policy.groups)}, args, kwargs, preserve_rng={rng}, "
-            f"region={options}, {state})"
-        )
-        return _Wrapper(name, doc, call)
-    parts = codec + [f"preserve_rng={rng}", state]
-    if policy.chunks is not None:
-        parts += [f"chunks={policy.chunks}", f"dim={policy.dim}", f"chunk_args={pyrepr(policy.chunk_args)}"]
-        if policy.boundaries is not Boundaries.KEEP:
-            parts.append(f"boundaries={pyrepr(policy.boundaries.value)}")
-    return _Wrapper(name, doc, f"_rt.run_planned(self, args, kwargs, {', '.join(parts)})")
+    return _Wrapper(name, doc, render(policy.call_template, p=policy))
 
 
 def plan_table(plan: ResolvedPlan) -> list[str]:
