@@ -1,8 +1,10 @@
-"""Package data: finds the grammar and the code templates in a wheel and in a source checkout.
+"""Package data: finds the grammar, the bundled plans and the templates in a wheel and in a source checkout.
 
-In a wheel they are force-included under ``memoplan/_data``; in an editable
-install or a checkout they live at the top of the repository (``grammar/`` and
-``codegen/templates/``), one level above this package.
+The templates (of generated code and of the report's page) live in the package, in
+``memoplan/codegen/templates/``, the same path in a wheel and in a checkout.  The grammar
+and the plans are force-included under ``memoplan/_data`` in a wheel; in an editable install
+or a checkout they live at the top of the repository (``grammar/``, ``plans/``), one level
+above this package.
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ def grammar_text() -> str:
 
 @cache
 def templates_dir() -> Path:
-    return _find("templates", "codegen/templates")
+    """``memoplan/codegen/templates``: every Jinja template memoplan renders, in one place."""
+    found = _PACKAGE / "codegen" / "templates"
+    if not found.is_dir():
+        raise FileNotFoundError(f"memoplan data not found: looked for {found}; reinstall the package")
+    return found
 
 
 @cache

@@ -91,7 +91,9 @@ def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for name in (
         "memoplan/_data/grammar/memplan.lark",
-        "memoplan/_data/templates/plan_module.py.j2",
+        "memoplan/codegen/templates/plan_module.py.j2",
+        "memoplan/codegen/templates/calls/region.py.j2",
+        "memoplan/codegen/templates/report/page.html.j2",
         "memoplan/_data/plans/cnn_bn_dropout.memplan",
         "memoplan/examples/cnn.py",
         "memoplan/py.typed",
@@ -111,7 +113,7 @@ def test_sdist_carries_tests_docs_and_licence(sdist):
         "tests/test_packaging.py",
         "tests/conftest.py",
         "grammar/memplan.lark",
-        "codegen/templates/plan_module.py.j2",
+        "memoplan/codegen/templates/plan_module.py.j2",
         "plans/cnn_bn_dropout.memplan",
     ):
         assert name in names, name
@@ -135,7 +137,7 @@ def test_installed_package_is_the_wheel(fresh_env):
     package_file, templates, torch_version = result.stdout.split("\n")[:3]
     venv_root = str(fresh_env["home"])
     assert package_file.startswith(venv_root) and "site-packages" in package_file
-    assert templates.startswith(venv_root) and templates.endswith("_data/templates")
+    assert templates.startswith(venv_root) and templates.endswith("memoplan/codegen/templates")
     assert torch_version.startswith("2.13.0")
 
 

@@ -2,7 +2,7 @@
 
 Decisions are made here in Python (which wrappers exist, their names, which call each
 makes with which values); templates print them: ``plan_module.py.j2`` the module, and one
-template per kind of generated call under ``codegen/templates/calls/`` (``evict``: a ``dtr``
+template per kind of generated call under ``memoplan/codegen/templates/calls/`` (``evict``: a ``dtr``
 candidate; ``checkpoint``: torch's checkpoint; ``segments``: ``checkpoint regions = [...]``;
 ``region``: memoplan's own region for ``compress``, ``temporal_chunk`` and state; ``memory`` and
 ``dtr``: the blocks' settings).  No generated code is built as a Python string here.  Output is sorted and has no timestamps,

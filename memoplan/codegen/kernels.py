@@ -9,7 +9,7 @@ this module is how they are made and checked::
 Every decision is made here, in Python: which dtypes get a kernel, the type a
 kernel computes in, the block sizes the CUDA autotuner tries and the block the
 explicit (CPU / ``TRITON_INTERPRET=1``) launcher uses.  The templates under
-``codegen/templates/kernels/`` only print these values.  Output is
+``memoplan/codegen/templates/kernels/`` only print these values.  Output is
 deterministic (no timestamps, sorted), so regenerating gives byte-identical files.
 
 The layouts the kernels write are the normative ones of
@@ -40,7 +40,7 @@ __all__ = [
     "write_kernels",
 ]
 
-#: generated file name -> template (relative to codegen/templates), in the order they are written.
+#: generated file name -> template (relative to memoplan/codegen/templates), in the order they are written.
 KERNEL_FILES: dict[str, str] = {
     "__init__.py": "kernels/__init__.py.j2",
     "bit.py": "kernels/bit.py.j2",
@@ -137,7 +137,7 @@ DTYPES: tuple[DtypeSpec, ...] = (
 
 
 def _template_path(template: str) -> str:
-    return f"codegen/templates/{template}"
+    return f"memoplan/codegen/templates/{template}"
 
 
 def render_kernels() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Report stage: one self-contained HTML page from finished sections.
 
-The page is the Jinja template ``codegen/templates/report/page.html.j2`` (autoescaped); the
+The page is the Jinja template ``memoplan/codegen/templates/report/page.html.j2`` (autoescaped); the
 pieces below build a section's body.  Every string from the model or the plan goes through
 :func:`esc`; plots
 arrive as inline SVG from :mod:`memoplan.report.draw`.  No script, no stylesheet or

@@ -1,5 +1,5 @@
 """Generated calls come from templates only (issue 41): one template per kind of call under
-codegen/templates/calls/, the same text the f-strings they replaced wrote (the goldens check
+memoplan/codegen/templates/calls/, the same text the f-strings they replaced wrote (the goldens check
 whole modules byte for byte; this checks every kind, and its options, one call at a time)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from memoplan.codegen.names import NameAllocator
 from memoplan.enums import Boundaries
 
 emit_module = importlib.import_module("memoplan.codegen.emit")
-CALLS = ROOT / "codegen" / "templates" / "calls"
+CALLS = ROOT / "memoplan" / "codegen" / "templates" / "calls"
 
 BASE = dict(
     groups=None,
