@@ -10,6 +10,7 @@ import only ``memoplan.runtime``, never load the parser, resolver or templates.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING
 
 from memoplan.version import __version__
@@ -22,7 +23,6 @@ _EXPORTS = {
     "Plan": "memoplan.syntax.ast",
     "ResolvedPlan": "memoplan.ir",
     "apply": "memoplan.api",
-    "compile": "memoplan.api",
     "dtr_stats": "memoplan.runtime.dtr",
     "remove": "memoplan.api",
     "explain": "memoplan.resolver.explain",
@@ -35,6 +35,13 @@ _EXPORTS = {
     "PlanResult": "memoplan.planner.plan",
     "verify": "memoplan.verification",
     "measure_step": "memoplan.measure",
+    "write_module": "memoplan.api",
+}
+
+# Names renamed for clarity: old name -> (new name, the module that defines it).  They still
+# resolve, with a DeprecationWarning, for one release (docs/reference/api.md).
+_DEPRECATED = {
+    "compile": ("write_module", "memoplan.api"),  # shadowed the builtin, sounded like torch.compile
 }
 
 # A literal list, so that type checkers see the re-exports (tests/test_typing.py checks it
@@ -49,7 +56,6 @@ __all__ = [
     "ResolvedPlan",
     "__version__",
     "apply",
-    "compile",
     "dtr_stats",
     "explain",
     "format_plan",
@@ -60,10 +66,15 @@ __all__ = [
     "remove",
     "resolve",
     "verify",
+    "write_module",
 ]
 
 
 def __getattr__(name: str):
+    if name in _DEPRECATED:
+        new, where = _DEPRECATED[name]
+        warnings.warn(f"memoplan.{name} is deprecated: use memoplan.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(where), new)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'memoplan' has no attribute {name!r}")
@@ -77,7 +88,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memoplan.api import apply, compile, remove
+    from memoplan.api import apply, remove, write_module
     from memoplan.diagnostics import Diagnostic, MemoplanWarning, PlanError
     from memoplan.ir import ResolvedPlan
     from memoplan.measure import measure_step

@@ -1,7 +1,7 @@
-"""The public API: apply and remove a plan, and compile it into a module for a repository.
+"""The public API: apply and remove a plan, and write it as a module for a repository (`write_module`).
 
 ``apply`` is the one back end: it emits code from the templates, writes it to the
-cache, imports it and calls its ``apply`` — the same code ``memoplan compile``
+cache, imports it and calls its ``apply`` — the same code ``memoplan write-module``
 writes into a user's repository.
 """
 
@@ -62,11 +62,12 @@ def apply(model: nn.Module, plan: PlanLike, *, warn: bool = True) -> nn.Module:
     return model
 
 
-def compile(model: nn.Module, plan: PlanLike, output: Path | str, *, source: str | None = None) -> Path:
+def write_module(model: nn.Module, plan: PlanLike, output: Path | str, *, source: str | None = None) -> Path:
     """Write the plan module for ``model`` to ``output`` and return its path.
 
+    Formerly ``memoplan.compile`` (still there for one release, with a :class:`DeprecationWarning`).
     The model comes first, as in :func:`apply` and :func:`memoplan.plan`; the order of
-    memoplan 0.x, ``compile(plan, model, output)``, still works for one release, with a
+    memoplan 0.x, ``write_module(plan, model, output)``, still works for one release, with a
     :class:`DeprecationWarning`.
 
     The file is what :func:`apply` runs — deterministic, byte-identical when compiled
@@ -74,7 +75,7 @@ def compile(model: nn.Module, plan: PlanLike, output: Path | str, *, source: str
     and call its ``apply(model)``.  ``source`` is the plan's name in the header (default:
     the plan's file as given).
     """
-    model, plan = _model_first(model, plan, "compile")
+    model, plan = _model_first(model, plan, "write_module")
     parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
     resolved = plan if parsed is None else resolve(parsed, model)
     output = check_target(output, [resolved.file])  # MP508: a device, a missing folder, the plan itself

@@ -22,7 +22,8 @@ from memoplan.cli_sublinear import sublinear_config
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
 from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
 
-SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "compile", "profile", "plan", "report", "lsp", "demo")
+SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "write-module", "profile", "plan", "report", "lsp", "demo")
+# and, hidden, the old names of memoplan.deprecations.COMMANDS (`compile`), with MP540
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +43,8 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help(sys.stderr)
         return 2
     out = cli_output.configure(args)
+    for said in getattr(args, "deprecated", ()):  # an old name (memoplan.deprecations): MP540, then run
+        out.diagnostic(said, None)
     try:
         if isolate.requested(args):  # the command, and the model's code, in a child process
             out.begin(str(isolate.plan_path(args) or ""))  # named in --format json if the child crashes
@@ -65,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         "check": _check,
         "explain": _explain,
         "verify": _verify,
-        "compile": _compile,
+        "write-module": _write_module,
         "profile": _profile,
         "plan": _plan,
         "report": _report_html,
@@ -586,7 +589,7 @@ def _preset_how(preset) -> str:
     from memoplan.planner import search
 
     if isinstance(preset.budget, search.Preset):
-        return f"coverage budget {preset.budget.name.lower()}"  # takes its share; no planner search
+        return f"coverage budget {preset.budget.word}"  # takes its share; no planner search
     if isinstance(preset.budget, search.Coverage):
         return "a coverage budget"
     if isinstance(preset.budget, search.LeastPeak):
@@ -693,10 +696,10 @@ def _report_html(args) -> int:
     return 0
 
 
-def _compile(args) -> int:
+def _write_module(args) -> int:
     import tempfile
 
-    from memoplan.api import compile as compile_plan
+    from memoplan.api import write_module as compile_plan
 
     plan = _load(args.plan)
     check_output(args.output, *plan_inputs(plan, args.plan, args.model))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from memoplan import cli_output, isolate
+from memoplan import cli_output, deprecations, isolate
 from memoplan.cli_output import add_common_options
 from memoplan.diagnostics import did_you_mean
 from memoplan.version import __version__
@@ -125,7 +125,7 @@ def build_parser(run: Mapping[str, Runner], report: Callable[[Any], None]) -> ar
     _rule(sub)
     _explain(sub, run["explain"])
     _verify(sub, run["verify"])
-    _compile(sub, run["compile"])
+    _write_module(sub, run["write-module"], "write-module")
     _profile(sub, run["profile"])
     _plan(sub, run["plan"])
     _report(sub, run["report"])
@@ -135,6 +135,9 @@ def build_parser(run: Mapping[str, Runner], report: Callable[[Any], None]) -> ar
     demo = sub.add_parser("demo", help="copy the bundled example plans into a folder and verify one")
     demo.add_argument("folder", nargs="?", type=Path, default=Path("memoplan-demo"), help="default: ./memoplan-demo")
     demo.set_defaults(run=run["demo"])
+    for old, new in deprecations.COMMANDS.items():  # hidden (no help): runs the new command, with MP540
+        command = _write_module(sub, run[new], old)
+        command.set_defaults(deprecated=(deprecations.renamed("the command", f"memoplan {old}", f"memoplan {new}"),))
     for name, command in sub.choices.items():
         add_common_options(command, formats=name in ("check", "fmt", "verify"))
     finish_help(parser)
@@ -233,17 +236,32 @@ def _verify(sub: Any, run: Runner) -> None:
     verify.set_defaults(run=run)
 
 
-def _compile(sub: Any, run: Runner) -> None:
-    compile_ = sub.add_parser("compile", help="write the plan module to commit next to the model")
-    compile_.add_argument("plan", type=Path)
-    model_options(compile_, example=False)
-    compile_.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .py file to write")
-    compile_.add_argument(
+def _write_module(sub: Any, run: Runner, name: str) -> Any:
+    """``memoplan write-module`` (and its old name ``compile``, hidden: added without help)."""
+    shown = {"help": "write the plan module to commit next to the model"} if name not in deprecations.COMMANDS else {}
+    write = sub.add_parser(name, **shown)
+    write.add_argument("plan", type=Path)
+    model_options(write, example=False)
+    write.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .py file to write")
+    write.add_argument(
         "--check",
         action="store_true",
         help="write nothing; compare PATH byte for byte with what would be written: exit 1 and a unified diff if it differs",
     )
-    compile_.set_defaults(run=run)
+    write.set_defaults(run=run)
+    return write
+
+
+class _BudgetWord(argparse.Action):
+    """``--budget``: an old coverage word becomes its new one, and ``MP540`` says so."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        new = deprecations.BUDGET_WORDS.get(str(values).strip().lower())
+        if new is not None:
+            said = deprecations.renamed("the budget word", str(values).strip(), new)
+            namespace.deprecated = (*getattr(namespace, "deprecated", ()), said)
+            values = new
+        setattr(namespace, self.dest, values)
 
 
 def _profile(sub: Any, run: Runner) -> None:
@@ -260,6 +278,7 @@ def _profile(sub: Any, run: Runner) -> None:
 
 
 def _plan(sub: Any, run: Runner) -> None:
+    from memoplan.planner.budgets import COVERAGE_WORDS
     from memoplan.planner.presets import PRESETS, Planner  # pure Python: no torch for the parser
 
     plan = sub.add_parser("plan", help="write a plan that meets a memory budget")
@@ -275,10 +294,11 @@ def _plan(sub: Any, run: Runner) -> None:
     plan.add_argument(
         "--budget",
         metavar="B",
+        action=_BudgetWord,
         help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`; of the estimated peak when the "
         "step does not fit), `device` or `device - 2GiB` (CUDA: what the allocator can use, less what the "
         "model holds before the step), optionally `hard` or `hint` (`4 GiB hint`), or a coverage budget "
-        "(speed, balanced, memory); default: the preset's",
+        f"({', '.join(COVERAGE_WORDS)}: that share of the candidates checkpointed); default: the preset's",
     )
     plan.add_argument(
         "--coverage",

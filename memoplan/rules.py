@@ -71,6 +71,7 @@ RANGES: tuple[Range, ...] = (
     Range(510, 519, "`memoplan report`", frozenset({_S.REPORT})),
     Range(520, 529, "the language server", frozenset({_S.EDITOR})),
     Range(530, 539, "running a model's code in a child process", frozenset({_S.SPECS})),
+    Range(540, 549, "renamed commands and words, still accepted for a release", frozenset({_S.CLI})),
     Range(600, 699, "the planner", frozenset({_S.PLANNER})),
 )
 
@@ -200,7 +201,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP421", _S.RUNTIME, E, "`atomic_clean_policy = 0` under DDP with `gradient_as_bucket_view=True`", "leave `atomic_clean_policy` at its default under DDP"),
     ("MP422", _S.RUNTIME, E, "`atomic_clean_policy = 0` after FSDP2 replaced the parameters", "leave `atomic_clean_policy` at its default under FSDP2"),
     ("MP423", _S.RUNTIME, E, "expandable segments asked for after CUDA memory was already reserved", "apply the plan before anything allocates on CUDA"),
-    ("MP424", _S.RUNTIME, E, "a generated plan module (`memoplan compile`) written for a runtime interface this memoplan cannot run (its `RUNTIME_ABI`), refused on import", "regenerate the module with this memoplan (`memoplan compile PLAN -o FILE.py`), or install the memoplan that generated it"),
+    ("MP424", _S.RUNTIME, E, "a generated plan module (`memoplan write-module`) written for a runtime interface this memoplan cannot run (its `RUNTIME_ABI`), refused on import", "regenerate the module with this memoplan (`memoplan write-module PLAN -o FILE.py`), or install the memoplan that generated it"),
     ("MP430", _S.RUNTIME, W, "the `dtr` threshold cannot be met even with every candidate evicted", "raise `eviction_threshold` above what the candidates' kept inputs need"),
     ("MP431", _S.RUNTIME, E, "an input a `dtr` candidate kept was changed in place after its forward: it cannot be recomputed", "make the change out of place, or leave the module out of `modules`"),
     ("MP433", _S.RUNTIME, E, "a `dtr` recompute saved different tensors than the forward (control flow on something else)", "leave the module out of the `dtr` block's `modules`"),
@@ -224,6 +225,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP530", _S.SPECS, E, "`--isolate`: the model's code killed the process with a signal (os.abort(), a fault in a C extension, the out-of-memory killer)", "run the plan's `model` or `example` code on its own to find the crash"),
     ("MP531", _S.SPECS, E, "`--isolate`: the process ended before memoplan finished (os._exit() in the model's code)", "raise an exception or call sys.exit() instead: memoplan reports those as MP504"),
     ("MP532", _S.SPECS, E, "`--isolate`: the child process could not be started", "run the command without --isolate (and without MEMOPLAN_ISOLATE=1)"),
+    ("MP540", _S.CLI, W, "an old name the command line still accepts for a release: the command `memoplan compile` (now `memoplan write-module`), the budget words `speed`, `balanced`, `memory` (now `checkpoint-half`, `checkpoint-three-quarters`, `checkpoint-all`); it runs as the new name", "write the new name (`memoplan.deprecations` lists them)"),
     # ---- the planner
     ("MP601", _S.PLANNER, E, "`memoplan plan`: no plan of the search meets a `hard` budget", "raise the budget (the message gives the least reachable peak) or write it as `hint`"),
     ("MP602", _S.PLANNER, E, "`memoplan plan --dtr`: a budget that is not in bytes, or that eviction cannot meet", "give the budget in bytes, above the least the message gives"),

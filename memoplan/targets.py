@@ -1,4 +1,4 @@
-"""Output targets (``-o PATH`` and ``memoplan.compile``'s ``output``): checked before any work,
+"""Output targets (``-o PATH`` and ``memoplan.write_module``'s ``output``): checked before any work,
 and replaced all at once.
 
 A target is written only when it is absent or a regular file, its folder exists, and it is

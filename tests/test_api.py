@@ -25,7 +25,6 @@ def test_public_names_are_frozen():
         "ResolvedPlan",
         "__version__",
         "apply",
-        "compile",
         "dtr_stats",
         "explain",
         "format_plan",
@@ -36,6 +35,7 @@ def test_public_names_are_frozen():
         "remove",
         "resolve",
         "verify",
+        "write_module",
     ]
 
 
@@ -93,11 +93,22 @@ def test_optimizer_built_before_apply_trains_the_same_parameters():
         assert torch.equal(p, q)
 
 
-def test_compile_takes_the_model_first_and_the_old_order_is_deprecated(tmp_path):
+def test_write_module_takes_the_model_first_and_the_old_order_is_deprecated(tmp_path):
     model = cnn.build()
-    new = memoplan.compile(model, PLAN, tmp_path / "new.py")
-    with pytest.warns(DeprecationWarning, match=r"pass the model first, memoplan.compile\(model, plan"):
-        old = memoplan.compile(PLAN, model, tmp_path / "old.py")
+    new = memoplan.write_module(model, PLAN, tmp_path / "new.py")
+    with pytest.warns(DeprecationWarning, match=r"pass the model first, memoplan.write_module\(model, plan"):
+        old = memoplan.write_module(PLAN, model, tmp_path / "old.py")
     assert old.read_bytes().replace(b"old", b"new") == new.read_bytes().replace(b"old", b"new")
     with pytest.raises(TypeError, match="the model .* comes first"):
-        memoplan.compile(PLAN, PLAN, tmp_path / "neither.py")
+        memoplan.write_module(PLAN, PLAN, tmp_path / "neither.py")
+
+
+def test_compile_is_a_deprecated_name_of_write_module(tmp_path):
+    """``memoplan.compile`` (memoplan 0.1) still works for a release: the same function, with a warning."""
+    with pytest.warns(DeprecationWarning, match=r"memoplan.compile is deprecated: use memoplan.write_module"):
+        old_name = memoplan.compile
+    assert old_name is memoplan.write_module
+    assert "compile" not in memoplan.__all__ and "compile" not in dir(memoplan)
+    with pytest.warns(DeprecationWarning):
+        from memoplan import compile as imported  # noqa: A004  the deprecated name, on purpose
+    assert imported is memoplan.write_module

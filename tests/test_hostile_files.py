@@ -184,7 +184,7 @@ def test_profile_and_compile_whose_writes_fail_leave_the_old_files(tmp_path) -> 
         (tmp_path / name).write_bytes(data)
     commands = {
         "prof.json": ["profile", "--model", "m.py:build", "--example", "randn(4, 8)", "-o", "prof.json"],
-        "out.py": ["compile", "p.memplan", "-o", "out.py"],
+        "out.py": ["write-module", "p.memplan", "-o", "out.py"],
     }
     for name, args in commands.items():
         done = _limited(*args, cwd=tmp_path, limit=128)  # each output is larger

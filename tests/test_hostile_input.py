@@ -157,7 +157,7 @@ def test_large_but_possible_example_is_built() -> None:
 def test_compile_onto_a_directory_is_a_diagnostic(capsys, tmp_path, models, all_plan) -> None:
     target = tmp_path / "out"
     target.mkdir()
-    code, out, err = run(capsys, "compile", all_plan, "--model", f"{models}:build", "-o", target)
+    code, out, err = run(capsys, "write-module", all_plan, "--model", f"{models}:build", "-o", target)
     assert code == 1
     assert "error[MP508]" in err and "is a directory" in err
     assert list(target.iterdir()) == []
@@ -325,7 +325,7 @@ def test_compile_respects_the_umask(tmp_path, models, all_plan, umask) -> None:
     target = tmp_path / "generated_plan.py"
     code = f"import os, sys\nos.umask({umask})\nfrom memoplan import cli\nsys.exit(cli.main(sys.argv[1:]))\n"
     env = dict(os.environ, MEMOPLAN_CACHE_DIR=str(tmp_path / "cache"))
-    args = ["compile", str(all_plan), "--model", f"{models}:build", "-o", str(target)]
+    args = ["write-module", str(all_plan), "--model", f"{models}:build", "-o", str(target)]
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
@@ -335,7 +335,7 @@ def test_compile_keeps_the_mode_of_the_file_it_replaces(capsys, tmp_path, models
     target = tmp_path / "generated_plan.py"
     target.write_text("# old\n")
     target.chmod(0o640)
-    code, out, err = run(capsys, "compile", all_plan, "--model", f"{models}:build", "-o", target)
+    code, out, err = run(capsys, "write-module", all_plan, "--model", f"{models}:build", "-o", target)
     assert code == 0, err
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     assert target.read_text().startswith('"""') or "memoplan" in target.read_text()
@@ -513,7 +513,7 @@ def test_verify_prints_both_step_times(capsys, models, all_plan) -> None:
 def test_compile_check_against_a_directory_is_a_diagnostic(capsys, tmp_path, models, all_plan) -> None:
     target = tmp_path / "out"
     target.mkdir()
-    code, out, err = run(capsys, "compile", all_plan, "--model", f"{models}:build", "-o", target, "--check")
+    code, out, err = run(capsys, "write-module", all_plan, "--model", f"{models}:build", "-o", target, "--check")
     assert code == 1
     assert "error[MP508]" in err and "is a directory" in err
 

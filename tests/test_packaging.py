@@ -157,7 +157,7 @@ def test_verify_from_the_wheel(fresh_env):
 
 def test_compile_and_import_from_the_wheel(fresh_env):
     out = fresh_env["cwd"] / "cnn_plan.py"
-    result = _run(fresh_env, "compile", str(ROOT / "plans" / "cnn_bn_dropout.memplan"), "-o", str(out))
+    result = _run(fresh_env, "write-module", str(ROOT / "plans" / "cnn_bn_dropout.memplan"), "-o", str(out))
     assert result.returncode == 0, result.stderr
     script = (
         "import torch, cnn_plan\n"

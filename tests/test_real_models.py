@@ -4,7 +4,7 @@ HF ``transformers`` GPT-2, BERT and Llama from tiny configs (2 layers, d=32, seq
 vocab 128; no weights, no hub; default ``use_cache`` and attention implementation) and
 a SpikingJelly network (tests/real_models.py).  Each goes through the command line as a
 user would: ``memoplan profile``, ``memoplan plan --budget``, ``memoplan verify`` (must
-say EQUIVALENT), ``memoplan compile`` (the model named by path, ``tests/real_models.py:
+say EQUIVALENT), ``memoplan write-module`` (the model named by path, ``tests/real_models.py:
 gpt2``), then the compiled module is imported and applied to a fresh model, and two SGD
 steps of it equal two steps of the unplanned model: outputs, gradients, parameters,
 buffers and RNG state, compared by memoplan.compare (structured outputs by their tensors).
@@ -96,7 +96,7 @@ def test_profile_plan_verify_compile_and_train(name, tmp_path, capsys):
     capsys.readouterr()
     assert main(["verify", str(plan), *spec_args]) == 0, capsys.readouterr().out
     assert "verdict: EQUIVALENT" in capsys.readouterr().out
-    assert main(["compile", str(plan), "--model", model_spec, "-o", str(compiled)]) == 0
+    assert main(["write-module", str(plan), "--model", model_spec, "-o", str(compiled)]) == 0
 
     generated = _import(compiled, f"real_{name}_plan")
     torch.manual_seed(0)

@@ -116,7 +116,7 @@ def test_a_segfault_in_a_c_call_is_mp530(tmp_path):
 @pytest.mark.slow
 def test_os_exit_in_the_model_spec_is_mp531(tmp_path):
     done = _memoplan(
-        "compile", "--isolate", _plan(tmp_path, "models.py:exits"), "-o", tmp_path / "out.py", cwd=tmp_path
+        "write-module", "--isolate", _plan(tmp_path, "models.py:exits"), "-o", tmp_path / "out.py", cwd=tmp_path
     )
     assert done.returncode == 1
     assert "p.memplan:2:1: error[MP531]" in done.stderr and "exit status 7" in done.stderr

@@ -1,7 +1,7 @@
 """Codegen stage: writes generated files and imports the plan module from the cache.
 
 ``memoplan.apply`` goes through here: the code it runs is exactly the code
-``memoplan compile`` would write into a user's repository.  The cache folder is
+``memoplan write-module`` would write into a user's repository.  The cache folder is
 ``$MEMOPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/memoplan``, else ``~/.cache/memoplan``;
 when it cannot be used, a folder in the system's temporary directory
 (``memoplan-<uid>/generated``) is used with a warning, and when neither can, ``apply``

@@ -1,7 +1,7 @@
 """Memonger stage: the arena plan of a model under a plan's ``memonger`` block.
 
 Selection: the block applies to the whole model — the forward ``model(...)`` runs —
-captured with the plan's ``example``.  Used by ``memoplan.apply``, ``memoplan compile``
+captured with the plan's ``example``.  Used by ``memoplan.apply``, ``memoplan write-module``
 and ``memoplan explain``; every failure is a :class:`PlanError` at the block's line.
 """
 

@@ -16,6 +16,7 @@ __all__ = [
     "Budget",
     "ByteBudget",
     "Bytes",
+    "COVERAGE_WORDS",
     "Coverage",
     "FractionOfPeak",
     "LeastPeak",
@@ -161,6 +162,21 @@ class Preset(enum.Enum):
     @property
     def coverage(self) -> Coverage:
         return Coverage(self.value)
+
+    @property
+    def word(self) -> str:
+        """Its ``--budget`` word (:data:`COVERAGE_WORDS`)."""
+        return next(word for word, preset in COVERAGE_WORDS.items() if preset is self)
+
+
+#: The coverage budgets' ``--budget`` words: word -> budget.  They say what the budget does, so
+#: none is also a ``--preset`` name (their old words, ``speed``, ``balanced`` and ``memory``, are
+#: deprecated: :data:`memoplan.deprecations.BUDGET_WORDS`).
+COVERAGE_WORDS: dict[str, Preset] = {
+    "checkpoint-half": Preset.SPEED,
+    "checkpoint-three-quarters": Preset.BALANCED,
+    "checkpoint-all": Preset.MEMORY,
+}
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def make_dtr_plan(
                 Diagnostic(
                     "MP602",
                     "`--dtr` needs a byte budget: bytes (`4 GiB`) or a share of the unplanned peak (`50%`)",
-                    help="coverage budgets (speed, balanced, memory) count checkpointed modules",
+                    help="coverage budgets (checkpoint-half, checkpoint-three-quarters, checkpoint-all) count checkpointed modules",
                 ),
             )
         )

@@ -14,23 +14,24 @@ one edge between them is :meth:`PlannerPreset.run`'s call of the planner's entry
 The presets and the coverage budgets
 ====================================
 
-``budgets.Preset`` (``--budget speed|balanced|memory``) is a *budget*: the share of the
-candidate modules checkpointed, 50/75/100%, largest activations first.  A planner preset is a
+``budgets.Preset`` (``--budget checkpoint-half|checkpoint-three-quarters|checkpoint-all``, formerly
+``speed|balanced|memory``) is a *budget*: the share of the candidate modules checkpointed,
+50/75/100%, largest activations first.  A planner preset is a
 *strategy*; its default budget is a coverage budget or, for ``memory`` and ``exhaustive``,
 :class:`~memoplan.planner.budgets.LeastPeak`: no limit, the least measured peak the planner
 reaches (every search :func:`~memoplan.planner.plan.make_plan` widens to when a hard budget is
 missed is run and measured, and the lowest plan is kept).
 
-=============== ===================== ========= ================================== ==============
-preset          default budget        planner   refinement levels                  trials / level
-=============== ===================== ========= ================================== ==============
-``safe``        ``speed`` (50%)       optimal   none: plain checkpoints            --
-``balanced``    ``balanced`` (75%)    optimal   narrow, unwrap                     8
-``memory``      least peak            optimal   split, temporal, narrow, unwrap,   8
-                                                save
-``exhaustive``  least peak            optimal   split, temporal, narrow, unwrap,   no limit
-                                                save
-=============== ===================== ========= ================================== ==============
+=============== =========================== ========= ================================== ==============
+preset          default budget              planner   refinement levels                  trials / level
+=============== =========================== ========= ================================== ==============
+``safe``        checkpoint-half             optimal   none: plain checkpoints            --
+``balanced``    checkpoint-three-quarters   optimal   narrow, unwrap                     8
+``memory``      least peak                  optimal   split, temporal, narrow, unwrap,   8
+                                                      save
+``exhaustive``  least peak                  optimal   split, temporal, narrow, unwrap,   no limit
+                                                      save
+=============== =========================== ========= ================================== ==============
 
 What each trades: ``safe`` recomputes the least (half the candidates, no measured trials);
 ``balanced`` recomputes more for a lower peak and spends up to 16 measured steps removing
@@ -49,7 +50,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from memoplan.planner.budgets import Budget, Bytes, Coverage, FractionOfPeak, LeastPeak, Preset, budget_from_ast
+from memoplan.deprecations import budget_word
+from memoplan.planner.budgets import (
+    COVERAGE_WORDS,
+    Budget,
+    Bytes,
+    Coverage,
+    FractionOfPeak,
+    LeastPeak,
+    Preset,
+    budget_from_ast,
+)
 from memoplan.planner.config import ALL_LEVELS, Level, Planner, RefineOptions
 from memoplan.syntax.blocks import SublinearConfig
 
@@ -188,17 +199,18 @@ DEFAULT = SAFE
 
 
 def parse_budget(text: str) -> tuple[BudgetLike, bool | None]:
-    """A ``--budget`` value as (typed budget, hard): ``4 GiB``, ``50% hint``, ``0.5``, ``speed|balanced|memory``.
+    """A ``--budget`` value as (typed budget, hard): ``4 GiB``, ``50% hint``, ``0.5``, a coverage word
+    (:data:`~memoplan.planner.budgets.COVERAGE_WORDS`; an old one with a DeprecationWarning).
 
     ``hard`` is True or False where the text says ``hard`` or ``hint``, None where it says
     neither.  Raises :class:`memoplan.PlanError` for text that is not a budget.
     """
     from memoplan.syntax import ast, parse
 
-    word = text.strip().lower()
-    for coverage in Preset:
-        if coverage.name.lower() == word:
-            return coverage, None
+    text = budget_word(text)
+    coverage = COVERAGE_WORDS.get(text.strip().lower())
+    if coverage is not None:
+        return coverage, None
     stmt = parse(f"memplan 1\nbudget {text}\n", "--budget").budget
     assert stmt is not None, "parse raises PlanError on a budget it cannot read"
     hard = None if stmt.mode is None else stmt.mode is ast.BudgetMode.HARD

@@ -1,11 +1,11 @@
 """The runtime interface that generated plan modules are written against.
 
-``memoplan compile`` writes ``RUNTIME_ABI = N`` into every plan module, and the module calls
+``memoplan write-module`` writes ``RUNTIME_ABI = N`` into every plan module, and the module calls
 :func:`require_abi` when it is imported: silence when this runtime can run interface ``N``,
 else ``MP424`` naming both numbers and what to do, before anything is installed.  The number
 changes only when generated code and ``memoplan.runtime`` stop fitting each other (a name
 generated code calls is removed or changes meaning), not with every release, so a memoplan
-upgrade that generates the same code leaves committed plan modules and ``compile --check``
+upgrade that generates the same code leaves committed plan modules and ``write-module --check``
 alone.
 """
 
@@ -32,7 +32,7 @@ def require_abi(abi: object, source: str = "") -> None:
                 f"the plan module for `{source}` was generated for runtime interface {abi!r}; this memoplan "
                 f"({__version__}) runs interface {runs}",
                 help=("upgrade memoplan to the release that generated the module, or " if newer else "")
-                + "regenerate the module with this memoplan: memoplan compile PLAN -o FILE.py",
+                + "regenerate the module with this memoplan: memoplan write-module PLAN -o FILE.py",
             ),
         )
     )

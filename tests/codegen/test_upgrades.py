@@ -59,7 +59,7 @@ def test_another_interface_is_mp424_naming_both(other) -> None:
     assert diagnostic.code == "MP424"
     assert f"generated for runtime interface {other!r}" in diagnostic.message
     assert f"this memoplan ({__version__}) runs interface {abi.ABI}" in diagnostic.message
-    assert "memoplan compile" in diagnostic.help
+    assert "memoplan write-module" in diagnostic.help
     assert ("upgrade memoplan" in diagnostic.help) == (other == abi.ABI + 1)
 
 
@@ -86,11 +86,11 @@ def test_the_header_names_no_release(tmp_path) -> None:
 def test_compile_check_prints_a_unified_diff(capsys, tmp_path) -> None:
     out = tmp_path / "plan_module.py"
     plan = ROOT / "plans" / "cnn_bn_dropout.memplan"
-    code, _, err = run(capsys, "compile", plan, "-o", out)
+    code, _, err = run(capsys, "write-module", plan, "-o", out)
     assert code == 0, err
     fresh = out.read_text(encoding="utf-8")
     out.write_text(fresh.replace("PLAN_ID = ", "PLAN_ID = 'stale'  # \x1b[2J\nOLD_ID = "), encoding="utf-8")
-    code, stdout, err = run(capsys, "compile", plan, "-o", out, "--check")
+    code, stdout, err = run(capsys, "write-module", plan, "-o", out, "--check")
     assert code == 1
     assert f"{out} is out of date; run without --check" in stdout
     assert f"--- {out}\n+++ {out} (compiled now)\n" in stdout
@@ -98,12 +98,12 @@ def test_compile_check_prints_a_unified_diff(capsys, tmp_path) -> None:
     assert "\n+PLAN_ID = " in stdout
     assert "\x1b" not in stdout
     out.write_text(fresh, encoding="utf-8")
-    code, stdout, err = run(capsys, "compile", plan, "-o", out, "--check")
+    code, stdout, err = run(capsys, "write-module", plan, "-o", out, "--check")
     assert code == 0 and stdout.strip() == f"{out} is up to date"
 
 
 def test_compile_check_of_a_missing_file_says_so(capsys, tmp_path) -> None:
     out = tmp_path / "absent.py"
-    code, stdout, err = run(capsys, "compile", ROOT / "plans" / "cnn_bn_dropout.memplan", "-o", out, "--check")
+    code, stdout, err = run(capsys, "write-module", ROOT / "plans" / "cnn_bn_dropout.memplan", "-o", out, "--check")
     assert code == 1 and stdout.strip() == f"{out} is missing; run without --check"
     assert not out.exists()

@@ -33,11 +33,11 @@ def test_explain_compile_and_verify_with_a_memonger_block(tmp_path, capsys):
     assert "slot  offset  bytes" in out and "float32  8x16" in out
 
     output = tmp_path / "mlp_plan.py"
-    assert cli.main(["compile", str(plan), "-o", str(output)]) == 0
+    assert cli.main(["write-module", str(plan), "-o", str(output)]) == 0
     text = output.read_text()
     ast.parse(text)
     assert "def arena_graph(arena, inputs, attributes):" in text and "out=arena[" in text
-    assert cli.main(["compile", str(plan), "-o", str(output), "--check"]) == 0  # byte-identical again
+    assert cli.main(["write-module", str(plan), "-o", str(output), "--check"]) == 0  # byte-identical again
     capsys.readouterr()
 
     assert cli.main(["verify", str(plan)]) == 0  # a training step: the arena steps aside
@@ -66,7 +66,7 @@ def test_compiled_in_two_processes_with_other_hash_seeds_the_bytes_are_the_same(
     plan.write_text(PLAN)
     (tmp_path / "tiny.py").write_text(MODEL)
     here = tmp_path / "plan_here.py"
-    assert cli.main(["compile", str(plan), "-o", str(here)]) == 0
+    assert cli.main(["write-module", str(plan), "-o", str(here)]) == 0
     out = tmp_path / "plan_there.py"
     env = dict(os.environ, PYTHONHASHSEED="12345")  # this process has another seed (or a random one)
     code = f"from memoplan.cli import main; raise SystemExit(main(['compile', {str(plan)!r}, '-o', {str(out)!r}]))"

@@ -63,7 +63,7 @@ def test_a_hint_budget_writes_the_best_plan_and_says_it_was_missed(tmp_path, cap
 def test_coverage_preset_on_a_spiking_model_marks_its_neurons(tmp_path):
     out = tmp_path / "plan.memplan"
     args = ["--model", "memoplan.examples.spiking:build", "--example", "memoplan.examples.spiking:example"]
-    assert main(["plan", *args, "--budget", "balanced", "-o", str(out)]) == 0
+    assert main(["plan", *args, "--budget", "checkpoint-three-quarters", "-o", str(out)]) == 0
     plan = memoplan.parse(out.read_text())
     assert "module blocks.0.lif { state = functional }" in memoplan.format_plan(plan)
     memoplan.resolve(plan, specs.load_model("memoplan.examples.spiking:build"))
@@ -154,7 +154,7 @@ def _fake_run(seen, text="memplan 1\n", regions=0, before=1, after=1):
         (["--preset", "memory", "--budget", "60%"], Planner.OPTIMAL, search.FractionOfPeak.percent(60), True),
         (["--preset", "balanced", "--planner", "greedy", "--hint"], Planner.GREEDY, search.Preset.BALANCED, False),
         (["--preset", "safe", "--budget", "4 GiB hint"], Planner.OPTIMAL, search.Bytes(4 * 2**30), False),
-        (["--budget", "balanced"], Planner.OPTIMAL, search.Preset.BALANCED, True),  # no preset: no refinement
+        (["--budget", "checkpoint-three-quarters"], Planner.OPTIMAL, search.Preset.BALANCED, True),  # no preset: no refinement
     ],
 )
 def test_explicit_flags_override_the_preset_fields(tmp_path, monkeypatch, flags, planner, budget, hard):
@@ -215,7 +215,7 @@ def test_nested_candidates_meet_the_budget_with_less_recompute_and_stay_equivale
 
 def test_nested_needs_the_optimal_planner_and_a_byte_budget(tmp_path, capsys):
     out = tmp_path / "plan.memplan"
-    assert main(["plan", *TRANSFORMER, "--budget", "balanced", "--nested", "-o", str(out)]) == 2
+    assert main(["plan", *TRANSFORMER, "--budget", "checkpoint-three-quarters", "--nested", "-o", str(out)]) == 2
     assert main(["plan", *TRANSFORMER, "--budget", "50%", "--planner", "greedy", "--nested", "-o", str(out)]) == 2
     assert "--nested needs the optimal planner" in capsys.readouterr().err
     assert not out.exists()

@@ -59,7 +59,7 @@ def _repo(root: Path, stem: str, package: str | None = None) -> Path:
 
 def _compile(root: Path, *extra: str, monkeypatch) -> int:
     monkeypatch.chdir(root)
-    return main(["compile", "net.memplan", "-o", "net_plan.py", *extra])
+    return main(["write-module", "net.memplan", "-o", "net_plan.py", *extra])
 
 
 def _import_file(path: Path, name: str):

@@ -85,7 +85,7 @@ def test_every_memonger_key_acts_in_the_arena_module(key, tmp_path):
     # memonger's own tests (tests/test_memonger*.py) prove the arena; here: each key reaches it.
     text = HEAD + f"memonger {{ {key} = {VALUES[key]} }}\n"
     model = build()
-    path = memoplan.compile(model, parse(text, "p.memplan"), tmp_path / "plan_module.py")
+    path = memoplan.write_module(model, parse(text, "p.memplan"), tmp_path / "plan_module.py")
     word = {
         "algo": "assigned by `dp`",
         "ordering": "steps in `longest_path` order",

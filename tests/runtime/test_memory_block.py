@@ -186,14 +186,14 @@ def test_verify_holds_a_plan_with_a_memory_block_equivalent(tmp_path, capsys):
 
 def test_the_compiled_module_carries_the_memory_block(tmp_path):
     out = tmp_path / "planned.py"
-    memoplan.compile(build(), parse(FLAT, "p.memplan"), out)
+    memoplan.write_module(build(), parse(FLAT, "p.memplan"), out)
     text = out.read_text()
     assert "MEMORY = _rt.MemorySettings(static_memory_policy=0, atomic_clean_policy=0)" in text
     assert "memory=MEMORY" in text
-    memoplan.compile(build(), parse(FLAT, "p.memplan"), tmp_path / "again.py")
+    memoplan.write_module(build(), parse(FLAT, "p.memplan"), tmp_path / "again.py")
     assert (tmp_path / "again.py").read_text() == text
     plain = parse(FLAT.replace("memory { atomic_clean_policy = 0 }\n", ""), "p.memplan")
-    without = memoplan.compile(build(), plain, tmp_path / "plain.py")
+    without = memoplan.write_module(build(), plain, tmp_path / "plain.py")
     assert "MEMORY" not in without.read_text()
 
 

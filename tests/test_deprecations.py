@@ -1,0 +1,79 @@
+"""Renamed names (memoplan.deprecations, issue 41): the new ones collide with nothing, the old ones
+still work for a release with MP540 (command line) or a DeprecationWarning (Python)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+
+from memoplan import cli, deprecations, rules
+from memoplan.planner.budgets import COVERAGE_WORDS, Preset
+from memoplan.planner.presets import PRESETS, parse_budget
+
+SMALL = 'memplan 1\nmodel "memoplan.examples.mlp:build"\nmodule layers.0 { checkpoint }\n'
+
+
+def test_budget_words_and_preset_names_do_not_collide():
+    assert set(COVERAGE_WORDS).isdisjoint(PRESETS)
+    assert set(deprecations.BUDGET_WORDS.values()) == set(COVERAGE_WORDS)
+    assert {preset.word for preset in Preset} == set(COVERAGE_WORDS)
+    assert PRESETS["safe"].budget.word == "checkpoint-half"  # no longer the budget called `speed`
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(deprecations.BUDGET_WORDS.items()))
+def test_an_old_budget_word_is_its_new_one_with_a_deprecation(old, new):
+    with pytest.warns(DeprecationWarning, match=rf"budget word '{old}' is deprecated: write '{new}'"):
+        assert parse_budget(old.upper()) == parse_budget(new)
+    args = cli._parser().parse_args(
+        ["plan", "--budget", old, "--model", "m:f", "--example", "randn(1)", "-o", "p.memplan"]
+    )
+    assert args.budget == new
+    (said,) = args.deprecated
+    assert said.code == "MP540" and not said.is_error and f"`{new}`" in said.message
+
+
+def test_a_new_budget_word_warns_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert parse_budget("checkpoint-all") == (Preset.MEMORY, None)
+        assert parse_budget("4 GiB hint")[1] is False
+    args = cli._parser().parse_args(
+        ["plan", "--budget", "checkpoint-all", "--model", "m:f", "--example", "randn(1)", "-o", "p.memplan"]
+    )
+    assert args.budget == "checkpoint-all" and not getattr(args, "deprecated", ())
+
+
+def test_the_old_command_is_the_new_one_with_mp540_first(tmp_path, capsys, monkeypatch):
+    args = cli._parser().parse_args(["compile", "p.memplan", "-o", "out.py", "--check"])
+    assert args.run is cli._write_module and args.check and [d.code for d in args.deprecated] == ["MP540"]
+    ran = []
+    monkeypatch.setattr(
+        cli, "_write_module", lambda args: ran.append(args.plan.name) or print("ran", file=sys.stderr) or 0
+    )
+    assert cli.main(["compile", "p.memplan", "-o", str(tmp_path / "out.py")]) == 0
+    err = capsys.readouterr().err
+    assert ran == ["p.memplan"] and err.index("warning[MP540]") < err.index("ran")  # said first, then run
+    assert "`memoplan compile` is deprecated" in err and "`memoplan write-module`" in err
+
+
+@pytest.mark.slow  # loads a model: about 2 s on its own
+def test_the_old_command_runs_the_new_one_after_mp540(tmp_path, capsys):
+    assert "MP540" in rules.RULES
+    plan, new, old = tmp_path / "p.memplan", tmp_path / "new.py", tmp_path / "old.py"
+    plan.write_text(SMALL)
+    assert cli.main(["write-module", str(plan), "-o", str(new)]) == 0
+    assert "MP540" not in capsys.readouterr().err
+    assert cli.main(["compile", str(plan), "-o", str(old)]) == 0
+    err = capsys.readouterr().err
+    assert "warning[MP540]" in err and "`memoplan compile` is deprecated" in err and "`memoplan write-module`" in err
+    assert old.read_bytes().replace(b"old", b"new") == new.read_bytes().replace(b"old", b"new")
+    assert cli.main(["compile", str(plan), "-o", str(old), "--check"]) == 0  # every option of the new name
+
+
+def test_the_old_command_is_not_listed(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    listed = capsys.readouterr().out
+    assert "write-module" in listed and "compile " not in listed.replace("--compile", "")
