@@ -65,9 +65,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "rule": ("memoplan rule MP301", "memoplan rule                   # every code"),
     "explain": ("memoplan explain plan.memplan --planned-only",),
     "verify": ("memoplan verify plan.memplan", "memoplan verify plan.memplan --device cuda --format json"),
-    "compile": (
-        "memoplan compile plan.memplan -o plan_module.py",
-        "memoplan compile plan.memplan -o plan_module.py --check",
+    "write-module": (
+        "memoplan write-module plan.memplan -o plan_module.py",
+        "memoplan write-module plan.memplan -o plan_module.py --check",
     ),
     "profile": (
         "memoplan profile --model memoplan.examples.cnn:build --example 'randn(8, 3, 32, 32)' -o profile.json",

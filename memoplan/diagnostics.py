@@ -199,7 +199,7 @@ def _user_frame(frame):
 def _ours_or_torch(frame) -> bool:
     name = frame.f_globals.get("__name__") or ""
     top = name.split(".", 1)[0]
-    generated = "RUNTIME_ABI" in frame.f_globals and "PLAN_ID" in frame.f_globals  # memoplan compile's module
+    generated = "RUNTIME_ABI" in frame.f_globals and "PLAN_ID" in frame.f_globals  # memoplan write-module's module
     stdlib = frame.f_code.co_filename.startswith(("<", *_library_folders(stdlib_only=True)))
     return top in ("memoplan", "torch") or name.startswith("memoplan_generated_") or generated or stdlib
 

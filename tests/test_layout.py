@@ -393,7 +393,7 @@ def import_problems(rows: list[MapRow], graph: dict[str, dict[str, int]], files:
             if "*" in allowed or any(_covers(token, target) for token in allowed):
                 continue
             home = row_of(rows, target)
-            hint = next((t for t in home.members if _covers(t, target)), "?") if home else "?"
+            hint = next((t for t in home.members if _covers(t, target)), "?") if home else _member_hint(target)[1:-1]
             may = ", ".join(f"`{t}`" for t in row.allowed) or "nothing outside its row"
             problems.append(
                 f"{files.get(module, module)}:{line} imports {target}, which its row of docs/design.md's map "
