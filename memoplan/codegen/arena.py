@@ -136,29 +136,29 @@ def _refs(args):
 
 
 def _call(step: Step, names: list[str], slot_of: dict[int, int]) -> str:
+    """One step's line, from ``calls/arena_step.py.j2`` (the names checked here, the text there)."""
     args = [_arg(a, names) for a in step.args]
+    keywords = [(k, _arg(v, names)) for k, v in step.kwargs if _keyword(k)]
+    result = None if step.result is None else names[step.result]
     if step.op == "getitem":
-        code = f"{args[0]}[{args[1]}]"
-    elif step.op.startswith("into."):
+        return render(
+            "calls/arena_step.py.j2", kind="getitem", op=None, args=args, keywords=[], slot=None, result=result
+        )
+    if step.op.startswith("into."):
         form = step.op.removeprefix("into.")
         if not form.isidentifier() or form not in {f.__name__ for f in FORMS.values()}:
             raise ValueError(f"form {step.op!r} is not one of memoplan.runtime.arena_into's")
-        parts = args + [f"{k}={_arg(v, names)}" for k, v in step.kwargs if _keyword(k)]
         assert step.buffer is not None, "an into. form writes into its buffer"
-        parts.append(f"out=arena[{slot_of[step.buffer]}]")
-        code = f"_arena.into.{form}({', '.join(parts)})"
-    else:
-        namespace, name, overload = step.op.split(".")
-        for part in (namespace, name, overload):
-            if not part.isidentifier():
-                raise ValueError(f"op name {step.op!r} is not made of identifiers")
-        parts = args + [f"{k}={_arg(v, names)}" for k, v in step.kwargs if _keyword(k)]
-        if step.buffer is not None and step.buffer in slot_of:
-            parts.append(f"out=arena[{slot_of[step.buffer]}]")
-        code = f"torch.ops.{namespace}.{name}.{overload}({', '.join(parts)})"
-    if step.result is None:
-        return code
-    return f"{names[step.result]} = {code}"
+        slot: int | None = slot_of[step.buffer]
+        return render(
+            "calls/arena_step.py.j2", kind="into", op=form, args=args, keywords=keywords, slot=slot, result=result
+        )
+    if not all(part.isidentifier() for part in step.op.split(".")) or step.op.count(".") != 2:
+        raise ValueError(f"op name {step.op!r} is not made of identifiers")
+    slot = slot_of[step.buffer] if step.buffer is not None and step.buffer in slot_of else None
+    return render(
+        "calls/arena_step.py.j2", kind="op", op=step.op, args=args, keywords=keywords, slot=slot, result=result
+    )
 
 
 def _keyword(name: str) -> bool:

@@ -99,11 +99,15 @@ def test_block_settings_render_as_before():
 
 
 def test_no_generated_call_is_built_in_python():
-    """emit.py holds no text of generated code (every `_rt.` call is in a template), and every
-    call template is used."""
-    source = (ROOT / "memoplan" / "codegen" / "emit.py").read_text(encoding="utf-8")
-    strings = [n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-    assert not [s for s in strings if "_rt." in s]
+    """emit.py and arena.py hold no text of generated calls (every `_rt.`, `_arena.` or `torch.ops.`
+    call is in a template), and every call template is used."""
+    strings = []
+    for name in ("emit.py", "arena.py"):
+        source = (ROOT / "memoplan" / "codegen" / name).read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        strings += [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    calls = ("_rt.", "_arena.into", "torch.ops", "out=arena")
+    assert not [s for s in strings if any(c in s for c in calls)]
     used = {s for s in strings if s.startswith("calls/")}
     templates = {f"calls/{p.name}" for p in CALLS.glob("*.py.j2") if p.name != "region_options.py.j2"}
     assert used == templates
