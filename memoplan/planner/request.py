@@ -34,7 +34,7 @@ class PlanRequestError(ValueError):
 class PlanRequest:
     """The options of one planning run.
 
-    ``budget``: ``--budget`` text (``4 GiB``, ``50% hint``, ``speed``); ``preset``: a name of
+    ``budget``: ``--budget`` text (``4 GiB``, ``50% hint``, ``checkpoint-half``); ``preset``: a name of
     :data:`~memoplan.planner.presets.PRESETS`; ``planner``: a :class:`Planner` value
     (``optimal``, ``greedy``, ``sublinear``); ``hint``: the budget is a hint, whatever it
     says; ``nested``: offer each block's children too (optimal planner, byte budget);
@@ -141,7 +141,7 @@ def plan(
     step=None,
 ) -> PlanResult:
     """Plan ``model`` on ``example`` for ``budget`` (``"4 GiB"``, ``"50%"``, ``"60% hint"``,
-    ``"speed"``), a ``coverage`` (``"60%"`` or ``"5"`` of the candidate modules) or a ``preset`` (``safe``, ``balanced``, ``memory``, ``exhaustive``), as
+    ``"checkpoint-half"``), a ``coverage`` (``"60%"`` or ``"5"`` of the candidate modules) or a ``preset`` (``safe``, ``balanced``, ``memory``, ``exhaustive``), as
     ``memoplan plan`` does; return the :class:`~memoplan.planner.plan.PlanResult`: ``.plan``
     (a :class:`memoplan.syntax.ast.Plan`, with its ``budget`` statement; ``format_plan`` writes
     it) and the figures (``measured_before``, ``measured_after``, ``met``, ``regions``).
