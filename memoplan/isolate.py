@@ -46,7 +46,7 @@ _RUNNING = "running the model's code"
 #: The epilog of `memoplan --help`: what resolving a plan runs, and the guards.
 UNTRUSTED = """\
 A plan's `model` and `example` lines name Python code: every command that resolves a
-plan against a model (check, explain, verify, compile, profile, plan, report) imports
+plan against a model (check, explain, verify, write-module, profile, plan, report) imports
 and runs it, with the plan's folder on sys.path.  Treat a plan like a script: run
 those commands only on plans you trust.  `memoplan check --syntax-only` runs no code
 (no model, no torch).  --isolate (or MEMOPLAN_ISOLATE=1) runs the command in a child
