@@ -154,7 +154,8 @@ def _fake_run(seen, text="memplan 1\n", regions=0, before=1, after=1):
         (["--preset", "memory", "--budget", "60%"], Planner.OPTIMAL, search.FractionOfPeak.percent(60), True),
         (["--preset", "balanced", "--planner", "greedy", "--hint"], Planner.GREEDY, search.Preset.BALANCED, False),
         (["--preset", "safe", "--budget", "4 GiB hint"], Planner.OPTIMAL, search.Bytes(4 * 2**30), False),
-        (["--budget", "checkpoint-three-quarters"], Planner.OPTIMAL, search.Preset.BALANCED, True),  # no preset: no refinement
+        # no preset: no refinement
+        (["--budget", "checkpoint-three-quarters"], Planner.OPTIMAL, search.Preset.BALANCED, True),
     ],
 )
 def test_explicit_flags_override_the_preset_fields(tmp_path, monkeypatch, flags, planner, budget, hard):

@@ -82,7 +82,10 @@ def test_completing_a_plan_refuses_refinement_and_dtr():
 
 
 def test_nested_needs_the_optimal_planner_and_a_byte_budget():
-    for request in (PlanRequest(budget="checkpoint-half", nested=True), PlanRequest(budget="50%", planner="greedy", nested=True)):
+    for request in (
+        PlanRequest(budget="checkpoint-half", nested=True),
+        PlanRequest(budget="50%", planner="greedy", nested=True),
+    ):
         with pytest.raises(PlanRequestError, match="--nested needs the optimal planner"):
             request.check_nested(request.make_preset())
     fine = PlanRequest(budget="50%", nested=True)
