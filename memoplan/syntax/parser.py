@@ -10,12 +10,14 @@ without cascades and in time linear in the text.  Value errors (``MP2xx``) come 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import os
 import re
 import stat
 import threading
+from array import array
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -305,52 +307,138 @@ def _parse_tree(text: str, file: str, start: str, recover: bool = True):
 
 # ---------------------------------------------------------------- recovery, one statement at a time
 
+RECOVERY_BATCH = 8_192  # characters of whole statements parsed together while looking for errors
+RECOVERY_SLACK = 1_000_000  # characters recovery may parse beyond the plan's length
 
-def _errors_by_statement(text: str, file: str) -> list[Diagnostic]:
-    """Every error of a plan that has a syntax error, in time linear in its length.
 
-    The text is cut into top-level statements (:func:`_statements`); each is parsed on its
-    own behind a `memplan 1` header with the recovery of :func:`_parse_tree_locked`, so an
-    error costs a parse of its own statement, not of the whole plan, and each statement's
-    values are checked as before.  Positions are those of the whole text; a statement
-    given twice across statements is found at the end (``MP208``).
-    """
-    diagnostics: list[Diagnostic] = []
-    statements: list[tuple[object, int]] = []
-    syntax_errors = 0
-    for first, chunk in _statements(text):
-        if syntax_errors >= MAX_ERRORS:
-            break
-        shift = 0 if first == 1 else first - 2
-        found: list = []
-        built, _, errors, values = _parse_tree_locked(
-            chunk if first == 1 else "memplan 1\n" + chunk, file, "start", True, found, shift
-        )
-        syntax_errors += sum(d.code.startswith("MP1") for d in errors)
+class _Work:
+    """What recovery may still parse, in characters: the plan's length plus :data:`RECOVERY_SLACK`.
+
+    Each parse of a piece of text (and the line scans of its elision) costs its length.  The
+    statements of a plan are parsed about once, so this is reached only by many errors deep
+    inside one huge statement (each of which re-parses that statement): recovery then stops
+    looking for more errors, as it does after :data:`MAX_ERRORS`, and the errors found so far
+    are reported.  It bounds the time and memory of any plan under the size limit."""
+
+    def __init__(self, text: str) -> None:
+        self.left = len(text) + RECOVERY_SLACK
+        self.parsed = 0  # characters parsed in all (what tests read)
+
+    def spend(self, characters: int) -> None:
+        self.left -= characters
+        self.parsed += characters
+
+
+class _Found:
+    """What recovery has found so far: the diagnostics, each statement with its line shift, the syntax errors."""
+
+    def __init__(self) -> None:
+        self.diagnostics: list[Diagnostic] = []
+        self.statements: list[tuple[object, int]] = []
+        self.syntax_errors = 0
+
+    def add(self, built, errors: list[Diagnostic], values: list[Diagnostic], found: list, shift: int) -> None:
+        self.syntax_errors += sum(d.code.startswith("MP1") for d in errors)
         if built is not None:  # no syntax error here: its values are still checked
             _, *found = built
             errors = errors + values
-        diagnostics.extend(_shifted(d, shift) for d in errors)
-        statements.extend((stmt, shift) for stmt in found if stmt is not None)
-    _check_unique([_shifted_statement(stmt, shift) for stmt, shift in statements], diagnostics)
-    return diagnostics
+        self.diagnostics.extend(_shifted(d, shift) for d in errors)
+        self.statements.extend((stmt, shift) for stmt in found if stmt is not None)
 
 
-def _statements(text: str):
-    """``(first line, text)`` of each top-level statement: the lines up to where its braces
-    close (the first piece runs to the header line), a line ending in ``\\`` joined to the next."""
+def _errors_by_statement(text: str, file: str, work: _Work | None = None) -> list[Diagnostic]:
+    """Every error of a plan that has a syntax error, in time linear in its length.
+
+    The text is cut into top-level statements (:func:`_statements`).  Runs of whole statements
+    of up to :data:`RECOVERY_BATCH` characters are parsed together behind a `memplan 1` header;
+    a run with a syntax error is parsed again up to the statement of the error, and that
+    statement on its own with the recovery of :func:`_parse_tree_locked`, so an error costs a
+    parse of its own statement and of a run, not of the whole plan, and a plan of many small
+    statements is not one parse per statement.  Each statement's values are checked as before;
+    positions are those of the whole text; a statement given twice across statements is found
+    at the end (``MP208``).  ``work`` bounds what is parsed in all (:class:`_Work`).
+    """
+    work = work or _Work(text)
+    found = _Found()
+    firsts, starts, end = _statements(text)
+    count = len(firsts)
+
+    def chunk(k: int) -> tuple[int, str]:
+        return firsts[k], text[starts[k] : starts[k + 1] if k + 1 < count else end]
+
+    i, bad = 0, count  # chunk `bad`: the statement of the last run's error
+    while i < count and found.syntax_errors < MAX_ERRORS and work.left > 0:
+        j = i + 1
+        while j < min(bad, count) and (starts[j + 1] if j + 1 < count else end) - starts[i] <= RECOVERY_BATCH:
+            j += 1
+        if j - i > 1:
+            error_line = _parse_run(firsts[i], text[starts[i] : starts[j] if j < count else end], file, found, work)
+            if error_line is None:
+                i = j
+                continue
+            bad = max(i, min(bisect.bisect_right(firsts, error_line, i, j) - 1, j - 1))
+            if bad > i:
+                continue  # the statements before the error's, as a run; then that one alone
+        _parse_statement(chunk(i), file, found, work)
+        i += 1
+        bad = count if i > bad else bad
+    _check_unique([_shifted_statement(stmt, shift) for stmt, shift in found.statements], found.diagnostics)
+    return found.diagnostics
+
+
+def _behind_header(first: int, chunk: str) -> tuple[str, int]:
+    """A piece of the plan as parsed on its own (behind a `memplan 1` line unless it holds the header),
+    and the lines before it in the plan."""
+    return (chunk, 0) if first == 1 else ("memplan 1\n" + chunk, first - 2)
+
+
+def _parse_run(first: int, run: str, file: str, found: _Found, work: _Work) -> int | None:
+    """Parse whole statements together without recovery (``first``: the plan's line where they start):
+    None when they parse (their statements and values are kept), else the plan's line of the
+    syntax error (found again statement by statement)."""
+    source, shift = _behind_header(first, run)
+    work.spend(len(source))
+    statements: list = []
+    built, _, errors, values = _parse_tree_locked(source, file, "start", False, statements, shift)
+    if built is None:
+        spans = [d.span.line for d in errors if d.span is not None]
+        return (spans[0] if spans else 1) + shift
+    found.add(built, errors, values, statements, shift)
+    return None
+
+
+def _parse_statement(chunk: tuple[int, str], file: str, found: _Found, work: _Work) -> None:
+    source, shift = _behind_header(*chunk)
+    statements: list = []
+    built, _, errors, values = _parse_tree_locked(source, file, "start", True, statements, shift, budget=work)
+    found.add(built, errors, values, statements, shift)
+
+
+def _statements(text: str) -> tuple[array, array, int]:
+    """The top-level statements of a text: ``(first lines, start offsets, end)``.
+
+    Each statement runs over the lines up to where its braces close (the first one runs to the
+    header line), a line ending in ``\\`` joined to the next; it starts where the one before
+    ends and the last ends at ``end`` (blank lines after it left out).  Numbers, not strings:
+    a plan of a million one-line statements is two arrays."""
     lines = text.split("\n")
     header = next((i for i, line in enumerate(lines) if _code_part(line).strip(_BLANK)), 0)
-    begin, depth = 0, 0
+    firsts, starts = array("q"), array("q")
+    begin = begin_offset = offset = depth = 0
     for i, line in enumerate(lines):
+        offset += len(line) + 1
         code = _code_part(line)
         depth = max(0, depth + _brace_depth(line))
         if i < header or depth > 0 or code.rstrip(" \t").endswith("\\") and i + 1 < len(lines):
             continue
-        yield begin + 1, "\n".join(lines[begin : i + 1]) + ("\n" if i + 1 < len(lines) else "")
-        begin = i + 1
+        firsts.append(begin + 1)
+        starts.append(begin_offset)
+        begin, begin_offset = i + 1, offset
     if begin < len(lines) and any(lines[begin:]):
-        yield begin + 1, "\n".join(lines[begin:])
+        firsts.append(begin + 1)
+        starts.append(begin_offset)
+        begin_offset = len(text)
+    return firsts, starts, min(begin_offset, len(text))
 
 
 def _shifted(diagnostic: Diagnostic, lines: int) -> Diagnostic:
@@ -374,11 +462,21 @@ def _shifted_statement(stmt, lines: int):
     return stmt if not lines else replace(stmt, span=_shift_span(stmt.span, lines))
 
 
-def _parse_tree_locked(text: str, file: str, start: str, recover: bool, statements: list | None = None, shift: int = 0):
+def _parse_tree_locked(
+    text: str,
+    file: str,
+    start: str,
+    recover: bool,
+    statements: list | None = None,
+    shift: int = 0,
+    budget: _Work | None = None,
+):
     """Parse; after a syntax error blank out its line (or block) and go on, reporting each line once.
 
     ``statements``: a list that gets the statements of the text (errors elided) instead of
-    their ``MP208`` check, which the caller makes (:func:`_errors_by_statement`).
+    their ``MP208`` check, which the caller makes (:func:`_errors_by_statement`).  ``budget``:
+    what recovery may still parse (each parse spends the text's length); when another parse
+    would spend more than is left, the errors found so far are returned.
 
     Returns ``(built items or None, comments, diagnostics, value diagnostics of the built items)``."""
     parser, sink, builder = _lark()
@@ -386,6 +484,10 @@ def _parse_tree_locked(text: str, file: str, start: str, recover: bool, statemen
     reported: set[int] = set()
     work = text
     for _ in range(MAX_ERRORS):
+        if budget is not None:
+            if budget.left < len(work) and diagnostics:  # another parse would overspend: stop here
+                return None, [], diagnostics, []
+            budget.spend(len(work))
         sink.tokens = []
         builder.file, builder.diagnostics = file, []  # a failed parse's value errors are dropped
         try:
