@@ -33,7 +33,35 @@ def main(argv: list[str] | None = None) -> int:
     # server's standard output is its protocol, left alone.
     guard = contextlib.nullcontext() if command == "lsp" else cli_output.guarded_output()
     with guard:
-        return isolate.finished(_main(argv))  # in an --isolate child: memoplan finished, nothing crashed
+        code = isolate.finished(_main(argv))  # in an --isolate child: memoplan finished, nothing crashed
+    if argv is None:  # the `memoplan` process itself (not a caller in Python): only its teardown is left
+        _ctrl_c_ends_with(code)
+    return code
+
+
+def _ctrl_c_ends_with(code: int) -> None:
+    """From now on Ctrl-C ends the process with ``code``: the command is done and its output
+    complete, so it was not interrupted (exit 130 and a traceback from torch's or Python's
+    teardown, which can take a second, would say it was).
+
+    While Python waits for threads a model may have left running, Ctrl-C exits at once; once
+    it runs its exit functions (the last stretch, torch's among them) Ctrl-C is ignored, as
+    the signal handlers Python sets are gone before its last steps."""
+    import atexit
+    import os
+    import signal
+    import threading
+
+    def done(signum, frame) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGINT, done)
+            atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)  # runs first: after threads are joined
 
 
 def _main(argv: list[str] | None) -> int:
@@ -701,11 +729,19 @@ def _write_module(args) -> int:
 
     from memoplan.api import write_module as compile_plan
 
+    if args.check and cli_output.to_stdout(args.output):
+        message = "`compile --check` compares with a file: `-o -` is standard output"
+        raise PlanError((Diagnostic("MP508", message, help="give -o the committed plan module"),))
     plan = _load(args.plan)
     check_output(args.output, *plan_inputs(plan, args.plan, args.model))
     model = _model(plan, args.plan, args.model, required=True)
     resolved = _resolve(plan, model)
     source = args.plan.as_posix()
+    if cli_output.to_stdout(args.output):  # `-o -`: the module on standard output, as plan and profile do
+        with tempfile.TemporaryDirectory() as tmp:
+            text = compile_plan(model, resolved, Path(tmp) / "plan.py", source=source).read_text(encoding="utf-8")
+        write_output(args.output, text)
+        return 0
     if not args.check:
         with writing(args.output):
             path = compile_plan(model, resolved, args.output, source=source)

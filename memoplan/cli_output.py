@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -102,7 +104,7 @@ class Output:
                 "exit_code": code,
                 "files": [_file_json(f) for f in self.files],
             }
-            print(json.dumps(document, indent=2, ensure_ascii=False))
+            print(json.dumps(json_safe(document), indent=2, ensure_ascii=False, allow_nan=False))
         elif self.format == "github":
             out = unguarded(sys.stdout)  # the one place a line starts with `::`, memoplan's own
             for result in self.files:
@@ -117,6 +119,27 @@ class Output:
 
 
 OUTPUT = Output()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with nothing that would make its JSON text invalid or not UTF-8.
+
+    A file name with bytes that are not UTF-8 (``0xff``) reaches Python as lone surrogates,
+    which would be written to stdout as those raw bytes: they become the escape the text
+    format prints (``\\udcff``, as ``printable`` writes it).  A float that is not finite
+    (JSON has no NaN or Infinity) becomes ``null``; the options refuse them first."""
+    if isinstance(value, str):
+        return _SURROGATE.sub(lambda m: printable(m.group()), value) if _SURROGATE.search(value) else value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {json_safe(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def configure(args: Any) -> Output:

@@ -7,13 +7,14 @@ module says what every command accepts and ``memoplan.cli`` what each one does.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from memoplan import cli_output, deprecations, isolate
 from memoplan.cli_output import add_common_options
-from memoplan.diagnostics import did_you_mean
+from memoplan.diagnostics import did_you_mean, printable
 from memoplan.version import __version__
 
 Runner = Callable[[argparse.Namespace], int]
@@ -30,6 +31,11 @@ class Parser(argparse.ArgumentParser):
             if hint is None:
                 raise
             raise argparse.ArgumentError(action, f"{error.message}; {hint}") from None
+
+    def error(self, message: str):  # type: ignore[override]  # NoReturn, as argparse's
+        """A usage error, with what the user typed escaped: ``unrecognized arguments: --x\\x1b[2J``,
+        never the raw escape (subcommands' parsers are of this class too)."""
+        super().error("\n".join(printable(line) for line in message.split("\n")))
 
 
 # `--help` lists a command's options in these groups, in this order: the basics first.  An option
@@ -213,7 +219,7 @@ def _verify(sub: Any, run: Runner) -> None:
     )
     verify.add_argument(
         "--rtol",
-        type=float,
+        type=nonnegative_float,
         help="tolerance per tensor, relative to the largest unplanned magnitude of its category "
         "(default 0: bit for bit; 5e-5 for plans with temporal chunks)",
     )
@@ -227,6 +233,7 @@ def _verify(sub: Any, run: Runner) -> None:
         "--compile",
         nargs="?",
         const="inductor",
+        type=compile_backend,
         metavar="BACKEND",
         help="run both steps under torch.compile (default backend inductor; aot_eager needs no C++ compiler) "
         "and print the graphs, ops and graph breaks of each next to the peaks",
@@ -383,6 +390,27 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def nonnegative_float(text: str) -> float:
+    """A float option's value: a finite number, at least 0 (``nan``, ``inf`` and ``-1`` are usage errors)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: `{printable(text)}`") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number, at least 0, got `{printable(text)}`")
+    return value
+
+
+def compile_backend(text: str) -> str:
+    """``--compile BACKEND``: a backend torch.compile has (imports torch, only when the option is given)."""
+    from memoplan.graphs import backend_problem
+
+    problem = backend_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def model_options(parser: argparse.ArgumentParser, example: bool = True) -> None:

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["Capture", "CountingBackend", "count_ops", "first_line"]
+from memoplan.diagnostics import printable
+
+__all__ = ["Capture", "CountingBackend", "backend_problem", "count_ops", "first_line"]
 
 _OPS = ("call_function", "call_method", "call_module")
 
@@ -74,6 +76,19 @@ def first_line(reason: str) -> str:
     return lines[0] if lines else str(reason)
 
 
+def backend_problem(name: str) -> str | None:
+    """Why ``torch.compile`` has no backend ``name`` (with the names it has), or None when it has one."""
+    from torch._dynamo import list_backends
+    from torch._dynamo.backends.registry import lookup_backend
+
+    try:
+        lookup_backend(name)
+    except Exception:  # torch's InvalidBackend, or an entry point that fails to load
+        known = sorted(list_backends(exclude_tags=()))
+        return f"torch.compile has no backend `{printable(name)}` (it has: {', '.join(known)})"
+    return None
+
+
 class CountingBackend:
     """A ``torch.compile`` backend that counts graphs, ops and breaks, then runs ``inner``'s compiled graph.
 
@@ -82,6 +97,8 @@ class CountingBackend:
 
     def __init__(self, inner: str | Callable[..., Any] = "aot_eager") -> None:
         self.inner = inner
+        # What torch.compile's errors call this backend (``backend='inductor' raised``): the inner one's name.
+        self.__name__ = inner if isinstance(inner, str) else getattr(inner, "__name__", type(inner).__name__)
         self.capture = Capture()
         self._before: Counter[str] = Counter()
 

@@ -18,7 +18,7 @@ import enum
 import sys
 from dataclasses import dataclass
 
-from memoplan.diagnostics import Severity, did_you_mean
+from memoplan.diagnostics import Severity, did_you_mean, printable
 
 
 class Stage(enum.Enum):
@@ -268,7 +268,7 @@ def print_rule(code: str | None) -> int:
     key = code.strip().upper()
     if key not in RULES:
         hint = did_you_mean(key, RULES) or "`memoplan rule` lists every code"
-        print(f"error: no diagnostic code `{code}`; {hint}", file=sys.stderr)
+        print(f"error: no diagnostic code `{printable(code)}`; {hint}", file=sys.stderr)  # echoed: escaped
         return 2
     print(RULES[key].explain())
     return 0

@@ -327,7 +327,7 @@ def _verify_smaller(
         smaller, (before, after) = shrinking(example, both)
     else:
         smaller = smaller.to(where)
-        with out_of_memory_as("unplanned"):
+        with out_of_memory_as("unplanned"), _compare_example_failures():
             before, after = both(smaller)
     checks = _checks(before, after, rtol)
     return VerifyReport(
@@ -392,7 +392,7 @@ def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend:
             counting = CountingBackend(backend)
             compiled = torch.compile(copied, backend=counting)
             with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
-                with counting:
+                with counting, _backend_failures(backend):
                     training_step(compiled, example.args, example.kwargs, loss_fn)  # compiles
                 captures.append(copy.copy(counting.capture))
             runs.append(compiled)
@@ -415,6 +415,44 @@ def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend:
         backend=backend,
         captures=(captures[0], captures[1]),
     )
+
+
+@contextlib.contextmanager
+def _compare_example_failures() -> Iterator[None]:
+    """MP504 that names the compare example when the steps on it raise: the full-size example ran."""
+    from memoplan.planner.shrink import is_out_of_memory
+    from memoplan.specs import describe_exception
+
+    try:
+        yield
+    except (PlanError, StepOutOfMemory, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise
+        message = describe_exception(exc).split("\n", 1)[0]
+        help_ = (
+            "the planned step ran on the full example: check that the compare example fits the model as "
+            "it does (`--compare-example`, `compare_example=`), or leave it out to halve the example's batch"
+        )
+        raise PlanError(
+            (Diagnostic("MP504", f"one training step on the compare example raised {message}", help=help_),)
+        ) from None
+
+
+@contextlib.contextmanager
+def _backend_failures(backend: str) -> Iterator[None]:
+    """MP504 naming the backend and what it raised (torch's own message stops at ``raised:``)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    try:
+        yield
+    except BackendCompilerFailed as exc:
+        inner = exc.inner_exception
+        reason = (str(inner).strip().splitlines() or [""])[0]
+        message = f"torch.compile's backend `{backend}` raised {type(inner).__name__}: {reason}".rstrip(": ")
+        help_ = "the backend failed, not the plan: try `--compile aot_eager` (no C++ compiler needed), or leave out --compile"
+        raise PlanError((Diagnostic("MP504", message, help=help_),)) from None
 
 
 def _timed(run: nn.Module, example: Example, loss_fn, where: torch.device) -> float:

@@ -29,7 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest, JsonRpcMethodNotFound
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.json_rpc import RPCRequest
 from pygls.uris import to_fs_path
 
 from memoplan.diagnostics import Diagnostic, Severity
@@ -68,11 +71,53 @@ _KINDS = {
 }
 
 
+class _Answered:
+    """A request already answered with an error (its params could not be read): nothing more to do."""
+
+    jsonrpc = None
+
+
+class PlanProtocol(LanguageServerProtocol):
+    """pygls's protocol, with an answer to every request.
+
+    pygls drops a request whose params do not fit the method's type (a hover without a position)
+    and every request after ``shutdown``, so the editor waits for an answer that never comes.
+    Here the first gets ``InvalidParams`` (or ``InternalError``) and the second ``InvalidRequest``,
+    as the protocol says; notifications still get nothing."""
+
+    def structure_message(self, data):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as error:
+            if not (isinstance(data, dict) and "id" in data and "method" in data):
+                raise  # a notification or a response: there is no one to answer
+            method = str(data["method"])
+            if self._shutdown and method != lsp.EXIT:
+                error = _shut_down(method)
+            elif self.get_message_type(method) is None and method not in self.fm.features:
+                error = JsonRpcMethodNotFound.of(method)
+            self._send_response(data["id"], None, error.to_response_error())
+            return _Answered()
+
+    def handle_message(self, message):
+        if isinstance(message, _Answered):
+            return None
+        if self._shutdown and isinstance(message, RPCRequest) and message.method != lsp.EXIT:
+            error = _shut_down(message.method)
+            self._send_response(message.id, None, error.to_response_error())
+            return None
+        return super().handle_message(message)
+
+
+def _shut_down(method: str) -> JsonRpcException:
+    return JsonRpcInvalidRequest(message=f"the server is shut down: `{method}` is not answered")
+
+
 class PlanServer(LanguageServer):
     """The documents' last checks, the model process and its last answers."""
 
     def __init__(self) -> None:
-        super().__init__("memoplan", __version__)
+        super().__init__("memoplan", __version__, protocol_cls=PlanProtocol)
         self.load_model = False
         self.model_timeout = 120.0
         self.worker: ModelWorker | None = None
@@ -272,7 +317,10 @@ class PlanServer(LanguageServer):
         return text, lines_of(text)
 
     def too_large(self, uri: str) -> bool:
-        """A document over MAX_DOCUMENT: hover, completion and formatting leave it alone."""
+        """A document over MAX_DOCUMENT, or one the editor has not opened: hover, completion and
+        formatting leave it alone (an unopened one is not read from disk: it may be anything)."""
+        if uri not in self.open_documents:
+            return True
         return len(self.workspace.get_text_document(uri).source) > MAX_DOCUMENT
 
 

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from memoplan.diagnostics import printable
 from memoplan.syntax import ast
 
 __all__ = [
@@ -49,7 +50,8 @@ def _share(value, what: str) -> Fraction:
     """``value`` as an exact fraction in (0, 1], or ValueError naming ``what`` it is."""
     exact = _exact_fraction(value)
     if not 0 < exact <= 1:
-        raise ValueError(f"{what} is in (0, 1], got {value!r}")
+        shown = f"{float(value):g}" if isinstance(value, Fraction) else repr(value)  # not `Fraction(-1, 1)`
+        raise ValueError(f"{what} is in (0, 1], got {shown}")
     return exact
 
 
@@ -221,9 +223,11 @@ def parse_coverage(text: str) -> Coverage:
             return Coverage.of_modules(int(word))
         return Coverage(_exact_fraction(float(word)))
     except (TypeError, ValueError) as exc:
+        reason = {"in (0, 1]": ": a share is in (0, 1]", ">= 1": ": a count is at least 1"}
+        reason_ = next((why for key, why in reason.items() if key in str(exc)), "")
         raise ValueError(
-            f"--coverage takes a share of the candidates (`60%`, `0.6`) or a count (`5`), got {text!r}"
-            + (f": {exc}" if "in (0, 1]" in str(exc) or ">= 1" in str(exc) else "")
+            f"--coverage takes a share of the candidates (`60%`, `0.6`) or a count (`5`), got `{printable(text)}`"
+            + reason_
         ) from None
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memoplan.cli_parser import nonnegative_float
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.report import data, page
 from memoplan.targets import replace_file
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--budgets",
-        type=float,
+        type=nonnegative_float,
         nargs="+",
         metavar="F",
         help=f"budgets of the sweep, shares of the unplanned peak (default {' '.join(map(str, DEFAULT_BUDGETS))})",
