@@ -88,9 +88,10 @@ class PlanProtocol(LanguageServerProtocol):
     def structure_message(self, data):
         try:
             return super().structure_message(data)
-        except JsonRpcException as error:
+        except JsonRpcException as exc:
             if not (isinstance(data, dict) and "id" in data and "method" in data):
                 raise  # a notification or a response: there is no one to answer
+            error: JsonRpcException = exc
             method = str(data["method"])
             if self._shutdown and method != lsp.EXIT:
                 error = _shut_down(method)

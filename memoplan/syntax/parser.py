@@ -301,7 +301,7 @@ def _parse_tree(text: str, file: str, start: str, recover: bool = True):
             return built, comments, diagnostics + values
         built, comments, diagnostics, values = _parse_tree_locked(text, file, start, False)
         if built is None:  # a syntax error: find every error statement by statement
-            return None, [], _errors_by_statement(text, file)
+            return None, [], _errors_by_statement(text, file, first=diagnostics)
         return built, comments, diagnostics + values
 
 
@@ -346,7 +346,9 @@ class _Found:
         self.statements.extend((stmt, shift) for stmt in found if stmt is not None)
 
 
-def _errors_by_statement(text: str, file: str, work: _Work | None = None) -> list[Diagnostic]:
+def _errors_by_statement(
+    text: str, file: str, work: _Work | None = None, first: list[Diagnostic] | None = None
+) -> list[Diagnostic]:
     """Every error of a plan that has a syntax error, in time linear in its length.
 
     The text is cut into top-level statements (:func:`_statements`).  Runs of whole statements
@@ -356,7 +358,8 @@ def _errors_by_statement(text: str, file: str, work: _Work | None = None) -> lis
     parse of its own statement and of a run, not of the whole plan, and a plan of many small
     statements is not one parse per statement.  Each statement's values are checked as before;
     positions are those of the whole text; a statement given twice across statements is found
-    at the end (``MP208``).  ``work`` bounds what is parsed in all (:class:`_Work`).
+    at the end (``MP208``).  ``work`` bounds what is parsed in all (:class:`_Work`); ``first``:
+    the error a parse of the whole text found, reported if the bound stops recovery before it.
     """
     work = work or _Work(text)
     found = _Found()
@@ -371,18 +374,19 @@ def _errors_by_statement(text: str, file: str, work: _Work | None = None) -> lis
         j = i + 1
         while j < min(bad, count) and (starts[j + 1] if j + 1 < count else end) - starts[i] <= RECOVERY_BATCH:
             j += 1
-        if j - i > 1:
-            error_line = _parse_run(firsts[i], text[starts[i] : starts[j] if j < count else end], file, found, work)
-            if error_line is None:
-                i = j
-                continue
-            bad = max(i, min(bisect.bisect_right(firsts, error_line, i, j) - 1, j - 1))
-            if bad > i:
-                continue  # the statements before the error's, as a run; then that one alone
-        _parse_statement(chunk(i), file, found, work)
+        error_line = _parse_run(firsts[i], text[starts[i] : starts[j] if j < count else end], file, found, work)
+        if error_line is None:
+            i = j
+            continue
+        bad = max(i, min(bisect.bisect_right(firsts, error_line, i, j) - 1, j - 1))
+        if bad > i:
+            continue  # the pieces before the error's, as a run; then that one statement by statement
+        _recover_piece(*chunk(i), file, found, work, error_line)
         i += 1
         bad = count if i > bad else bad
     _check_unique([_shifted_statement(stmt, shift) for stmt, shift in found.statements], found.diagnostics)
+    if not found.syntax_errors and first:  # the bound ran out before the first error's statement
+        found.diagnostics[:0] = first
     return found.diagnostics
 
 
@@ -407,6 +411,29 @@ def _parse_run(first: int, run: str, file: str, found: _Found, work: _Work) -> i
     return None
 
 
+def _recover_piece(first: int, piece: str, file: str, found: _Found, work: _Work, error_line: int) -> None:
+    """A piece with a syntax error on the plan's line ``error_line``, statement by statement: the
+    statements before the error's as one run, the error's on its own (with recovery), then the
+    rest of the piece again as a run, and so on; so an error costs a parse of its own statement
+    and of at most two runs, and the statements around it are checked as if it were not there."""
+    firsts, starts, end = _statements(piece, chunk=1)
+
+    def text(k: int, stop: int) -> str:
+        return piece[starts[k] : starts[stop] if stop < len(firsts) else end]
+
+    k = 0
+    while k < len(firsts) and found.syntax_errors < MAX_ERRORS and work.left > 0:
+        if error_line == 0:
+            error_line = _parse_run(first + firsts[k] - 1, text(k, len(firsts)), file, found, work) or -1
+        if error_line < 0:
+            return  # the rest of the piece parses
+        bad = max(k, bisect.bisect_right(firsts, error_line - first + 1) - 1)
+        if bad > k and _parse_run(first + firsts[k] - 1, text(k, bad), file, found, work) is not None:
+            bad = k  # not the statement of the run's error after all: this one on its own
+        _parse_statement((first + firsts[bad] - 1, text(bad, bad + 1)), file, found, work)
+        k, error_line = bad + 1, 0
+
+
 def _parse_statement(chunk: tuple[int, str], file: str, found: _Found, work: _Work) -> None:
     source, shift = _behind_header(*chunk)
     statements: list = []
@@ -414,31 +441,78 @@ def _parse_statement(chunk: tuple[int, str], file: str, found: _Found, work: _Wo
     found.add(built, errors, values, statements, shift)
 
 
-def _statements(text: str) -> tuple[array, array, int]:
-    """The top-level statements of a text: ``(first lines, start offsets, end)``.
+STATEMENT_CHUNK = 1_024  # characters: whole statements are grouped up to this before a piece ends
+_CODE_LINE = re.compile(r"^[ \t\f;]*[^ \t\f;#\n]", re.M)  # a line with code (not blank, `;` or a comment)
+_SPECIAL_LINE = re.compile(r'^[^\n{}"#\\]*[{}"#\\][^\n]*', re.M)  # a line with a brace, quote, `#` or `\\`
 
-    Each statement runs over the lines up to where its braces close (the first one runs to the
-    header line), a line ending in ``\\`` joined to the next; it starts where the one before
-    ends and the last ends at ``end`` (blank lines after it left out).  Numbers, not strings:
-    a plan of a million one-line statements is two arrays."""
-    lines = text.split("\n")
-    header = next((i for i, line in enumerate(lines) if _code_part(line).strip(_BLANK)), 0)
-    firsts, starts = array("q"), array("q")
-    begin = begin_offset = offset = depth = 0
-    for i, line in enumerate(lines):
-        offset += len(line) + 1
+
+def _statements(text: str, chunk: int | None = None) -> tuple[array, array, int]:
+    """The text cut into pieces of whole top-level statements: ``(first lines, start offsets, end)``.
+
+    A statement runs over the lines up to where its braces close (the first piece runs to the
+    header line), a line ending in ``\\`` joined to the next.  A piece ends at the end of the
+    first statement that makes it ``chunk`` (:data:`STATEMENT_CHUNK`) characters or more, so a
+    plan of a million one-line statements is a thousand pieces (``chunk=1``: one a statement).
+    Each piece starts where the one before ends; the last ends at ``end``.  Only lines with a
+    brace, a quote, a comment or a backslash are looked at one by one: the lines between them
+    change no depth, and their ends are found with ``str.find``."""
+    header = _CODE_LINE.search(text)
+    cut = _Cuts(text, text.find("\n", header.start()) if header else len(text), chunk or STATEMENT_CHUNK)
+    position = 0
+    for special in _SPECIAL_LINE.finditer(text):
+        cut.plain(position, special.start())
+        line = special.group()
         code = _code_part(line)
-        depth = max(0, depth + _brace_depth(line))
-        if i < header or depth > 0 or code.rstrip(" \t").endswith("\\") and i + 1 < len(lines):
-            continue
-        firsts.append(begin + 1)
-        starts.append(begin_offset)
-        begin, begin_offset = i + 1, offset
-    if begin < len(lines) and any(lines[begin:]):
-        firsts.append(begin + 1)
-        starts.append(begin_offset)
-        begin_offset = len(text)
-    return firsts, starts, min(begin_offset, len(text))
+        cut.depth = max(0, cut.depth + _brace_depth(line))
+        joined = code.rstrip(" \t").endswith("\\") and special.end() < len(text)
+        cut.line_end(special.end(), joined)
+        position = special.end() + 1
+    cut.plain(position, len(text) + 1)
+    if cut.begin < len(text):
+        cut.firsts.append(cut.begin_line)
+        cut.starts.append(cut.begin)
+    return cut.firsts, cut.starts, len(text)
+
+
+class _Cuts:
+    """Where :func:`_statements` cuts: the pieces so far, where the current one begins, the brace depth."""
+
+    def __init__(self, text: str, header_end: int, chunk: int) -> None:
+        self.text, self.header_end, self.chunk = text, header_end, chunk
+        self.firsts, self.starts = array("q"), array("q")
+        self.begin, self.begin_line, self.depth = 0, 1, 0
+        self.lines_before = 0  # line breaks before ``self.counted``
+        self.counted = 0
+
+    def line_end(self, end: int, joined: bool = False) -> None:
+        """The line ending at offset ``end`` (its ``\\n``, or the end of the text) ends a statement unless
+        it is inside a block, before the header's end or joined to the next; cut there if the piece is large."""
+        if self.depth > 0 or joined or end < self.header_end or end + 1 - self.begin < self.chunk:
+            return
+        self._cut(min(end + 1, len(self.text)))
+
+    def plain(self, start: int, stop: int) -> None:
+        """The lines from offset ``start`` up to ``stop`` (the start of the next line looked at, or past
+        the end): none opens, closes or joins anything, so each ends a statement outside a block."""
+        if self.depth > 0 or start >= stop:
+            return
+        while True:
+            after = max(self.begin + self.chunk - 1, start, self.header_end)
+            end = self.text.find("\n", after, stop)
+            if end < 0:
+                if stop > len(self.text) and len(self.text) >= after:  # the last line, without a line break
+                    self.line_end(len(self.text))
+                return
+            self._cut(end + 1)
+
+    def _cut(self, offset: int) -> None:
+        if offset <= self.begin:
+            return  # the empty line after the last line break: no piece
+        self.firsts.append(self.begin_line)
+        self.starts.append(self.begin)
+        self.lines_before += self.text.count("\n", self.counted, offset)
+        self.counted = offset
+        self.begin, self.begin_line = offset, self.lines_before + 1
 
 
 def _shifted(diagnostic: Diagnostic, lines: int) -> Diagnostic:

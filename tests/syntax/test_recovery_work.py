@@ -76,6 +76,30 @@ def test_the_language_server_parses_with_the_same_bound(parsed) -> None:
     assert len(parsed) <= 6 + 2 * len(text) // parser.RECOVERY_BATCH
 
 
-def test_statements_are_numbers_not_strings() -> None:
-    firsts, starts, end = parser._statements("memplan 1\nmodule a {\n  checkpoint\n}\n\nbudget 1 GiB \\\n 2\n")
-    assert list(firsts) == [1, 2, 5, 6, 8] and list(starts) == [0, 10, 36, 37, 55] and end == 55
+def test_statements_are_cut_into_pieces_of_whole_statements() -> None:
+    text = "memplan 1\nmodule a {\n  checkpoint\n}\n\nbudget 1 GiB \\\n 2\n"
+    firsts, starts, end = parser._statements(text, chunk=1)  # one statement a piece
+    assert (list(firsts), list(starts), end) == ([1, 2, 5, 6], [0, 10, 36, 37], 55)
+    firsts, starts, end = parser._statements(text)
+    assert (list(firsts), list(starts), end) == ([1], [0], 55)
+    many = "memplan 1\n" + "budget 1 GiB\n" * 10_000
+    firsts, starts, end = parser._statements(many)
+    assert len(firsts) == len(many) // parser.STATEMENT_CHUNK + 1  # not one a line
+    assert all(many[start - 1] == "\n" for start in starts[1:]) and end == len(many)
+    assert [many.count("\n", 0, start) + 1 for start in starts] == list(firsts)
+
+
+def test_a_plan_of_blank_lines_is_not_a_gigabyte() -> None:
+    """The newline terminal was a repeated group: Python's regex engine kept ~250 bytes a blank line."""
+    import tracemalloc
+
+    text = "memplan 1\n" + "\n" * 200_000 + "modle x\n"
+    parser.parse_with_diagnostics("memplan 1\n")
+    tracemalloc.start()
+    try:
+        _, diagnostics = parser.parse_with_diagnostics(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [d.code for d in diagnostics] == ["MP101"]
+    assert peak < 20 * len(text), peak  # was about 250 bytes a line: 50 MB here
