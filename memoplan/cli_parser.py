@@ -7,13 +7,12 @@ module says what every command accepts and ``memoplan.cli`` what each one does.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from memoplan import cli_output, deprecations, isolate
-from memoplan.cli_output import add_common_options
+from memoplan.cli_output import add_common_options, nonnegative_float
 from memoplan.diagnostics import did_you_mean, printable
 from memoplan.version import __version__
 
@@ -389,17 +388,6 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    """A float option's value: a finite number, at least 0 (``nan``, ``inf`` and ``-1`` are usage errors)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: `{printable(text)}`") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number, at least 0, got `{printable(text)}`")
     return value
 
 

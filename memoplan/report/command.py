@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memoplan.cli_parser import nonnegative_float
+from memoplan.cli_output import nonnegative_float
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.report import data, page
 from memoplan.targets import replace_file

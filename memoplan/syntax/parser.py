@@ -17,7 +17,6 @@ import os
 import re
 import stat
 import threading
-from array import array
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -31,6 +30,7 @@ from memoplan._resources import grammar_text
 from memoplan.diagnostics import Diagnostic, PlanError, Span, did_you_mean
 from memoplan.syntax import ast, inline
 from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES, Builder, unit_help
+from memoplan.syntax.pieces import brace_depth, code_part, statement_pieces
 
 MAX_ERRORS = 50
 
@@ -271,7 +271,7 @@ def parse_example_spec(text: str, file: str = "<example>") -> ast.ExampleStmt:
 
 def _missing_header(text: str, file: str) -> Diagnostic | None:
     for number, line in enumerate(text.split("\n"), 1):
-        code = _code_part(line).strip(_BLANK)
+        code = code_part(line).strip(_BLANK)
         if not code:
             continue
         if re.match(r"memplan(?!\w)", code):
@@ -351,19 +351,21 @@ def _errors_by_statement(
 ) -> list[Diagnostic]:
     """Every error of a plan that has a syntax error, in time linear in its length.
 
-    The text is cut into top-level statements (:func:`_statements`).  Runs of whole statements
-    of up to :data:`RECOVERY_BATCH` characters are parsed together behind a `memplan 1` header;
-    a run with a syntax error is parsed again up to the statement of the error, and that
-    statement on its own with the recovery of :func:`_parse_tree_locked`, so an error costs a
-    parse of its own statement and of a run, not of the whole plan, and a plan of many small
-    statements is not one parse per statement.  Each statement's values are checked as before;
-    positions are those of the whole text; a statement given twice across statements is found
+    The text is cut into pieces of whole top-level statements of about 1 KiB
+    (:func:`memoplan.syntax.pieces.statement_pieces`); runs of pieces up to
+    :data:`RECOVERY_BATCH` characters are parsed together behind a `memplan 1` header.  A run
+    with a syntax error is parsed again up to the piece of the error, and that piece statement
+    by statement (:func:`_recover_piece`), each with the recovery of :func:`_parse_tree_locked`:
+    an error costs a parse of its own statement and of a few runs, not of the whole plan, and a
+    plan of many small statements is not one parse per statement.  Each statement's values are
+    checked as before; positions are those of the whole text; a statement given twice across
+    statements is found
     at the end (``MP208``).  ``work`` bounds what is parsed in all (:class:`_Work`); ``first``:
     the error a parse of the whole text found, reported if the bound stops recovery before it.
     """
     work = work or _Work(text)
     found = _Found()
-    firsts, starts, end = _statements(text)
+    firsts, starts, end = statement_pieces(text)
     count = len(firsts)
 
     def chunk(k: int) -> tuple[int, str]:
@@ -416,7 +418,7 @@ def _recover_piece(first: int, piece: str, file: str, found: _Found, work: _Work
     statements before the error's as one run, the error's on its own (with recovery), then the
     rest of the piece again as a run, and so on; so an error costs a parse of its own statement
     and of at most two runs, and the statements around it are checked as if it were not there."""
-    firsts, starts, end = _statements(piece, chunk=1)
+    firsts, starts, end = statement_pieces(piece, chunk=1)
 
     def text(k: int, stop: int) -> str:
         return piece[starts[k] : starts[stop] if stop < len(firsts) else end]
@@ -439,80 +441,6 @@ def _parse_statement(chunk: tuple[int, str], file: str, found: _Found, work: _Wo
     statements: list = []
     built, _, errors, values = _parse_tree_locked(source, file, "start", True, statements, shift, budget=work)
     found.add(built, errors, values, statements, shift)
-
-
-STATEMENT_CHUNK = 1_024  # characters: whole statements are grouped up to this before a piece ends
-_CODE_LINE = re.compile(r"^[ \t\f;]*[^ \t\f;#\n]", re.M)  # a line with code (not blank, `;` or a comment)
-_SPECIAL_LINE = re.compile(r'^[^\n{}"#\\]*[{}"#\\][^\n]*', re.M)  # a line with a brace, quote, `#` or `\\`
-
-
-def _statements(text: str, chunk: int | None = None) -> tuple[array, array, int]:
-    """The text cut into pieces of whole top-level statements: ``(first lines, start offsets, end)``.
-
-    A statement runs over the lines up to where its braces close (the first piece runs to the
-    header line), a line ending in ``\\`` joined to the next.  A piece ends at the end of the
-    first statement that makes it ``chunk`` (:data:`STATEMENT_CHUNK`) characters or more, so a
-    plan of a million one-line statements is a thousand pieces (``chunk=1``: one a statement).
-    Each piece starts where the one before ends; the last ends at ``end``.  Only lines with a
-    brace, a quote, a comment or a backslash are looked at one by one: the lines between them
-    change no depth, and their ends are found with ``str.find``."""
-    header = _CODE_LINE.search(text)
-    cut = _Cuts(text, text.find("\n", header.start()) if header else len(text), chunk or STATEMENT_CHUNK)
-    position = 0
-    for special in _SPECIAL_LINE.finditer(text):
-        cut.plain(position, special.start())
-        line = special.group()
-        code = _code_part(line)
-        cut.depth = max(0, cut.depth + _brace_depth(line))
-        joined = code.rstrip(" \t").endswith("\\") and special.end() < len(text)
-        cut.line_end(special.end(), joined)
-        position = special.end() + 1
-    cut.plain(position, len(text) + 1)
-    if cut.begin < len(text):
-        cut.firsts.append(cut.begin_line)
-        cut.starts.append(cut.begin)
-    return cut.firsts, cut.starts, len(text)
-
-
-class _Cuts:
-    """Where :func:`_statements` cuts: the pieces so far, where the current one begins, the brace depth."""
-
-    def __init__(self, text: str, header_end: int, chunk: int) -> None:
-        self.text, self.header_end, self.chunk = text, header_end, chunk
-        self.firsts, self.starts = array("q"), array("q")
-        self.begin, self.begin_line, self.depth = 0, 1, 0
-        self.lines_before = 0  # line breaks before ``self.counted``
-        self.counted = 0
-
-    def line_end(self, end: int, joined: bool = False) -> None:
-        """The line ending at offset ``end`` (its ``\\n``, or the end of the text) ends a statement unless
-        it is inside a block, before the header's end or joined to the next; cut there if the piece is large."""
-        if self.depth > 0 or joined or end < self.header_end or end + 1 - self.begin < self.chunk:
-            return
-        self._cut(min(end + 1, len(self.text)))
-
-    def plain(self, start: int, stop: int) -> None:
-        """The lines from offset ``start`` up to ``stop`` (the start of the next line looked at, or past
-        the end): none opens, closes or joins anything, so each ends a statement outside a block."""
-        if self.depth > 0 or start >= stop:
-            return
-        while True:
-            after = max(self.begin + self.chunk - 1, start, self.header_end)
-            end = self.text.find("\n", after, stop)
-            if end < 0:
-                if stop > len(self.text) and len(self.text) >= after:  # the last line, without a line break
-                    self.line_end(len(self.text))
-                return
-            self._cut(end + 1)
-
-    def _cut(self, offset: int) -> None:
-        if offset <= self.begin:
-            return  # the empty line after the last line break: no piece
-        self.firsts.append(self.begin_line)
-        self.starts.append(self.begin)
-        self.lines_before += self.text.count("\n", self.counted, offset)
-        self.counted = offset
-        self.begin, self.begin_line = offset, self.lines_before + 1
 
 
 def _shifted(diagnostic: Diagnostic, lines: int) -> Diagnostic:
@@ -627,54 +555,31 @@ def _elide(text: str, error: UnexpectedInput, again: bool = False) -> str | None
         for i in range(opened - 1, error.line - 1):
             lines[i] = " " * len(lines[i])
         return "\n".join(lines)
-    header = next((i for i, line in enumerate(lines) if _code_part(line).strip(_BLANK)), -1)
+    header = next((i for i, line in enumerate(lines) if code_part(line).strip(_BLANK)), -1)
     if index == header:
         if again:
             return None
         lines[index] = "memplan 1".ljust(len(lines[index]))
         return "\n".join(lines)
-    depth = _brace_depth(lines[index])
+    depth = brace_depth(lines[index])
     if again:
         lines[index] = " " * len(lines[index])
         return "\n".join(lines)
     if depth < 0:
         # Keep the braces that close an enclosing block; a line of braces only goes entirely.
-        code = _code_part(lines[index])
+        code = code_part(lines[index])
         only_braces = not code.replace("}", "").strip()
         lines[index] = " " * len(lines[index]) if only_braces else re.sub(r"[^}]", " ", code).ljust(len(lines[index]))
         return "\n".join(lines)
     last = index
     while depth > 0 and last + 1 < len(lines):
         last += 1
-        depth += _brace_depth(lines[last])
+        depth += brace_depth(lines[last])
     if depth > 0:
         return None
     for i in range(index, last + 1):
         lines[i] = " " * len(lines[i])
     return "\n".join(lines)
-
-
-def _code_part(line: str) -> str:
-    """The line without its comment (a `#` outside a string)."""
-    in_string = escaped = False
-    for i, ch in enumerate(line):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch == "#":
-            return line[:i]
-    return line
-
-
-def _brace_depth(line: str) -> int:
-    code = re.sub(r'"([^"\\]|\\.)*"', "", _code_part(line))
-    return code.count("{") - code.count("}")
 
 
 def _diagnose(error: UnexpectedInput, text: str, file: str, shift: int = 0) -> Diagnostic:
@@ -774,7 +679,7 @@ def _open_before_statement(error: UnexpectedInput, text: str) -> tuple[int, int,
 def _unclosed_block(text: str) -> int | None:
     stack: list[int] = []
     for number, line in enumerate(text.split("\n"), 1):
-        code = re.sub(r'"([^"\\]|\\.)*"', "", _code_part(line))
+        code = re.sub(r'"([^"\\]|\\.)*"', "", code_part(line))
         for ch in code:
             if ch == "{":
                 stack.append(number)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from memoplan.lsp.analysis import parse_text
-from memoplan.syntax import parser
+from memoplan.syntax import parser, pieces
 
 
 @pytest.fixture
@@ -78,13 +78,13 @@ def test_the_language_server_parses_with_the_same_bound(parsed) -> None:
 
 def test_statements_are_cut_into_pieces_of_whole_statements() -> None:
     text = "memplan 1\nmodule a {\n  checkpoint\n}\n\nbudget 1 GiB \\\n 2\n"
-    firsts, starts, end = parser._statements(text, chunk=1)  # one statement a piece
+    firsts, starts, end = pieces.statement_pieces(text, chunk=1)  # one statement a piece
     assert (list(firsts), list(starts), end) == ([1, 2, 5, 6], [0, 10, 36, 37], 55)
-    firsts, starts, end = parser._statements(text)
+    firsts, starts, end = pieces.statement_pieces(text)
     assert (list(firsts), list(starts), end) == ([1], [0], 55)
     many = "memplan 1\n" + "budget 1 GiB\n" * 10_000
-    firsts, starts, end = parser._statements(many)
-    assert len(firsts) == len(many) // parser.STATEMENT_CHUNK + 1  # not one a line
+    firsts, starts, end = pieces.statement_pieces(many)
+    assert len(firsts) == len(many) // pieces.STATEMENT_CHUNK + 1  # not one a line
     assert all(many[start - 1] == "\n" for start in starts[1:]) and end == len(many)
     assert [many.count("\n", 0, start) + 1 for start in starts] == list(firsts)
 
