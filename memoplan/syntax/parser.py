@@ -371,8 +371,14 @@ def _errors_by_statement(
     def chunk(k: int) -> tuple[int, str]:
         return firsts[k], text[starts[k] : starts[k + 1] if k + 1 < count else end]
 
-    i, bad = 0, count  # chunk `bad`: the statement of the last run's error
+    # Piece `bad` holds the plan's line `bad_line` where a parse (of the whole plan, at first) failed.
+    bad_line = first[0].span.line if first and first[0].span is not None else 0
+    i, bad = 0, max(0, bisect.bisect_right(firsts, bad_line) - 1) if bad_line else count
     while i < count and found.syntax_errors < MAX_ERRORS and work.left > 0:
+        if i == bad:  # the error's piece: statement by statement, without parsing it first
+            _recover_piece(*chunk(i), file, found, work, bad_line)
+            i, bad, bad_line = i + 1, count, 0
+            continue
         j = i + 1
         while j < min(bad, count) and (starts[j + 1] if j + 1 < count else end) - starts[i] <= RECOVERY_BATCH:
             j += 1
@@ -380,12 +386,7 @@ def _errors_by_statement(
         if error_line is None:
             i = j
             continue
-        bad = max(i, min(bisect.bisect_right(firsts, error_line, i, j) - 1, j - 1))
-        if bad > i:
-            continue  # the pieces before the error's, as a run; then that one statement by statement
-        _recover_piece(*chunk(i), file, found, work, error_line)
-        i += 1
-        bad = count if i > bad else bad
+        bad_line, bad = error_line, max(i, min(bisect.bisect_right(firsts, error_line, i, j) - 1, j - 1))
     _check_unique([_shifted_statement(stmt, shift) for stmt, shift in found.statements], found.diagnostics)
     if not found.syntax_errors and first:  # the bound ran out before the first error's statement
         found.diagnostics[:0] = first
