@@ -543,9 +543,8 @@ def _elide(text: str, error: UnexpectedInput, again: bool = False) -> str | None
         opened = _unclosed_block(text)
         if opened is None:
             return None
-        for i in range(opened - 1, len(lines)):
-            lines[i] = " " * len(lines[i])
-        return "\n".join(lines)
+        start = sum(len(line) + 1 for line in lines[: opened - 1])
+        return text[:start] + _NOT_A_BREAK.sub(" ", text[start:])  # the block to the end, blanked
     index = error.line - 1
     if not 0 <= index < len(lines):
         return None
@@ -581,6 +580,9 @@ def _elide(text: str, error: UnexpectedInput, again: bool = False) -> str | None
     for i in range(index, last + 1):
         lines[i] = " " * len(lines[i])
     return "\n".join(lines)
+
+
+_NOT_A_BREAK = re.compile(r"[^\n]")
 
 
 def _diagnose(error: UnexpectedInput, text: str, file: str, shift: int = 0) -> Diagnostic:
@@ -680,6 +682,8 @@ def _open_before_statement(error: UnexpectedInput, text: str) -> tuple[int, int,
 def _unclosed_block(text: str) -> int | None:
     stack: list[int] = []
     for number, line in enumerate(text.split("\n"), 1):
+        if "{" not in line and "}" not in line:
+            continue  # most lines: nothing to open or close
         code = re.sub(r'"([^"\\]|\\.)*"', "", code_part(line))
         for ch in code:
             if ch == "{":
