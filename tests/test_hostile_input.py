@@ -521,7 +521,8 @@ def test_compile_check_against_a_directory_is_a_diagnostic(capsys, tmp_path, mod
 @pytest.mark.slow
 def test_plan_progress_and_tables_escape_model_provided_names(capsys, tmp_path, models) -> None:
     args = ["plan", "--model", f"{models}:escapes_deep", "--example", "randn(64, 64)", "--preset", "balanced"]
-    code, out, err = run(capsys, *args, "-o", tmp_path / "p.memplan")
+    # -v: the progress's details name the modules the search tried
+    code, out, err = run(capsys, *args, "-v", "-o", tmp_path / "p.memplan")
     assert code == 0, err
     assert "\x1b" not in out + err and "\udc80" not in out + err
     assert "\\x1b[30mblock" in out + err
