@@ -13,16 +13,23 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.step import OPTIONS, Step, check_precision, make_step, merged, running, step_block
+
+if TYPE_CHECKING:
+    from memoplan.step import Step
+
+# memoplan.step imports torch: each function imports it when called, so that the commands that
+# need no torch (`check --syntax-only`, `fmt`, `rule`, `--help`) do not pay for it.
 
 __all__ = ["MEASURED", "checked", "command_step", "first_step", "given_options", "sharded_step", "stepping"]
 
 
 def given_options(args: Any, shards: int | None = None) -> dict[str, Any]:
     """The step's options given on the command line (None: not given); ``shards`` as ``_shards`` found it."""
+    from memoplan.step import OPTIONS
+
     given = {key: getattr(args, key, None) for key in OPTIONS}
     if shards is not None and (given["shards"] is not None or shards > 1):
         given["shards"] = shards  # WORLD_SIZE under torchrun counts as given
@@ -33,6 +40,8 @@ def command_step(args: Any, plan=None, path: Path | None = None, *, shards: int 
     """The step a command runs: the plan's `step` block (if any) with the options given over it;
     MP254 where they disagree, MP250 for mixed precision without shards.  A loss spec written in
     the plan is found from the plan's folder, one given as ``--loss`` from the current one."""
+    from memoplan.step import make_step, merged, step_block
+
     written, spans = step_block(plan)
     source = None if plan is None else plan.source
     config = merged(written, spans, given_options(args, shards), source)
@@ -75,6 +84,7 @@ def checked(step: Step, model, device, plan=None) -> Step:
     import torch
 
     from memoplan.measure import step_device
+    from memoplan.step import check_precision, step_block
 
     where = torch.device(device) if device is not None else step_device(model)
     _, spans = step_block(plan)
@@ -88,6 +98,8 @@ def checked(step: Step, model, device, plan=None) -> Step:
 @contextlib.contextmanager
 def stepping(step: Step, plan=None) -> Iterator[Step]:
     """Run every training step inside as ``step``; a diagnostic at the plan's `step` block shows its line."""
+    from memoplan.step import running
+
     try:
         with running(step):
             yield step
