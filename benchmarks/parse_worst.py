@@ -8,7 +8,7 @@ A generator builds plans from a line *body* repeated to fill the text (blank lin
 block at the top, a bad line every 1,000 lines, 50 bad lines at the end of a huge block, an
 unclosed string), plus ``--random`` bodies drawn from pieces of the language.  Every pair is
 parsed at ``--probe`` characters and ranked by CPU seconds per character; the ``--top`` slowest
-are then parsed at the size limit (4 MiB) each in a fresh process, with the same body without a
+are then parsed at the size limit (`MAX_PLAN_BYTES`, 128 KiB) each in a fresh process, with the same body without a
 fault next to it (what the parser itself costs); each process reports its CPU and wall seconds
 and its peak resident memory (``ru_maxrss``, the interpreter and grammar included).  The last
 line names the worst case found.

@@ -119,7 +119,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP106", _S.SYNTAX, E, "a block not closed: at the end of the file, or before the next statement", "close the block with `}` before the next statement"),
     ("MP107", _S.SYNTAX, E, "the plan file cannot be read, is not a regular file (a folder, a device, a pipe), is not UTF-8, or holds NUL bytes (a binary file: none of it is shown)", "check the path and save the file as UTF-8"),
     ("MP108", _S.SYNTAX, E, "an invalid escape in a string", "use one of `\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX`"),
-    ("MP109", _S.SYNTAX, E, "a plan over the size limit of 4 MiB (a file, standard input or text given to `parse`); nothing of it is parsed", "split the plan, or cover many modules with one wildcard rule"),
+    ("MP109", _S.SYNTAX, E, "a plan over the size limit of 128 KiB (a file, standard input or text given to `parse`); nothing of it is parsed", "split the plan, or cover many modules with one wildcard rule"),
     # ---- values
     ("MP201", _S.SYNTAX, E, "unknown option, key or example argument, with a did-you-mean; an option that does not apply (`tolerance` on a lossless codec, `low`/`high` on a function other than `randint`)", "use an option the policy, block or function lists in the reference, or remove it"),
     ("MP202", _S.SYNTAX, E, "a value of the wrong type (an integer where a size is needed, a string where a word is, ...)", "write the value in the type the reference lists (a size with a unit, a bare word, ...)"),
@@ -221,7 +221,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP512", _S.REPORT, E, "`memoplan report --budgets F`: a budget of the sweep that is not a share of the unplanned peak in (0, 1]", "give shares such as `0.5,0.75`"),
     ("MP520", _S.EDITOR, W, "`memoplan lsp` with `loadModel`: the model process timed out or exited (the plan's `model` line)", "run `memoplan check --model` on the plan to see the model's own error"),
     ("MP521", _S.EDITOR, W, "`memoplan lsp`: checking the document failed inside memoplan (a bug); the server goes on", "report it with the plan text"),
-    ("MP522", _S.EDITOR, E, "`memoplan lsp`: a document over the size limit (4 MiB, `memoplan check`'s `MP109`) is not checked; hover, completion and formatting are off for it", "split the plan, or cover many modules with one wildcard rule"),
+    ("MP522", _S.EDITOR, E, "`memoplan lsp`: a document over the size limit (128 KiB, `memoplan check`'s `MP109`) is not checked; hover, completion and formatting are off for it", "split the plan, or cover many modules with one wildcard rule"),
     ("MP530", _S.SPECS, E, "`--isolate`: the model's code killed the process with a signal (os.abort(), a fault in a C extension, the out-of-memory killer)", "run the plan's `model` or `example` code on its own to find the crash"),
     ("MP531", _S.SPECS, E, "`--isolate`: the process ended before memoplan finished (os._exit() in the model's code)", "raise an exception or call sys.exit() instead: memoplan reports those as MP504"),
     ("MP532", _S.SPECS, E, "`--isolate`: the child process could not be started", "run the command without --isolate (and without MEMOPLAN_ISOLATE=1)"),

@@ -166,7 +166,7 @@ def not_a_plan(text: str, name: str) -> Diagnostic | None:
     return _missing_header(text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n"), name)
 
 
-MAX_PLAN_BYTES = 4 * 1024 * 1024  # the largest plan read or parsed (MP109): grammar/README.md, "Limits"
+MAX_PLAN_BYTES = 128 * 1024  # the largest plan read or parsed (MP109): grammar/README.md, "Limits"
 
 
 def _read_regular(path: Path) -> bytes:
@@ -196,7 +196,7 @@ def too_large(name: str, size: int, unit: str) -> Diagnostic:
     """MP109: a plan over :data:`MAX_PLAN_BYTES` (``size`` may be a lower bound: reading stopped there)."""
     return Diagnostic(
         "MP109",
-        f"plan `{name}` is too large: {size:,} {unit}, over the limit of {MAX_PLAN_BYTES:,} bytes ({MAX_PLAN_BYTES >> 20} MiB)",
+        f"plan `{name}` is too large: {size:,} {unit}, over the limit of {MAX_PLAN_BYTES:,} bytes ({MAX_PLAN_BYTES >> 10} KiB)",
         help="split the plan, or write selectors with wildcards instead of one rule per module",
     )
 
@@ -308,7 +308,7 @@ def _parse_tree(text: str, file: str, start: str, recover: bool = True):
 # ---------------------------------------------------------------- recovery, one statement at a time
 
 RECOVERY_BATCH = 8_192  # characters of whole statements parsed together while looking for errors
-RECOVERY_SLACK = 1_000_000  # characters recovery may parse beyond the plan's length
+RECOVERY_SLACK = 65_536  # characters recovery may parse beyond the plan's length
 
 
 class _Work:
