@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import sys
 from pathlib import Path
 
-from memoplan import cli_output, isolate
+from memoplan import cli_output, cli_target, isolate
 from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
 from memoplan.cli_step import checked, command_step, first_step, sharded_step, stepping
@@ -77,7 +78,9 @@ def _main(argv: list[str] | None) -> int:
         if isolate.requested(args):  # the command, and the model's code, in a child process
             out.begin(str(isolate.plan_path(args) or ""))  # named in --format json if the child crashes
             return isolate.run(sys.argv[1:] if argv is None else list(argv), isolate.plan_path(args))
-        return out.finish(args.run(args))
+        # In a context of its own: the target device a command sets (memoplan.planner.target.TARGET)
+        # ends with it, also when main() runs several commands in one process.
+        return out.finish(contextvars.copy_context().run(args.run, args))
     except PlanError as error:
         if not out.failed(error):
             _report(error)
@@ -303,8 +306,7 @@ def _verify(args) -> int:
 
 
 def _verify_plan(args) -> int:
-
-    device = _device(args.device)
+    device = cli_target.device(args.device, estimating=True)  # a device not here: only a model that cannot run anyway
     plan = _load(args.plan)
     step = command_step(args, plan, args.plan)
     model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
@@ -324,6 +326,9 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
     print(f"resolved plan {args.plan} ({len(resolved.modules)} modules):")
     for row in plan_table(resolved):
         _show(f"  {row}")
+    if cli_target.cannot_run(model, device):
+        return _verify_estimated(args, plan, model, example, device)
+    cli_target.device(args.device)  # MP506: a real step needs the device here
     _cache_warnings(resolved, model, example, plan)
     print(f"step: {step.describe()}")
     if step.config.shards > 1:
@@ -364,44 +369,40 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
     return 0 if passed else 1
 
 
-def _device(text: str | None):
-    """``--device`` as a torch.device, or None when not given; MP506 when it cannot run here."""
-    import torch
+def _verify_estimated(args, plan, model, example, device) -> int:
+    """`memoplan verify` of a model on the meta device: the plan resolved (above), the peaks
+    estimated, the budget checked against them, and MP414: equivalence is not checked."""
+    from memoplan.verification import estimated_budget_check, estimated_verify
 
-    if text is None:
-        return None
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise PlanError(
-            (Diagnostic("MP506", f"`--device {text}` is not a device", help="e.g. cpu, cuda or cuda:1"),)
-        ) from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count()
-        if not count or (device.index or 0) >= count:
-            raise PlanError(
-                (
-                    Diagnostic(
-                        "MP506",
-                        f"`--device {text}`: {f'only {count} CUDA devices here' if count else 'no CUDA device here'}",
-                        help="leave out --device to run on the CPU",
-                    ),
-                )
-            )
-    elif device.type != "cpu":
-        raise PlanError((Diagnostic("MP506", f"`--device {text}`: only cpu and cuda are supported"),))
-    return device
+    _progress("estimating one training step without and one with the plan on fake tensors")
+    check = first_step(lambda: estimated_verify(model, plan, example, device))
+    _show(check.render())
+    missed = None
+    if plan.budget is not None:
+        line, missed = estimated_budget_check(plan.budget, check)
+        print(line)
+        if missed is not None:
+            OUTPUT.diagnostic(missed, plan.source)
+    OUTPUT.diagnostic(
+        Diagnostic(
+            "MP414",
+            f"`{args.plan}`: equivalence not checked: {check.why}",
+            help="verify the plan on a smaller real build of the model (docs/meta.md)",
+            severity=Severity.WARNING,
+        ),
+        plan.source,
+    )
+    passed = missed is None or not missed.is_error
+    OUTPUT.current.status = "ok" if passed else "error"
+    return 0 if passed else 1
 
 
 def _start_model_and_example(start, args):
     """The model and example of ``memoplan plan PLAN``: the options', else the plan's, on ``--device``."""
-    device = _device(args.device)
+    device = cli_target.device(args.device, estimating=args.method != "measured")
     model = _model(start, args.start, args.model, required=True)
     example = _example(start, args.start, args.example, required=True)
-    if device is not None:
-        model.to(device)
-        example = example.to(device)
-    return model, example
+    return cli_target.on_target(model, example, device, args)
 
 
 def _model_and_example(args):
@@ -409,12 +410,9 @@ def _model_and_example(args):
 
     The model is this command's own, loaded for it, so it is moved there rather than copied.
     """
-    device = _device(args.device)  # refused before the model is built
+    device = cli_target.device(args.device, estimating=args.method != "measured")  # refused before the model is built
     model, example = _model(None, None, args.model, required=True), _example(None, None, args.example, required=True)
-    if device is not None:
-        model.to(device)
-        example = example.to(device)
-    return model, example
+    return cli_target.on_target(model, example, device, args)
 
 
 def _profile(args) -> int:
@@ -424,7 +422,7 @@ def _profile(args) -> int:
     check_output(args.output, model_file(args.model))
     step = _sharded_step(args)
     model, example = _model_and_example(args)
-    checked(step, model, _device(args.device))
+    checked(step, model, cli_target.device(args.device, estimating=True))
     with stepping(step):
         result = first_step(
             lambda: take_profile(
@@ -489,7 +487,9 @@ def _plan(args) -> int:
         device_budget = device_budget_text(args.budget)
         parsed = None
         if device_budget is not None:  # bytes once the model is on the device: a placeholder until then
-            device_budget_refused(_device(args.device), args.budget)
+            device_budget_refused(
+                cli_target.device(args.device, estimating=True), args.budget, cli_target.device_memory(args)
+            )
             parsed = parse_budget("1 B" + device_budget[1])
         preset = request.make_preset(parsed)
         sublinear = sublinear_config(args, request.sublinear_block())
@@ -505,14 +505,14 @@ def _plan(args) -> int:
     )
     step = _sharded_step(args, start, args.start)
     model, example = _model_and_example(args) if start is None else _start_model_and_example(start, args)
-    checked(step, model, _device(args.device), start)
+    cli_target.refuse_dtr(args, model)  # MP413: the dtr threshold is measured by real steps
+    checked(step, model, cli_target.device(args.device, estimating=True), start)
     with stepping(step, start):
         return _plan_with(args, start, request, preset, sublinear, device_budget, step, model, example)
 
 
 def _plan_with(args, start, request, preset, sublinear, device_budget, step, model, example) -> int:
     """`memoplan plan` once its step, model and example are known: profile, search, write."""
-    from memoplan.planner.device_budget import device_budget_bytes
     from memoplan.planner.profile import Profile, merge
     from memoplan.planner.request import PlanRequestError
 
@@ -529,10 +529,10 @@ def _plan_with(args, start, request, preset, sublinear, device_budget, step, mod
     except PlanRequestError as exc:
         print(f"memoplan plan: error: {exc}", file=sys.stderr)
         return 2
-    if device_budget is not None:
-        limit = device_budget_bytes(_device(args.device), args.budget, device_budget, _progress)
-        preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
     shards = step.config.shards
+    if device_budget is not None:
+        limit = cli_target.device_budget_limit(args, model, shards, device_budget, _progress)
+        preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
     if args.dtr and shards > 1:
         print(
             "memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1",
@@ -653,6 +653,8 @@ def _write_plan(args, start, preset, result, model, example, prof, step) -> None
             f"per rank of {prof.shards}, on fake tensors: unplanned peak {result.measured_before} B "
             f"-> planned peak {result.measured_after} B"
         )
+    elif cli_target.runs_nowhere(model):  # a meta model, a GPU not here: nothing ran for real
+        peaks = f"on fake tensors: unplanned peak {result.measured_before} B -> planned peak {result.measured_after} B"
     elif prof.method == "estimated":
         peaks = (
             f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
@@ -700,7 +702,7 @@ def _report_html(args) -> int:
 
     options = report_command.options_from(args)
     report_command.require_matplotlib()
-    device = _device(args.device)
+    device = cli_target.device(args.device)
     plan = _load(args.plan)
     check_output(args.output, *plan_inputs(plan, args.plan, args.model))
     refused = [d for d in statement_effects(plan, checking=True) if d.is_error]
@@ -708,6 +710,8 @@ def _report_html(args) -> int:
         raise PlanError(tuple(refused), plan.source)
     step = command_step(args, plan, args.plan)
     model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
+    if cli_target.cannot_run(model, device):  # every plot is of measured steps
+        raise PlanError((cli_target.not_measurable(cli_target.runs_nowhere(model) or "", "`memoplan report`"),))
     example = _example(plan, args.plan, args.example, required=True)
     resolved = _resolve(plan, model)
     found = check_example(plan, model, example.args, example.kwargs)

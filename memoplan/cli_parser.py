@@ -279,7 +279,7 @@ def _profile(sub: Any, run: Runner) -> None:
     )
     method_option(profile)
     shard_options(profile)
-    device_option(profile)
+    device_option(profile, estimating=True, memory=False)
     profile.set_defaults(run=run)
 
 
@@ -349,7 +349,7 @@ def _plan(sub: Any, run: Runner) -> None:
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
     method_option(plan, PLAN_METHOD_HELP)
     shard_options(plan)
-    device_option(plan)
+    device_option(plan, estimating=True)
     plan.set_defaults(run=run)
 
 
@@ -472,9 +472,26 @@ def shard_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def device_option(parser: argparse.ArgumentParser) -> None:
+def device_option(parser: argparse.ArgumentParser, *, estimating: bool = False, memory: bool = True) -> None:
+    if not estimating:
+        parser.add_argument(
+            "--device",
+            metavar="DEV",
+            help="run the steps there, e.g. `cuda` or `cuda:1` (default: cpu); on CUDA, peaks are the allocator's",
+        )
+        return
     parser.add_argument(
         "--device",
         metavar="DEV",
-        help="run the steps there, e.g. `cuda` or `cuda:1` (default: cpu); on CUDA, peaks are the allocator's",
+        help="the device the step is planned for, e.g. `cuda` or `cuda:1` (default: where the model is; cpu for "
+        "a model on the meta device); on CUDA, peaks are the caching allocator's; a CUDA device this machine "
+        "lacks is estimated on fake tensors (the header says with which kernels)",
+    )
+    if not memory:
+        return
+    parser.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="the planned device's memory, e.g. `80GiB`, for `--budget device` where the device is not here "
+        "(less what the model, its gradients' shards and the optimizer state hold through the step)",
     )

@@ -462,11 +462,37 @@ def _call(fn: Callable[..., Any], spec: str, span: Span | None) -> Any:
     except BaseException as exc:  # user code: anything but Ctrl-C is a diagnostic
         if isinstance(exc, KeyboardInterrupt):
             raise
+        built = _out_of_memory(exc, spec, span)
+        if built is not None:
+            raise built from None  # not chained: the traceback would keep what the factory allocated
         help = None
         if isinstance(exc, TypeError):
             help = f"`{spec}` is called with no arguments; give its parameters defaults"
 
         raise _raised(f"calling `{spec}`", exc, span, help) from exc
+
+
+def _out_of_memory(exc: BaseException, spec: str, span: Span | None) -> PlanError | None:
+    """MP411 when calling ``spec`` ran out of memory (a model too big to build here), else None."""
+    from memoplan.oom import is_out_of_memory, wanted_bytes
+
+    if not is_out_of_memory(exc):
+        return None
+    wanted = wanted_bytes(exc)
+    text = str(exc).strip()
+    asked = (
+        f"the allocator could not give {wanted:,} B"
+        if wanted
+        else (text.splitlines()[0] if text else type(exc).__name__)
+    )
+    return _error(
+        "MP411",
+        f"calling `{spec}` ran out of memory: {asked}",
+        span,
+        'a model too big to build here can be built on the meta device (`with torch.device("meta"):` in the '
+        "factory, or accelerate's `init_empty_weights`): `memoplan profile` and `plan` estimate its step with "
+        "nothing allocated (docs/meta.md)",
+    )
 
 
 @contextlib.contextmanager

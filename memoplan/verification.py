@@ -42,6 +42,7 @@ from memoplan.memonger.probe import allocated_inside
 from memoplan.planner.budgets import budget_from_ast
 from memoplan.planner.copies import changed_parameters, parameter_versions, sharing_copy
 from memoplan.planner.shrink import StepOutOfMemory, out_of_memory_as
+from memoplan.planner.target import not_runnable
 from memoplan.resolver import resolve
 from memoplan.runtime.arena import arena_state
 from memoplan.runtime.dtr import DtrStats, dtr_stats
@@ -156,6 +157,18 @@ def verify(
     resets Dynamo's caches first.  On the CPU the meter's dispatch mode keeps Dynamo out, so the
     peaks there are eager's (the report says so); on CUDA they are the compiled steps'.
     """
+    why = not_runnable(model, device)
+    if why is not None:  # a meta model, a GPU not here: estimated_verify says what can be said
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP413",
+                    f"verify runs real training steps, and {why}",
+                    help="`estimated_verify` (what `memoplan verify` does for it) estimates the peaks on fake "
+                    "tensors; prove the equivalence on a smaller real build (docs/meta.md)",
+                ),
+            )
+        )
     if step is None:
         step = _plan_step(plan)
     with _running(step):
@@ -220,6 +233,65 @@ def _plan_step(plan: api.PlanLike):
 
         config = replace(config, loss=relative_spec(config.loss, ".", os.path.dirname(parsed.file)))  # from its folder
     return config
+
+
+@dataclass(frozen=True)
+class EstimatedVerify:
+    """What `verify` can say of a model no real step of which runs here (``why``): the peaks of
+    one step without and one with the plan, on fake tensors; no equivalence."""
+
+    why: str
+    unplanned_peak: int
+    planned_peak: int
+    modules: int
+
+    def render(self) -> str:
+        return "\n".join(
+            (
+                f"no real step runs: {self.why}; the peaks below are estimated on fake tensors",
+                f"  unplanned peak on fake tensors: {_mib(self.unplanned_peak)} ({self.unplanned_peak} B)",
+                f"  planned peak on fake tensors:   {_mib(self.planned_peak)} ({self.planned_peak} B)",
+                "equivalence: NOT checked (no step ran). Prove it on a smaller real build of the same model "
+                "(fewer layers, the same blocks): `memoplan verify PLAN --model FILE.py:small --example ...` "
+                "(docs/meta.md)",
+            )
+        )
+
+
+def estimated_verify(model: nn.Module, plan: ast.Plan, example: Example, device=None) -> EstimatedVerify:
+    """The plan resolved against ``model`` (``MP3xx`` when it does not) and the peaks of one step
+    without and one with it, on fake tensors of the target device (:mod:`memoplan.planner.target`)."""
+    from memoplan.planner.estimate import estimate_plan, fake_step
+    from memoplan.planner.target import TARGET, not_runnable, target_for
+
+    resolved = resolve(plan, model)
+    aim = target_for(model, device)
+    token = TARGET.set(aim)
+    try:
+        with _running(_plan_step(plan)):  # the plan's `step` block, as verify runs its steps
+            unplanned = fake_step(model, example, aim.device, peak_only=True).peak_bytes
+            planned = estimate_plan(model, example, plan)
+    finally:
+        TARGET.reset(token)
+    why = not_runnable(model, device) or "estimated"
+    return EstimatedVerify(why, unplanned, planned, len(resolved.modules))
+
+
+def estimated_budget_check(budget: ast.Budget, check: EstimatedVerify) -> tuple[str, Diagnostic | None]:
+    """:func:`budget_check` of the estimated peaks."""
+    memory = _Peaks(check.unplanned_peak), _Peaks(check.planned_peak)
+    return budget_check(budget, _BudgetView(*memory))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _Peaks:
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class _BudgetView:
+    unplanned: _Peaks
+    planned: _Peaks
 
 
 def arena_check(reference: nn.Module, planned: nn.Module, example: Example, device: torch.device) -> ArenaCheck:

@@ -11,7 +11,7 @@ from memoplan import api
 from memoplan.runtime.state import get_state, is_stateful, load_state
 
 
-def unplanned_copy(model: nn.Module) -> nn.Module:
+def unplanned_copy(model: nn.Module, memo: dict[int, object] | None = None) -> nn.Module:
     """A deep copy of ``model`` without any plan; states with autograd history are copied detached.
 
     A neuron's potential left by the last step is a tensor in that step's graph, which
@@ -21,7 +21,7 @@ def unplanned_copy(model: nn.Module) -> nn.Module:
     try:
         for m, state in states:
             load_state(m, {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
-        clone = copy.deepcopy(model)
+        clone = copy.deepcopy(model, memo)
     finally:
         for m, state in states:
             load_state(m, state)
@@ -45,6 +45,24 @@ def sharing_copy(model: nn.Module) -> nn.Module:
         if type(p) is nn.Parameter
     }
     return copy.deepcopy(model, memo)
+
+
+def estimate_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` to estimate a planned step on (fake tensors): parameters as
+    :func:`sharing_copy` shares them, and buffers without storage (fake or meta) shared too.
+
+    ``copy.deepcopy`` of a fake tensor reads its data pointer, which torch calls undefined
+    behaviour; the estimate swaps every parameter and buffer for a fake copy anyway.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    memo: dict[int, object] = {
+        id(p): nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+        for p in model.parameters()
+        if type(p) is nn.Parameter or isinstance(p, FakeTensor)
+    }
+    memo.update({id(b): b for b in model.buffers() if isinstance(b, FakeTensor) or b.is_meta})
+    return unplanned_copy(model, memo)
 
 
 def parameter_versions(model: nn.Module) -> dict[str, int]:

@@ -41,7 +41,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, step_device, training_step, warm_up
-from memoplan.planner.copies import unplanned_copy
+from memoplan.planner.copies import estimate_copy
+from memoplan.planner.cuda_allocator import Simulator, block_bytes
 from memoplan.planner.profile import (
     Probe,
     Record,
@@ -58,6 +59,7 @@ from memoplan.planner.profile import (
 from memoplan.planner.schema import Profile
 from memoplan.planner.shard import SHARDS, gathered_bytes, optimizer_state_bytes
 from memoplan.planner.shrink import describe_example, is_out_of_memory, shrink, shrinking
+from memoplan.planner.target import TARGET, Target, fake_like, is_meta, not_runnable, target_for
 from memoplan.specs import Example
 from memoplan.version import __version__
 
@@ -90,6 +92,14 @@ def take_profile(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    aim = TARGET.get()
+    if options.get("device") is None and aim is not None and not_runnable(model, aim.device) is not None:
+        options["device"] = aim.device  # the command's target, a device not here
+    why = not_runnable(model, options.get("device"))
+    if why is not None:  # a meta model, or a GPU not here: nothing runs for real, the step is estimated
+        if method == "measured":
+            raise ValueError(f"--method measured needs real steps, and {why}: estimate it (`estimated`)")
+        method = "estimated"
     if shards > 1 or optimizer != "none":
         return sharded_estimate(
             model, example, shards, optimizer, method=method, note=note, fake_peak=fake_peak, **options
@@ -207,7 +217,16 @@ def estimate(
     """
     if note is None:
         note = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda line: None)
-    model, example, target = on_device(model, as_example(example), device)
+    example = as_example(example)
+    why = not_runnable(model, device)
+    if why is not None:  # nothing runs for real: the bytes from the fake step, the times from its FLOPs
+        aim = target_for(model, device)
+        note(f"estimating on fake tensors ({describe_example(example)}) for {aim.device}: {why}, so no real step runs")
+        note(f"kernels: {aim.kernels_text()}")
+        full = fake_step(model, example, aim.device, loss_fn)
+        _note_fallbacks(full, note)
+        return _assemble(model, example, aim, full, None, repeats)
+    model, example, target = on_device(model, example, device)
     note(f"estimating on fake tensors ({describe_example(example)})")
     full = fake_step(model, example, target, loss_fn)
     _note_fallbacks(full, note)
@@ -234,8 +253,8 @@ def estimate(
         reduced = fake_step(model, small_example, target, loss_fn)
         binary = binary_inputs(model, small_example, target)
         note(f"times calibrated by a real run of {describe_example(small_example)}")
-        return _assemble(model, example, target, full, (small, reduced, binary), repeats)
-    return _assemble(model, example, target, full, None, repeats)
+        return _assemble(model, example, target_for(model, target), full, (small, reduced, binary), repeats)
+    return _assemble(model, example, target_for(model, target), full, None, repeats)
 
 
 def _note_fallbacks(step: FakeStep, note: Callable[[str], None] | None) -> None:
@@ -262,6 +281,7 @@ class FakeStep:
     flops: dict[int, int] = field(default_factory=dict)  # id(module) -> forward FLOPs, its subtree's
     total_flops: int = 0  # the whole step's, backward included
     fallbacks: tuple[tuple[str, str], ...] = ()  # (operator, its fake kernel's error): run for real on zeros
+    reserved_bytes: int = 0  # on CUDA: what the caching allocator would reserve at most (cuda_allocator)
 
 
 class _FakeProbe(Probe):
@@ -303,10 +323,12 @@ class _AllocatorMeter(LiveStorageMeter):
     """The live-storage meter with CUDA storages rounded up as the caching allocator rounds them;
     sharded over ``shards`` ranks, each gradient counts ``1/shards`` once it is accumulated."""
 
-    def __init__(self, shards: int = 1, widen: tuple[int, int] = (1, 1)) -> None:
+    def __init__(self, shards: int = 1, widen: tuple[int, int] = (1, 1), *, cuda: bool = False) -> None:
         super().__init__()
         self.shards = shards
         self.widen = widen  # a sharded gradient is kept in a dtype this much wider (fp32 of bf16: (4, 2))
+        self.cuda = cuda
+        self.simulator = Simulator() if cuda else None  # what the caching allocator would reserve
         self._sharded: set[int] = set()
 
     def shard(self, storage: torch.UntypedStorage) -> None:
@@ -318,6 +340,20 @@ class _AllocatorMeter(LiveStorageMeter):
             nbytes = self._nbytes(storage)
             self.current_bytes += nbytes - entry[0]
             self._live[key] = (nbytes, entry[1])
+            if self.simulator is not None:  # the whole gradient freed, its shard allocated
+                self.simulator.free(key)
+                self.simulator.allocate(key, nbytes)
+
+    def _see(self, storage: torch.UntypedStorage, *, known: bool) -> None:
+        new = id(storage) not in self._live
+        super()._see(storage, known=known)
+        if self.simulator is not None and new and id(storage) in self._live:
+            self.simulator.allocate(id(storage), self._live[id(storage)][0])
+
+    def _freed(self, key: int) -> None:
+        super()._freed(key)
+        if self.simulator is not None:
+            self.simulator.free(key)
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
@@ -338,8 +374,8 @@ class _AllocatorMeter(LiveStorageMeter):
         nbytes = storage.nbytes()
         if id(storage) in self._sharded:
             nbytes = -(-nbytes * self.widen[0] // (self.widen[1] * self.shards))
-        if storage.device.type == "cuda":
-            return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+        if self.cuda or storage.device.type == "cuda":
+            return block_bytes(nbytes)
         return nbytes
 
 
@@ -460,17 +496,19 @@ def _fake_step(
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     shards = SHARDS.get()
     compute = _mixed_precision(shards)
-    with Restored(model, example, target):
-        _fake_state(model, mode)
-        convert = lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    aim = target_for(model, target)
+    kernels = aim.kernels  # the target's own, or the CPU's standing in for a CUDA device not here
+    with Restored(model, example, kernels):
+        _fake_state(model, mode, kernels)
+        convert = lambda v: fake_like(mode, v, kernels) if isinstance(v, torch.Tensor) else v  # noqa: E731
         args = pytree.tree_map(convert, tuple(example.args))
         kwargs = pytree.tree_map(convert, dict(example.kwargs))
         widen = (1, 1)
         if compute is not None:
             args, kwargs, widen = _in_compute_dtype(model, mode, compute, (args, kwargs))
-        probe = _FakeProbe(model, target)
+        probe = _FakeProbe(model, kernels)
         flops = _Flops(probe)
-        meter = _AllocatorMeter(shards, widen)
+        meter = _AllocatorMeter(shards, widen, cuda=aim.device.type == "cuda")
         hooks = [
             p.register_post_accumulate_grad_hook(lambda p: meter.shard(p.grad.untyped_storage()))
             for p in model.parameters()
@@ -489,10 +527,11 @@ def _fake_step(
         finally:
             for hook in hooks:
                 hook.remove()
-        peak = meter.peak_bytes + gathered_bytes(model, shards)
-        return FakeStep(
-            peak, probe.records, probe.unattributed, flops.per_module, flops.total, tuple(fallback.fallbacks.items())
-        )
+        gathered = gathered_bytes(model, shards)
+        reserved = meter.simulator.peak_reserved + gathered if meter.simulator is not None else 0
+        peak = meter.peak_bytes + gathered
+        found = tuple(fallback.fallbacks.items())
+        return FakeStep(peak, probe.records, probe.unattributed, flops.per_module, flops.total, found, reserved)
 
 
 class _DropFakeKernelTracebacks(logging.Filter):
@@ -576,20 +615,21 @@ def _in_compute_dtype(model: nn.Module, mode: Any, dtype: torch.dtype, inputs: A
     return args, kwargs, (4, width)
 
 
-def _fake_state(model: nn.Module, mode: Any) -> None:
-    """Swap every parameter and buffer for a fake copy (shared ones stay shared); the caller's
-    snapshot puts the real ones back."""
+def _fake_state(model: nn.Module, mode: Any, device: torch.device) -> None:
+    """Swap every parameter and buffer for a fake copy on ``device`` with its dtype (shared ones
+    stay shared; meta ones and fake ones of another mode made anew, :func:`fake_like`); the
+    caller's snapshot puts the real ones back."""
     fakes: dict[int, Any] = {}  # fake parameters (nn.Parameter) and buffers, by the real one's id
     for module in model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:
                 if id(p) not in fakes:
-                    fakes[id(p)] = nn.Parameter(mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
+                    fakes[id(p)] = nn.Parameter(fake_like(mode, p.detach(), device), requires_grad=p.requires_grad)
                 module._parameters[name] = fakes[id(p)]
         for name, b in list(module._buffers.items()):
             if b is not None:
                 if id(b) not in fakes:
-                    fakes[id(b)] = mode.from_tensor(b)
+                    fakes[id(b)] = fake_like(mode, b, device)
                 module._buffers[name] = fakes[id(b)]
 
 
@@ -603,7 +643,7 @@ def _ratio(full: int, small: int) -> float | None:
 def _assemble(
     model: nn.Module,
     example: Example,
-    target: torch.device,
+    aim: Target,
     full: FakeStep,
     calibration: tuple[Profile, FakeStep, dict[int, bool]] | None,
     repeats: int,
@@ -612,7 +652,7 @@ def _assemble(
     ``calibration``, the smaller real run's profile, its fake step and its binary inputs, else
     from FLOPs at the device's measured throughput."""
     small, reduced, binary_in = calibration if calibration is not None else (None, None, {})
-    throughput = None if small is not None else _throughput(target)
+    throughput = None if small is not None else _throughput(aim.kernels)
     modules = []
     for name, module in model.named_modules():
         key = id(module)
@@ -642,11 +682,14 @@ def _assemble(
         parameter_bytes=sum(tensor_bytes(p) for p in unique_storages(model.parameters())),
         unattributed_saved_bytes=full.unattributed,
         inputs=input_metas(example),
-        device=str(target),
+        device=str(aim.device),
         torch_version=torch.__version__,
         memoplan_version=__version__,
         repeats=small.repeats if small is not None else 0,
         method="estimated",
+        kernels=str(aim.kernels) if aim.stand_in else "",
+        model_device="meta" if is_meta(model) else "",
+        reserved_bytes=full.reserved_bytes,
     )
 
 
@@ -671,6 +714,6 @@ def estimate_plan(model: nn.Module, example: Example | torch.Tensor | Sequence[A
     from memoplan import api
 
     example = as_example(example)
-    target = step_device(model, example.args, example.kwargs)
-    clone = api.apply(unplanned_copy(model), plan)
+    target = target_for(model).device  # the command's target (TARGET), else where the model is
+    clone = api.apply(estimate_copy(model), plan)
     return fake_step(clone, example, target, peak_only=True).peak_bytes

@@ -25,6 +25,7 @@ from memoplan.planner.schema import Profile, chain, default_candidates, nested_c
 from memoplan.planner.shard import SHARDS
 from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
 from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory
+from memoplan.planner.target import aimed_at, hard_mode, no_real_step, planned_peak_name, unplanned_peak_name
 from memoplan.planner.write import (  # noqa: F401  (kept importable from here)
     comment_line,
     compressed,
@@ -151,9 +152,15 @@ def make_plan(
             _ESTIMATING.reset(token)
             SHARDS.reset(shards)
 
-    if not estimating or prof.method == "estimated":
-        return searched(estimating)
-    return _estimated_first(searched, progress)
+    return _search(model, prof, searched, estimating, progress)
+
+
+def _search(model: nn.Module, prof: Profile, searched, estimating: bool, progress: bool) -> PlanResult:
+    """``searched`` as the trials say (:func:`_estimated_first`), aimed at the profile's target device."""
+    with aimed_at(model, prof):
+        if not estimating or prof.method == "estimated":
+            return searched(estimating)
+        return _estimated_first(searched, progress)
 
 
 def _estimated_first(searched, progress: bool) -> PlanResult:
@@ -331,7 +338,9 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
             best = (peak, split, rule, what)
     assert best is not None, "options holds the least-peak split at least"
     peak, split, rule, what = best
-    if _ESTIMATING.get() and SHARDS.get() == 1:  # the splits' trials were estimated: one real step checks the one kept
+    if (
+        _ESTIMATING.get() and no_real_step(model) is None
+    ):  # the splits' trials were estimated: one real step checks the one kept
         peak = _checked(model, example, _draft(None, [], model, {}, how, rules=(rule,)))
     status = search.Status.OK if limit is None or rest + split.cost <= limit else search.Status.MISSED
     choice = search.Choice(
@@ -354,7 +363,7 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
     header = {
         **provenance("memoplan plan", prof),
         **({"preset": preset} if preset else {}),
-        "budget mode": "hard (verified by measurement)",
+        "budget mode": hard_mode(model),
         **search.describe(choice),
         "widened": widened,
         "measured peak before": f"{prof.peak_bytes} B",
@@ -434,7 +443,7 @@ def _make_plan(
     if planner.fixed:  # what the hand-written rules leave is what the search works from
         fixed = _draft(None, items, model, {}, planner)
         peak = _measure(model, example, fixed)
-        if _within(budget, peak, prof.peak_bytes) and _ESTIMATING.get() and SHARDS.get() == 1:
+        if _within(budget, peak, prof.peak_bytes) and _ESTIMATING.get() and no_real_step(model) is None:
             peak = _checked(model, example, fixed)  # estimated within: one real step says so
         if _within(budget, peak, prof.peak_bytes):
             limit = _limit(budget, prof.peak_bytes)
@@ -468,14 +477,14 @@ def _make_plan(
     header = {
         **provenance("memoplan plan", prof),
         **({"preset": preset} if preset else {}),
-        "budget mode": "hard (verified by measurement)" if hard else "hint",
+        "budget mode": hard_mode(model) if hard else "hint",
         **search.describe(choice),
         **({"widened": widened} if widened else {}),
         **(_refined_recompute(draft, choice, prof) if refined is not None else {}),
         **({"refinement": refined.summary()} if refined is not None else {}),
-        _before(prof): f"{prof.peak_bytes} B",
+        unplanned_peak_name(prof): f"{prof.peak_bytes} B",
         **estimated,
-        ("planned peak per rank on fake tensors" if SHARDS.get() > 1 else "measured peak after"): f"{after} B",
+        planned_peak_name(model): f"{after} B",
     }
     if limit is not None:
         header["budget limit"] = f"{limit} B"
@@ -498,11 +507,11 @@ def _kept_input(link, packed: frozenset[str]) -> int:
 
 def _final_check(model: nn.Module, example: Example, draft: ast.Plan, after: int) -> tuple[dict[str, str], int]:
     """The header lines that say how the planned peak was found, and that peak: one real planned
-    step checks a plan whose every trial was estimated; a sharded step is one rank's estimate."""
-    if SHARDS.get() > 1:  # one rank of a sharded step: it runs only under torch.distributed
-        return {
-            "sharded": f"over {SHARDS.get()} FSDP2 ranks: one rank's peak, estimated, not checked by a real step"
-        }, after
+    step checks a plan whose every trial was estimated; a sharded step is one rank's estimate, and
+    a step that cannot run here (a meta model, a GPU not here) is the estimate alone."""
+    why = no_real_step(model)
+    if why is not None:  # one rank of a sharded step runs only under torch.distributed; a meta model nowhere
+        return {("sharded" if SHARDS.get() > 1 else "not run"): why}, after
     if _ESTIMATING.get():
         estimated = {"planned peak on fake tensors": f"{after} B (every trial of the search estimated)"}
         return estimated, _checked(model, example, draft)
@@ -510,12 +519,6 @@ def _final_check(model: nn.Module, example: Example, draft: ast.Plan, after: int
 
 
 MAX_REFINEMENTS = 4
-
-
-def _before(prof: Profile) -> str:
-    """The header's name for the unplanned peak: measured, or found on fake tensors."""
-    fake = prof.method == "estimated" or prof.peak_method == "fake-tensor"
-    return "unplanned peak on fake tensors" if fake else "measured peak before"
 
 
 def _settled(model, example, items, choice: search.Choice, planner: Search, base: int, hard: bool):

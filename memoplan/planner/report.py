@@ -37,6 +37,7 @@ def profile_table(prof: Profile) -> str:
         head += f" per rank of {prof.shards} FSDP2 ranks"
     if prof.optimizer_state_bytes:
         head += f"; optimizer state {prof.optimizer_state_bytes:,} B per rank between steps"
+    head += "".join(f"\n{line}" for line in target_lines(prof))
     return (
         head
         + "\n"
@@ -47,3 +48,23 @@ def profile_table(prof: Profile) -> str:
             for row in rows
         )
     )
+
+
+def target_lines(prof: Profile) -> list[str]:
+    """What a profile says of its target (:mod:`memoplan.planner.target`): a model built on meta,
+    the kernels that stood in for the device's, what the CUDA caching allocator would reserve."""
+    lines = []
+    if prof.model_device == "meta":
+        lines.append("model: built on the meta device (no real step ran: bytes on fake tensors, times from FLOPs)")
+    if prof.kernels:
+        lines.append(
+            f"kernels: {prof.kernels}'s standing in for {prof.device}'s (no such device here); "
+            f"storages rounded as {prof.device}'s allocator rounds them"
+        )
+    if prof.reserved_bytes:
+        over = prof.reserved_bytes - prof.peak_bytes
+        lines.append(
+            f"reserved: the CUDA caching allocator would reserve about {prof.reserved_bytes:,} B at the unplanned peak "
+            f"({over:+,} B, {over / max(1, prof.peak_bytes):+.1%} over the allocated peak; segments and fragmentation)"
+        )
+    return lines

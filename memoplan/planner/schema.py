@@ -103,6 +103,10 @@ class Profile:
     ``shards`` > 1: the step of one of that many FSDP2 ranks, estimated (its gradients and
     gathered parameters as :mod:`memoplan.planner.shard` counts them); ``optimizer_state_bytes``:
     the optimizer state that rank keeps between steps (not part of the step's peak).
+    ``kernels`` names the device whose kernels ran an estimate planned for another (``cpu``
+    standing in for ``cuda`` on a machine without a GPU, :mod:`memoplan.planner.target`);
+    ``model_device`` is ``meta`` for a model built on the meta device; ``reserved_bytes`` (CUDA)
+    what the caching allocator would reserve at the peak (:mod:`memoplan.planner.cuda_allocator`).
     """
 
     modules: tuple[ModuleProfile, ...]
@@ -120,6 +124,9 @@ class Profile:
     method: str = "measured"
     shards: int = 1  # FSDP2 ranks the step is sharded over (memoplan.planner.shard): bytes are one rank's
     optimizer_state_bytes: int = 0  # the optimizer state one rank holds between steps (--optimizer)
+    kernels: str = ""  # the device whose kernels ran the estimate when not ``device``'s (cpu standing in for cuda)
+    model_device: str = ""  # "meta": the model was built on the meta device (estimated only)
+    reserved_bytes: int = 0  # CUDA: what the caching allocator would reserve at the peak (0: not simulated)
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -195,6 +202,9 @@ class Profile:
         body.setdefault("method", "measured")  # profiles written before estimates existed
         body.setdefault("shards", 1)  # ... and before sharded estimates
         body.setdefault("optimizer_state_bytes", 0)
+        body.setdefault("kernels", "")  # ... and before target devices and meta models
+        body.setdefault("model_device", "")
+        body.setdefault("reserved_bytes", 0)
         _check_keys("profile", body, [f.name for f in fields(cls) if f.init])
         body["modules"] = tuple(_module_from_dict(m) for m in body["modules"])
         body["inputs"] = tuple(_tensor_meta_from_dict(t) for t in body["inputs"])
@@ -276,6 +286,9 @@ def merge(profiles: Iterable[Profile]) -> Profile:
         method="estimated" if any(p.method == "estimated" for p in items) else "measured",
         shards=max(p.shards for p in items),
         optimizer_state_bytes=max(p.optimizer_state_bytes for p in items),
+        kernels=_joined(p.kernels for p in items),
+        model_device=_joined(p.model_device for p in items),
+        reserved_bytes=max(p.reserved_bytes for p in items),
     )
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextvars
 import gc
-import re
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
 
+from memoplan.oom import is_out_of_memory, wanted_bytes
 from memoplan.specs import Example
 
 __all__ = [
@@ -36,34 +36,7 @@ T = TypeVar("T")
 #: then estimates each trial on fake tensors instead of running it.
 ESTIMATING: contextvars.ContextVar[bool] = contextvars.ContextVar("memoplan_estimating", default=False)
 
-# CPU: "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8388608 bytes";
-# CUDA: "CUDA out of memory. Tried to allocate 20.00 MiB"; Python's own MemoryError too.
-# oneDNN says "could not create a primitive" when it cannot allocate its own scratch memory.
-_CPU_OOM = re.compile(
-    r"can't allocate memory|not enough memory|out of memory|could not create a primitive", re.IGNORECASE
-)
-_CPU_BYTES = re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE)
-_CUDA_BYTES = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is an allocator running out of memory (CPU, CUDA, or Python's MemoryError)."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and bool(_CPU_OOM.search(str(exc)))
-
-
-def wanted_bytes(exc: BaseException) -> int | None:
-    """The bytes the failed allocation asked for, when the error says (None otherwise)."""
-    text = str(exc)
-    match = _CPU_BYTES.search(text)
-    if match:
-        return int(match.group(1))
-    match = _CUDA_BYTES.search(text)
-    if match:
-        return int(float(match.group(1)) * _UNITS[match.group(2)])
-    return None
+# What an allocator running out of memory says: memoplan.oom (specs uses it too, for a factory).
 
 
 def batch_size(example: Example) -> int | None:
