@@ -531,7 +531,7 @@ def _plan_with(args, start, request, preset, sublinear, device_budget, step, mod
         return 2
     shards = step.config.shards
     if device_budget is not None:
-        limit = cli_target.device_budget_limit(args, model, shards, device_budget, _progress)
+        limit = cli_target.device_budget_limit(args, model, shards, step.config.optimizer, device_budget, _progress)
         preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
     if args.dtr and shards > 1:
         print(
