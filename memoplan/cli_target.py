@@ -11,6 +11,8 @@ from memoplan.diagnostics import Diagnostic, PlanError
 
 
 def cannot_run(model, device) -> bool:
+    """Whether ``model`` has no storage (on the meta device): `verify` estimates, `report` refuses.
+    A real model with ``--device`` not here is refused by :func:`device` itself (MP506)."""
     from memoplan.planner.target import is_meta
 
     return is_meta(model)
