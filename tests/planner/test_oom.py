@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +90,11 @@ def test_profile_plan_verify_a_model_that_does_not_fit(tmp_path: Path) -> None:
     verified = _limited("verify", "fit.memplan", cwd=tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "verdict: EQUIVALENT" in verified.stdout
-    assert "estimated on fake tensors" in verified.stdout and "smaller example (args[0] 16x64" in verified.stdout
+    assert "estimated on fake tensors" in verified.stdout
+    # A smaller batch than the full 32 (halved until its unplanned step fits what the limit leaves,
+    # which depends on the address space the interpreter and its libraries take on this machine).
+    smaller = re.search(r"smaller example \(args\[0\] (\d+)x64", verified.stdout)
+    assert smaller and int(smaller.group(1)) < 32, verified.stdout
 
     # Without the limit: the written plan meets its budget, measured.
     plan = parse(text, "fit.memplan")
