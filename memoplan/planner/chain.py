@@ -17,23 +17,41 @@ __all__ = ["Chain", "Estimate", "Item", "estimate", "least_peak", "minimum_peak"
 
 @dataclass(frozen=True)
 class Item:
-    """One candidate module of the chain (see :mod:`memoplan.planner.search` for the cost model)."""
+    """One candidate module of the chain (see :mod:`memoplan.planner.search` for the cost model).
+
+    A *variant* (``save`` not empty) is the same module checkpointed with ``save = [...]``: it
+    frees the same ``saved_bytes``, keeps its input and the saved ops' outputs (``input_bytes``),
+    recomputes the rest (``forward_seconds``), and its recompute brings back only
+    ``transient_bytes`` (what the kept outputs do not already hold).  A chain holding a variant
+    holds the module's plain item too.
+    """
 
     name: str  # its path in ``model.named_modules()``
     saved_bytes: int  # kept for backward when not checkpointed
     input_bytes: int  # kept when checkpointed (the region's input)
     forward_seconds: float  # recompute cost
+    transient_bytes: int | None = None  # live again while backward recomputes it; None: saved_bytes
+    save: tuple[str, ...] = ()  # the op families a variant keeps (``checkpoint save = [...]``)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "" in self.name.split("."):
             raise ValueError(f"an item needs a module path like `layers.0.attn`, got {self.name!r}")
-        for field_name in ("saved_bytes", "input_bytes"):
+        for field_name in ("saved_bytes", "input_bytes", "transient_bytes"):
             value = getattr(self, field_name)
+            if value is None and field_name == "transient_bytes":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{self.name}: {field_name} must be an integer >= 0, got {value!r}")
+        if not isinstance(self.save, tuple) or not all(isinstance(f, str) and f for f in self.save):
+            raise ValueError(f"{self.name}: save must be a tuple of op family names, got {self.save!r}")
         t = self.forward_seconds
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"{self.name}: forward_seconds must be a finite number >= 0, got {t!r}")
+
+    @property
+    def transient(self) -> int:
+        """What recomputing it brings back: ``transient_bytes``, else ``saved_bytes``."""
+        return self.saved_bytes if self.transient_bytes is None else self.transient_bytes
 
     @property
     def saving(self) -> int:
@@ -55,13 +73,16 @@ class Chain:
         if isinstance(base_bytes, bool) or not isinstance(base_bytes, int) or base_bytes < 0:
             raise ValueError(f"base_bytes must be an integer >= 0, got {base_bytes!r}")
         index: dict[str, int] = {}
-        for item in items:
+        seen: set[tuple[str, tuple[str, ...]]] = set()
+        for i, item in enumerate(items):
             if not isinstance(item, Item):
                 raise TypeError(f"expected Item, got {type(item).__name__}")
-            if item.name in index:
+            if (item.name, item.save) in seen:
                 raise ValueError(f"module `{item.name}` appears twice in the chain")
-            index[item.name] = len(index)
-        self.parent = [_innermost_outer(item.name, index) for item in items]
+            seen.add((item.name, item.save))
+            if not item.save:
+                index[item.name] = i
+        self.parent = _parents(items, index)
         self.nested = any(p >= 0 for p in self.parent)
         if self.nested and not nested_ok:
             i = next(i for i, p in enumerate(self.parent) if p >= 0)
@@ -86,6 +107,7 @@ class Chain:
         self.s = [i.saved_bytes for i in items]
         self.x = [i.input_bytes for i in items]
         self.d = [i.saved_bytes - i.input_bytes for i in items]
+        self.r = [i.transient for i in items]  # the transient of each (saved_bytes but for variants)
         self.t = [float(i.forward_seconds) for i in items]
         # A parent's bytes already hold its children's: only the roots add up.
         self.unplanned = base_bytes + sum(s for s, p in zip(self.s, self.parent) if p < 0)
@@ -109,10 +131,31 @@ class Chain:
     def peak(self, chosen: Sequence[int]) -> int:
         if not chosen:
             return self.unplanned
-        return self.unplanned - sum(self.d[i] for i in chosen) + max(self.s[i] for i in chosen)
+        return self.unplanned - sum(self.d[i] for i in chosen) + max(self.r[i] for i in chosen)
 
     def seconds(self, chosen: Sequence[int]) -> float:
         return math.fsum(self.t[i] for i in chosen)
+
+
+def _parents(items: Sequence[Item], plain: Mapping[str, int]) -> list[int]:
+    """Each candidate's innermost container among the candidates (-1: none).
+
+    A module's variants and its plain checkpoint exclude one another, and every part inside it:
+    they are stacked as a path above it (first variant outermost, the plain item innermost), so
+    "at most one candidate on any root-to-leaf path" holds for them as for nested modules.
+    """
+    parent = [_innermost_outer(item.name, plain) for item in items]
+    stacks: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        if item.save:
+            stacks.setdefault(item.name, []).append(i)
+    for path, variants in stacks.items():
+        if path not in plain:
+            raise ValueError(f"the save variant of `{path}` needs its plain candidate in the chain too")
+        for above, below in zip(variants, [*variants[1:], plain[path]]):
+            parent[below] = above
+        parent[variants[0]] = _innermost_outer(path, plain)
+    return parent
 
 
 def _innermost_outer(name: str, index: Mapping[str, int]) -> int:
@@ -156,14 +199,15 @@ def least_peak(chain: Chain) -> tuple[int, tuple[int, ...]]:
     """The least estimated peak over all sets, and the set that reaches it (cap enumeration)."""
     if chain.nested:
         return _minimum_nested(chain)
-    useful = sorted((i for i in range(chain.n) if chain.d[i] > 0), key=lambda i: (chain.s[i], i))
+    r = chain.r
+    useful = sorted((i for i in range(chain.n) if chain.d[i] > 0), key=lambda i: (r[i], i))
     best_peak, best_cut = chain.unplanned, 0
     saved = 0
     for k, i in enumerate(useful):
         saved += chain.d[i]
-        last = k + 1 == len(useful) or chain.s[useful[k + 1]] != chain.s[i]
-        if last:  # every useful module with s <= s_i, transient s_i
-            peak = chain.unplanned - saved + chain.s[i]
+        last = k + 1 == len(useful) or r[useful[k + 1]] != r[i]
+        if last:  # every useful module with r <= r_i, transient r_i
+            peak = chain.unplanned - saved + r[i]
             if peak < best_peak:
                 best_peak, best_cut = peak, k + 1
     return best_peak, tuple(sorted(useful[:best_cut]))
@@ -178,7 +222,7 @@ def _minimum_nested(chain: Chain) -> tuple[int, tuple[int, ...]]:
     eligible only its ancestors' values change, so each cap costs the depth of the tree.  The
     set of the best cap is rebuilt top-down at the end.
     """
-    s, d, parent = chain.s, chain.d, chain.parent
+    s, d, parent = chain.r, chain.d, chain.parent  # caps on the transient
     useful = sorted((i for i in range(chain.n) if d[i] > 0), key=lambda i: (s[i], i))
     own = [0] * chain.n  # d_i once eligible
     below = [0] * chain.n  # sum of best(c) over the children c

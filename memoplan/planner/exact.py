@@ -128,7 +128,7 @@ def _solve(chain: Chain, limit: int, time_limit: float) -> _Solved:
     except ImportError:
         return _Solved(None, False, "exact solver unavailable: scipy is not installed (pip install 'memoplan[plan]')")
 
-    s, d, t = chain.s, chain.d, chain.t
+    s, d, t = chain.r, chain.d, chain.t  # the staircase is over the transients (saved_bytes but for variants)
     useful = [i for i in range(chain.n) if d[i] > 0]
     need = chain.unplanned - limit  # bytes the set must save beyond its transient; > 0 here
     if max([chain.unplanned, *(s[i] for i in useful)]) > _EXACT_IN_FLOAT:

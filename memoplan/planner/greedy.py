@@ -66,7 +66,7 @@ def greedy_set(chain: Chain, limit: int) -> list[int]:
     best_peak, best_cut = chain.unplanned, 0
     for k, i in enumerate(order):
         saved += chain.d[i]
-        transient = max(transient, chain.s[i])
+        transient = max(transient, chain.r[i])
         peak = chain.unplanned - saved + transient
         if peak <= limit:
             return order[: k + 1]

@@ -283,7 +283,7 @@ def optimal(
     settled, floor, _ = settled_choice(chain, "optimal", budget, limit)
     if settled is not None:
         return settled
-    d, s, t = chain.d, chain.s, chain.t
+    d, s, t = chain.d, chain.r, chain.t  # caps on the transient
     order = sorted((i for i in range(chain.n) if d[i] > 0), key=lambda i: (t[i] / d[i], -d[i], i))
     rank = {i: r for r, i in enumerate(order)}
 

@@ -95,7 +95,8 @@ def recompute_line(seconds: float, modules: int, note: str = "") -> str:
 def _reason(item: Item) -> str:
     saving = item.saving
     verb = f"saves {format_size(saving)}" if saving >= 0 else f"costs {format_size(-saving)}"
-    kept = f"{format_size(item.saved_bytes)} saved -> {format_size(item.input_bytes)} input"
+    what = f"input and {', '.join(item.save)} outputs" if item.save else "input"
+    kept = f"{format_size(item.saved_bytes)} saved -> {format_size(item.input_bytes)} {what}"
     return f"{verb} ({kept}) for {format_duration(item.forward_seconds)} of recompute"
 
 
@@ -115,17 +116,18 @@ def to_plan(
     """
     if choice.status is not Status.OK and not allow_over_budget:
         raise BudgetError(choice)
-    by_name = {item.name: item for item in items}
+    by_name = {item.name: item for item in reversed(items)}  # a module's plain item over its variants
     rules = []
-    for name in choice.names:
-        item = by_name.get(name)
+    for k, name in enumerate(choice.names):
+        i = choice.checkpointed[k] if k < len(choice.checkpointed) else -1
+        item = items[i] if 0 <= i < len(items) and items[i].name == name else by_name.get(name)
         if item is None:
             raise ValueError(f"the choice names `{name}`, which is not in the chain")
         path = ast.PathPattern(tuple(ast.Name(part) for part in name.split(".")))
         rules.append(
             ast.ModuleRule(
                 selector=ast.Selector(ast.SelectorTerm(path=path)),
-                policies=(ast.Checkpoint(),),
+                policies=(ast.Checkpoint(save=item.save or None),),
                 comments=ast.Comments(leading=(comment_line(_reason(item)),)),
             )
         )
