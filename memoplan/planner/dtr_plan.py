@@ -124,7 +124,8 @@ def make_dtr_plan(
         floor = max(sum(c.kept_bytes for c in calls), 1)
         everything = simulate(calls, floor, minimum=minimum, outside_grads=outside)
         if hard:
-            raise _missed(limit, everything.predicted_peak(prof.peak_bytes), measured=False)
+            least = everything.predicted_peak(prof.peak_bytes)
+            raise _missed(limit, least, measured=False, why=_explained(model, example, None, least, prof))
         found = floor, everything
     threshold, sim = found
     predicted = sim.predicted_peak(prof.peak_bytes)
@@ -149,7 +150,7 @@ def make_dtr_plan(
         threshold, sim = lower, simulate(calls, lower, minimum=minimum, outside_grads=outside)
         predicted = sim.predicted_peak(prof.peak_bytes)
     if measured > limit and hard:
-        raise _missed(limit, measured, measured=True)
+        raise _missed(limit, measured, measured=True, why=_explained(model, example, plan, measured, prof))
     plan = _plan(threshold, minimum, sim, prof, limit, predicted, measured, hard, margin)
     return DtrPlanResult(plan, threshold, sim, prof.peak_bytes, measured, predicted, limit, hard)
 
@@ -195,7 +196,19 @@ def _plan(
     return ast.Plan(version=1, statements=(block,), header_comments=ast.Comments(leading=leading))
 
 
-def _missed(limit: int, peak: int, *, measured: bool) -> PlanError:
+def _explained(model: nn.Module, example: Example, plan, least: int, prof: Profile) -> list[str]:
+    """MP602's explanation (:func:`memoplan.planner.anatomy.explanation`): the least budget eviction
+    meets, and the composition of the peak of ``plan``'s step (None: the unplanned step's)."""
+    from memoplan.planner import anatomy
+
+    try:
+        peak = anatomy.composition(model, example, plan)
+    except Exception:  # noqa: BLE001  the refusal stands without its composition
+        peak = None
+    return anatomy.explanation(peak, least, prof.peak_bytes, checkpoints=False, shards=prof.shards)
+
+
+def _missed(limit: int, peak: int, *, measured: bool, why=()) -> PlanError:
     what = "measured (the larger of a sum loss's step and a mean-square loss's)" if measured else "predicted"
     return PlanError(
         (
@@ -203,8 +216,13 @@ def _missed(limit: int, peak: int, *, measured: bool) -> PlanError:
                 "MP602",
                 f"the hard budget {limit} B cannot be met by eviction: {what} peak {peak} B with every candidate "
                 "evicted that may be",
-                help="the candidates' kept inputs and what runs outside them stay; raise the budget, write it as "
-                "`hint`, or use `checkpoint` rules (`memoplan plan --budget B` without --dtr)",
+                help="\n        ".join(
+                    (
+                        "the candidates' kept inputs and what runs outside them stay; raise the budget, write it as "
+                        "`hint`, or use `checkpoint` rules (`memoplan plan --budget B` without --dtr)",
+                        *why,
+                    )
+                ),
             ),
         )
     )

@@ -9,19 +9,20 @@ Named presets of these choices are in :mod:`memoplan.planner.presets`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.planner import search, segments, tell
+from memoplan.planner import levels, opsave, search, segments, tell
 from memoplan.planner.advice import recommendation
-from memoplan.planner.config import Level, Planner, RefineOptions
+from memoplan.planner.config import Planner, RefineOptions
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import Refinement, measure_plan
 from memoplan.planner.refine import refine as refine_plan
-from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
+from memoplan.planner.schema import Profile, chain, default_candidates
 from memoplan.planner.shard import SHARDS
 from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
 from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory
@@ -38,7 +39,6 @@ from memoplan.planner.write import (  # noqa: F401  (kept importable from here)
 )
 from memoplan.progress import REPORTER
 from memoplan.resolver import resolve
-from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
 from memoplan.syntax import ast
 from memoplan.syntax.blocks import SublinearConfig
@@ -90,43 +90,37 @@ def make_plan(
     sublinear: SublinearConfig | None = None,
     start: ast.Plan | None = None,
     trials: str | None = None,
+    whole: bool = False,
 ) -> PlanResult:
     """Plan ``model`` for ``budget``; raise :class:`PlanError` (MP601) when a hard budget is missed.
 
     A hard budget is checked by measuring one step with the plan; when the measurement
     is over the limit, the search is repeated with the estimate's limit lowered by the
     overshoot (up to ``MAX_REFINEMENTS`` times) before giving up.  ``refine`` runs measured
-    refinement levels on the result (every kept edit lowers the measured peak or leaves it
-    and saves recompute); the refined plan is measured once more and that measurement is
-    what the budget is checked against.  ``preset`` names the preset in the plan's header.
-    ``nested`` also offers every part of each block that saves memory (:func:`nested_candidates`):
-    the optimal planner then solves the nested choice exactly (a MILP, with a time limit).
-    Every measurement runs on a copy: ``model``, its buffers, states and the RNG are unchanged.
+    refinement levels on the result; the refined plan is measured once more and that
+    measurement is what the budget is checked against.  ``preset`` names it in the header.
+    The optimal planner's search for a byte budget offers, beside whole candidates, every part of
+    each that saves memory (:func:`nested_candidates`) and their save variants (``checkpoint
+    save = [...]``, :mod:`memoplan.planner.opsave`), solved exactly (a MILP, with a time limit);
+    ``whole``: whole candidates only; ``nested``: parts required (an error for another planner or
+    a coverage budget).  Every measurement runs on a copy: ``model`` and the RNG are unchanged.
 
-    Before refusing a hard budget the search widens itself: when no set of whole candidates
-    measures within the limit, the parts of every candidate are offered too (``nested``, solved
-    exactly), with the ``split`` level (2, 3 or 4 segments) added to the refinement; the header
-    says so (``widened``).  MP601 only when no plan of that wider search meets the limit either.
+    Before refusing a hard budget the search widens itself (runs of a chain, time chunks, parts
+    with split regions: the header's ``widened``); when none meets the limit, MP601 names the
+    least-peak plan of every level (:func:`_least_peak`), and a hint budget writes that plan.
 
-    ``sublinear``: the settings of the sublinear search (``planner=Planner.SUBLINEAR``; default:
-    MegEngine's defaults); the header says what its genetic refinement gained over the best
-    threshold.
+    ``sublinear``: the sublinear search's settings (``planner=Planner.SUBLINEAR``; default: MegEngine's).
 
-    ``start``: a hand-written plan to complete (``memoplan plan PLAN``).  Its rules are fixed:
-    no candidate overlaps a module it checkpoints, compresses, chunks or marks ``keep`` (the
-    module, its ancestors and its descendants: recomputing a part of a kept module recomputes it);
-    every measurement is of its rules together with the planner's, and the base of the cost
-    model is the measured peak of its rules alone.  The result is ``start`` with the planner's
-    rules after its own and the planner's header after its header comments, or ``start``
-    itself when its rules already meet the budget (so planning its output again changes
-    nothing).  Measured refinement does not run on a completed plan (it could edit the fixed
-    rules); a widened search offers parts of blocks without ``split``.
+    ``start``: a hand-written plan to complete (``memoplan plan PLAN``).  Its rules are fixed: no
+    candidate overlaps a module it checkpoints, compresses, chunks or marks ``keep`` (nor its
+    ancestors or descendants); every measurement is of its rules with the planner's, and the cost
+    model's base is the measured peak of its rules alone.  The result is ``start`` with the
+    planner's rules and header after its own, or ``start`` itself when its rules meet the budget.
+    Measured refinement does not run on a completed plan (it could edit the fixed rules).
 
-    ``trials``: how the search's trials are measured (see :func:`_trials`).  ``"estimated"``:
-    each on fake tensors, and the written plan checked by one real planned step; with a measured
-    profile, when that check misses a hard budget or a trial cannot be estimated, the search runs
-    again with real trials.  ``"measured"``: every trial a real step (needs a measured profile).
-    None (default): as the profile was taken.
+    ``trials`` (:func:`_trials`): ``"estimated"``, each on fake tensors and the written plan checked
+    by one real step (with a measured profile, real trials again when that misses a hard budget or
+    a trial cannot be estimated); ``"measured"``, real steps; None (default): as the profile was taken.
     """
     if nested and (planner is not Planner.OPTIMAL or isinstance(budget, (search.Coverage, search.Preset))):
         raise ValueError("nested candidates need the optimal planner and a byte budget (bytes or a share of the peak)")
@@ -138,6 +132,10 @@ def make_plan(
         if refine is not None and refine.levels:
             raise ValueError("measured refinement does not run on a completed plan")
         how = _fixed_by(start, model, how)
+    least = isinstance(budget, search.LeastPeak)
+    deep = nested or (not whole and planner is Planner.OPTIMAL and isinstance(budget, search.ByteBudget))
+    if (deep or least) and not whole:
+        how = replace(how, uses=levels.op_uses_of(model, example, prof, progress))
     estimating = _trials(trials, prof)
 
     def searched(estimate: bool) -> PlanResult:
@@ -145,9 +143,10 @@ def make_plan(
         # real planned step checks the result.
         token, shards = _ESTIMATING.set(estimate), SHARDS.set(prof.shards)
         try:
-            if isinstance(budget, search.LeastPeak):
-                return _least_peak(model, example, how, prof, progress, refine, preset)
-            return _widening(model, example, budget, how, hard, prof, progress, refine, preset, nested, start)
+            if least:
+                return _least_peak(model, example, how, prof, progress, refine, preset, whole=whole)
+            first = levels.ALL if deep else levels.WHOLE
+            return _widening(model, example, budget, how, hard, prof, progress, refine, preset, first, start)
         finally:
             _ESTIMATING.reset(token)
             SHARDS.reset(shards)
@@ -197,60 +196,89 @@ def _trials(trials: str | None, prof: Profile) -> bool:
 
 
 def _widening(
-    model, example, budget, how: Search, hard: bool, prof: Profile, progress: bool, refine, preset, nested: bool, start
+    model, example, budget, how: Search, hard: bool, prof: Profile, progress: bool, refine, preset, first: str, start
 ):
-    """The search for ``budget``, widened (runs of a chain, time chunks, parts of blocks) when whole candidates miss it."""
-    args = (model, example, budget, how, hard, prof, progress, refine, preset)
+    """The search for ``budget`` over the ``first`` candidates, widened (runs of a chain, time
+    chunks, parts of blocks with split regions) when they miss it; when every search misses, the
+    least-peak plan of every level (:func:`_least_peak`): MP601 names it, a hint budget writes it.
+
+    A hint budget is searched as a hard one (measured), so that a plan within the limit is found
+    where one exists; only the header's ``budget mode`` says ``hint``.
+    """
+    args = (model, example, budget, how, True, prof, progress, refine, preset)
     try:
-        return _make_plan(*args, nested=nested)
-    except BudgetMissed as missed:
-        if nested:
-            raise
-        least = missed
-        if _chain_container(model, prof, how) is not None:  # a chain without blocks: runs of its children
-            try:
-                return _segmented(model, example, budget, how, prof, preset, missed, progress)
-            except BudgetMissed as also:
-                least = also if also.peak < least.peak else least
-        for wider, deeper, offered in _widenings(model, prof, refine, start is not None):
-            widened = (
-                f"{offered} offered: whole candidates measure {missed.peak} B "
-                f"at the least, over the limit {missed.limit} B"
-            )
-            if progress:
-                tell.widened(missed.peak, missed.limit, offered, widened)
-            args = (model, example, budget, replace(how, planner=Planner.OPTIMAL), hard, prof, progress, wider, preset)
-            try:
-                return _make_plan(*args, nested=deeper, widened=widened)
-            except BudgetMissed as also:
-                least = also if also.peak < least.peak else least
-        raise least from None
+        return levels.as_hint(_make_plan(*args, nested=first), hard)
+    except BudgetMissed as first_miss:
+        missed = first_miss
+    misses = [missed]
+    if _chain_container(model, prof, how) is not None:  # a chain without blocks: runs of its children
+        try:
+            return levels.as_hint(_segmented(model, example, budget, how, prof, preset, missed, progress), hard)
+        except BudgetMissed as also:
+            misses.append(also)
+    what = "whole candidates" if first == levels.WHOLE else "blocks and their parts"
+    for wider, deeper, offered in levels.widenings(model, prof, refine, start is not None):
+        widened = f"{offered} offered: {what} measure {missed.peak} B at the least, over the limit {missed.limit} B"
+        if progress:
+            tell.widened(missed.peak, missed.limit, offered, widened)
+        args = (model, example, budget, replace(how, planner=Planner.OPTIMAL), True, prof, progress, wider, preset)
+        try:
+            return levels.as_hint(_make_plan(*args, nested=deeper, widened=widened), hard)
+        except BudgetMissed as also:
+            misses.append(also)
+    return _refused(model, example, budget, how, hard, prof, progress, refine, preset, misses, first == levels.WHOLE)
 
 
-def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refine, preset) -> PlanResult:
-    """The plan with the least measured peak of every search :func:`make_plan` widens to.
+def _refused(model, example, budget, how: Search, hard: bool, prof, progress, refine, preset, misses, whole: bool):
+    """No search met the limit: the least-peak plan of every level, raised as MP601 (hard) or
+    written as the hint's plan; the plans the searches measured count among the levels."""
+    found = [("the budget's search", m.result) for m in misses if m.result is not None]
+    if progress:
+        REPORTER.say("no plan meets the budget: looking for the least peak of every level")
+    best = _least_peak(model, example, how, prof, progress, refine, preset, whole=whole, found=found)
+    limit = misses[0].limit
+    if best.measured_after > limit and hard:
+        why = levels.explained(model, example, best.plan, best.measured_after, prof)
+        least = _missed(limit, best.measured_after, best.choice.minimum_peak, least_measured=True, why=why)
+        raise replace(least, result=best)
+    return levels.over_budget(best, budget, limit, hard)
+
+
+def _least_peak(
+    model, example, how: Search, prof: Profile, progress: bool, refine, preset, *, whole: bool = False, found=()
+) -> PlanResult:
+    """The plan with the least measured peak of every level :func:`make_plan` searches.
 
     Each search runs for a limit no plan meets (0 B), so each ends in its least-peak plan,
-    refined and measured; the lowest measured peak is kept (the first among equals: the search
-    with the fewest kinds of rules).  Its header says which search it came from and what the
-    others measured.
+    refined and measured: whole candidates, their parts, the leaves inside them, their save
+    variants, runs of a chain, time chunks of stateful regions, and everything at once (parts,
+    save variants, split regions).  The lowest measured peak is kept (the first among equals:
+    the level with the fewest kinds of rules); ``found``: (what, plan) already measured by the
+    caller, which count too.  Its header says which level it came from and what the others
+    measured.  ``whole``: whole candidates and runs of a chain only.
     """
     zero = search.Bytes(0)
     how = replace(how, planner=Planner.OPTIMAL)
 
-    def searched(levels, nested: bool, what: str):
+    def searched(levels, level: str, what: str):
         args = (model, example, zero, how, True, prof, progress, levels, preset)
-        return lambda: _make_plan(*args, nested=nested, widened=what)
+        return lambda: _make_plan(*args, nested=level, widened=what)
 
-    attempts = [("whole candidates", searched(refine, False, "least"))]
+    attempts = [(levels.LEVELS[levels.WHOLE], searched(refine, levels.WHOLE, "least"))]
+    if not whole:
+        attempts += [
+            (levels.LEVELS[level], searched(refine, level, levels.LEVELS[level]))
+            for level in (levels.PARTS, levels.LEAVES, levels.SAVES)
+        ]
     if _chain_container(model, prof, how) is not None:
         unplanned = BudgetMissed((), limit=0, peak=prof.peak_bytes)
         attempts.append(
             ("runs of a chain", lambda: _segmented(model, example, zero, how, prof, preset, unplanned, progress))
         )
-    for wider, deeper, offered in _widenings(model, prof, refine, how.start is not None):
-        attempts.append((offered, searched(wider, deeper, offered)))
-    found: list[tuple[str, PlanResult]] = []
+    for wider, deeper, offered in levels.widenings(model, prof, refine, how.start is not None):
+        if deeper == levels.WHOLE or not whole:
+            attempts.append((offered, searched(wider, deeper, offered)))
+    found = list(found)
     with REPORTER.stage("looking for the least peak", len(attempts), "searches") if progress else nullcontext():
         for what, attempt in attempts:
             if progress:
@@ -262,13 +290,18 @@ def _least_peak(model, example, how: Search, prof: Profile, progress: bool, refi
                     found.append((what, missed.result))
             if progress:
                 REPORTER.advance()
+    return _lowest(found, model, how, prof)
+
+
+def _lowest(found, model, how: Search, prof: Profile) -> PlanResult:
+    """The plan of least measured peak among ``found`` ((what, plan) pairs), its header saying so."""
     if not found:  # nothing to checkpoint: the unplanned step is the least
         plan = _draft(None, [], model, provenance("memoplan plan", prof), how)
         choice = _empty_choice(search.LeastPeak(), prof.peak_bytes, prof.peak_bytes)
         return PlanResult(plan, choice, prof.peak_bytes, prof.peak_bytes, None, True)
     what, best = min(found, key=lambda f: f[1].measured_after)
     others = "; ".join(f"{w}: {r.measured_after} B" for w, r in found)
-    skip = ("# budget", "# widened:", "# status:", "# note:", "# cost model, peak after:")
+    skip = ("# budget", "# widened:", "# status:", "# note:", "# cost model, peak after:", "# least of:")
     lines = [line for line in best.plan.header_comments.leading if not line.startswith(skip)]
     at = next((i for i, line in enumerate(lines) if line.startswith("# planner:")), len(lines))
     lines[at + 1 : at + 1] = [
@@ -377,46 +410,6 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
     return result
 
 
-def _widenings(model: nn.Module, prof: Profile, refine: RefineOptions | None, completing: bool):
-    """The wider searches to try, in order, before refusing a hard budget: (refinement, nested, what is offered).
-
-    Candidates holding stateful modules (spiking neurons, recurrent cells) are first offered whole
-    with their time axis chunked (``temporal_chunk`` 2, 4 or 8, what the hand-written spiking plans
-    do); then every search offers the parts of the blocks, with split regions and chunks.  A
-    completed plan's search refines nothing (a level could edit the fixed rules).
-    """
-    stateful = _holds_state(model, default_candidates(prof))
-    if stateful and not completing:
-        yield _with_level(refine, Level.TEMPORAL), False, "time chunks of stateful regions"
-    wider = (
-        None if completing else _with_level(_with_level(refine, Level.TEMPORAL) if stateful else refine, Level.SPLIT)
-    )
-    yield wider, True, "parts of blocks and split regions"
-
-
-def _holds_state(model: nn.Module, names) -> bool:
-    """Whether any of the modules at ``names`` holds a stateful module (``temporal_chunk`` applies)."""
-    for name in names:
-        try:
-            module = model.get_submodule(name)
-        except AttributeError:
-            continue
-        if any(is_stateful(sub) for sub in module.modules()):
-            return True
-    return False
-
-
-def _with_level(refine: RefineOptions | None, level: Level) -> RefineOptions:
-    """``refine`` with ``level`` first when it does not run it already: ``split`` with 2, 3 or 4
-    segments, ``temporal`` with 2, 4 or 8 chunks."""
-    refine = refine or RefineOptions(levels=())
-    if level in refine.levels:
-        return refine
-    if level is Level.SPLIT:
-        return replace(refine, levels=(Level.SPLIT, *refine.levels), segments=(2, 3, 4))
-    return replace(refine, levels=(level, *refine.levels), chunks=(2, 4, 8))
-
-
 def _make_plan(
     model: nn.Module,
     example: Example,
@@ -428,17 +421,12 @@ def _make_plan(
     refine: RefineOptions | None,
     preset: str | None,
     *,
-    nested: bool,
+    nested: str,
     widened: str | None = None,
 ) -> PlanResult:
-    """:func:`make_plan` over one set of candidates (``nested``: with their parts); ``widened``: why."""
-    links = chain(prof, nested_candidates(prof), nested=True) if nested else chain(prof)
-    links = [link for link in links if not planner.blocks(link.name)]
-    planner = replace(planner, packed=_packed(links))  # inputs seen binary: `compress input = bit`
-    items = [
-        search.Item(link.name, link.saved_bytes, _kept_input(link, planner.packed), link.forward_seconds)
-        for link in links
-    ]
+    """:func:`make_plan` over one level of candidates (``nested``: ``levels.WHOLE``, ``levels.ALL``, ...); ``widened``: why."""
+    items, packed = levels.candidates(prof, nested, planner.blocks, planner.uses, model)
+    planner = replace(planner, packed=packed)  # inputs seen binary: `compress input = bit`
     peak = prof.peak_bytes
     if planner.fixed:  # what the hand-written rules leave is what the search works from
         fixed = _draft(None, items, model, {}, planner)
@@ -489,7 +477,7 @@ def _make_plan(
     if limit is not None:
         header["budget limit"] = f"{limit} B"
     regions = [format_selector(s.selector) for s in draft.statements if isinstance(s, ast.ModuleRule)]
-    advice = recommendation(prof, model, regions, limit, after, nested=nested)
+    advice = recommendation(prof, model, regions, limit, after, nested=nested != levels.WHOLE)
     if advice:
         header["recommendation"] = advice
     plan = under_header(draft, _draft(choice, items, model, header, planner), planner.start)
@@ -497,12 +485,6 @@ def _make_plan(
     if hard and not result.met:
         raise replace(_missed(limit, after, choice.minimum_peak, least_measured=least_set), result=result)
     return result
-
-
-def _kept_input(link, packed: frozenset[str]) -> int:
-    """What a checkpoint of ``link`` keeps: its input (bit-packed where ``packed``), and what the
-    model's output keeps of the region's bytes."""
-    return (link.packed_input_bytes if link.name in packed else link.input_bytes) + link.kept_bytes
 
 
 def _final_check(model: nn.Module, example: Example, draft: ast.Plan, after: int) -> tuple[dict[str, str], int]:
@@ -700,6 +682,8 @@ class Search:
     kept: frozenset[str] = frozenset()  # marked `keep` by ``start``: never recomputed, nor any part
     stateful: frozenset[str] = frozenset()  # modules whose state ``start`` already threads
     packed: frozenset[str] = frozenset()  # candidates with binary inputs: checkpointed with `compress input = bit`
+    # What each candidate's op families make and cost (memoplan.planner.opsave), for save variants.
+    uses: Mapping[str, opsave.OpUse] | None = field(default=None, compare=False)
 
     @property
     def fixed(self) -> bool:
@@ -769,8 +753,9 @@ class BudgetMissed(PlanError):
     result: PlanResult | None = None  # the measured plan that missed, when one was written
 
 
-def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> BudgetMissed:
-    """MP601 for a measured ``peak`` over ``limit``; ``least_measured``: ``peak`` is the least-peak plan's."""
+def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False, why=()) -> BudgetMissed:
+    """MP601 for a measured ``peak`` over ``limit``; ``least_measured``: ``peak`` is the least-peak
+    plan's; ``why``: more help lines (the peak's composition, the next step)."""
     if least_measured:
         reach = (
             f"the least-peak plan checkpointing reaches measures {peak} B ({peak / 2**20:.2f} MiB; "
@@ -783,14 +768,9 @@ def _missed(limit, peak: int, minimum: int, *, least_measured: bool = False) -> 
             Diagnostic(
                 "MP601",
                 f"the hard budget {limit} B cannot be met: measured peak {peak} B",
-                help=f"{reach}; raise the budget or write it as `hint`",
+                help="\n        ".join((f"{reach}; raise the budget or write it as `hint`", *why)),
             ),
         ),
         limit=limit,
         peak=peak,
     )
-
-
-def _packed(links) -> frozenset[str]:
-    """The candidates whose inputs the profile proves binary, where bit-packing them saves bytes."""
-    return frozenset(link.name for link in links if link.input_binary and link.packed_input_bytes < link.input_bytes)

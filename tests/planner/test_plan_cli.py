@@ -297,7 +297,7 @@ def test_hard_budgets_are_settled_by_measurement_in_either_direction(monkeypatch
     offset = int(offset_share * prof.peak_bytes)
     seen = _fake_meter(monkeypatch, items, base, offset)
     budget = search.FractionOfPeak(share)
-    result = make_plan(model, example, budget, prof=prof, progress=False)
+    result = make_plan(model, example, budget, prof=prof, progress=False, whole=True)  # the meter knows whole blocks
     plain = search.optimal(items, budget, base_bytes=base)
     assert result.limit == prof.peak_bytes * share.numerator // share.denominator
     assert result.measured_after <= result.limit
@@ -343,7 +343,7 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
         return estimate if set(names) == set(least.names) else estimate + prof.peak_bytes
 
     monkeypatch.setattr(plan_module, "_measure", fake)
-    result = make_plan(model, example, budget, prof=prof, progress=False)
+    result = make_plan(model, example, budget, prof=prof, progress=False, whole=True)  # the meter knows whole blocks
     assert set(result.choice.names) == set(least.names)
     assert result.measured_after <= result.limit
     assert len(seen) == len(set(seen))  # each set measured once
@@ -351,7 +351,7 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
     # And when the least-peak set measures over the limit too, MP601 gives its measurement.
     monkeypatch.setattr(plan_module, "_measure", lambda model, example, plan: prof.peak_bytes * 2)
     with pytest.raises(memoplan.PlanError) as caught:
-        make_plan(model, example, budget, prof=prof, progress=False)
+        make_plan(model, example, budget, prof=prof, progress=False, whole=True)
     assert caught.value.codes == ["MP601"] and "the least-peak plan checkpointing reaches measures" in str(caught.value)
 
 
