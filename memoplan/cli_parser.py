@@ -326,7 +326,8 @@ def _plan(sub: Any, run: Runner) -> None:
     plan.add_argument(
         "--nested",
         action="store_true",
-        help="also offer every part of each block that saves memory, solved exactly (optimal planner, byte budgets)",
+        help="require the parts of each block among the candidates (the optimal planner offers them, with their "
+        "save variants, for every byte budget; an error with another planner or a coverage budget)",
     )
     plan.add_argument(
         "--dtr",
