@@ -63,6 +63,13 @@ def example() -> tuple[torch.Tensor]:
     return (torch.randint(0, vocab, (batch, seq)),)
 
 
+def _portable(line: str, root: Path) -> str:
+    """``line`` without this machine's paths: the interpreter's prefix and the checkout become placeholders."""
+    for path, name in ((Path(sys.prefix).resolve(), "<prefix>"), (root.resolve(), "<checkout>")):
+        line = line.replace(f"{path}/", f"{name}/")
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -249,7 +256,7 @@ def _limited_run(args, unplanned: int, unit: float | None) -> dict[str, object]:
                 text=True,
             )
             seconds = time.perf_counter() - start
-            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            tail = [_portable(line, root) for line in (done.stdout + done.stderr).strip().splitlines()[-3:]]
             out[name] = {
                 "returncode": done.returncode,
                 "seconds": seconds,
