@@ -78,7 +78,14 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'memoplan' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:  # memoplan installs without torch (memoplan.needs_torch)
+        if (exc.name or "").split(".")[0] != "torch":
+            raise
+        from memoplan.needs_torch import hint
+
+        raise ModuleNotFoundError(hint(f"memoplan.{name}"), name=exc.name) from exc
     globals()[name] = value
     return value
 

@@ -80,7 +80,7 @@ def _main(argv: list[str] | None) -> int:
             return isolate.run(sys.argv[1:] if argv is None else list(argv), isolate.plan_path(args))
         # In a context of its own: the target device a command sets (memoplan.planner.target.TARGET)
         # ends with it, also when main() runs several commands in one process.
-        return out.finish(contextvars.copy_context().run(args.run, args))
+        return out.finish(contextvars.copy_context().run(_run, args))
     except PlanError as error:
         if not out.failed(error):
             _report(error)
@@ -92,6 +92,18 @@ def _main(argv: list[str] | None) -> int:
         # stdout closed early (`memoplan explain plan | head`): not an error of ours.
         sys.stdout = None  # type: ignore[assignment]  # no flush at exit, no second traceback
         return 1
+
+
+def _run(args) -> int:
+    """The command; where it needs torch and torch is not installed, MP550 says how to get it."""
+    try:
+        return args.run(args)
+    except ModuleNotFoundError as exc:
+        from memoplan.needs_torch import is_missing_torch, missing_torch_error
+
+        if not is_missing_torch(exc):
+            raise
+        raise missing_torch_error(args.command) from exc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -762,6 +774,8 @@ def _demo(args) -> int:
     print(f"copied {len(written)} example plans into {args.folder}/ (existing files kept)")
     first = args.folder / "cnn_bn_dropout.memplan"
     code = main(["verify", str(first), *(["-q"] if args.quiet else [])])
+    if code != 0:
+        return code
     print(f"next: memoplan explain {first}   memoplan report {first} -o report.html   (docs: README.md)")
     return code
 

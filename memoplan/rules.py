@@ -72,6 +72,7 @@ RANGES: tuple[Range, ...] = (
     Range(520, 529, "the language server", frozenset({_S.EDITOR})),
     Range(530, 539, "running a model's code in a child process", frozenset({_S.SPECS})),
     Range(540, 549, "renamed commands and words, still accepted for a release", frozenset({_S.CLI})),
+    Range(550, 559, "what a command needs installed", frozenset({_S.CLI})),
     Range(600, 699, "the planner", frozenset({_S.PLANNER})),
 )
 
@@ -228,6 +229,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP531", _S.SPECS, E, "`--isolate`: the process ended before memoplan finished (os._exit() in the model's code)", "raise an exception or call sys.exit() instead: memoplan reports those as MP504"),
     ("MP532", _S.SPECS, E, "`--isolate`: the child process could not be started", "run the command without --isolate (and without MEMOPLAN_ISOLATE=1)"),
     ("MP540", _S.CLI, W, "an old name the command line still accepts for a release: the command `memoplan compile` (now `memoplan write-module`), the budget words `speed`, `balanced`, `memory` (now `checkpoint-half`, `checkpoint-three-quarters`, `checkpoint-all`); it runs as the new name", "write the new name (`memoplan.deprecations` lists them)"),
+    ("MP550", _S.CLI, E, "a command that builds or runs a model (all but `check --syntax-only`, `fmt`, `rule` and the language server's syntax checks) where PyTorch is not installed: memoplan installs without it", "pip install 'memoplan[torch]' (the torch releases memoplan is tested with), or install the torch build you want first"),
     # ---- the planner
     ("MP601", _S.PLANNER, E, "`memoplan plan`: no plan of the search meets a `hard` budget", "raise the budget (the message gives the least reachable peak) or write it as `hint`"),
     ("MP602", _S.PLANNER, E, "`memoplan plan --dtr`: a budget that is not in bytes, or that eviction cannot meet", "give the budget in bytes, above the least the message gives"),

@@ -35,6 +35,7 @@ class Session:
         self.versions: dict[str, int] = {}
         self.texts: dict[str, str] = {}
         self.registrations: list[lsp.Registration] = []
+        self.messages: list[lsp.ShowMessageParams] = []  # window/showMessage, in order
         self.command = command or [sys.executable, "-m", "memoplan.cli", "lsp"]
         self.env = env
         self.client = self.run(self._start(options or {}, cwd, watch_files))
@@ -45,6 +46,10 @@ class Session:
         @client.feature(lsp.CLIENT_REGISTER_CAPABILITY)
         def _register(params: lsp.RegistrationParams) -> None:
             self.registrations.extend(params.registrations)
+
+        @client.feature(lsp.WINDOW_SHOW_MESSAGE)
+        def _message(params: lsp.ShowMessageParams) -> None:
+            self.messages.append(params)
 
         @client.feature(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
         def _published(params: lsp.PublishDiagnosticsParams) -> None:

@@ -2,11 +2,11 @@
 
 Builds the sdist and, from it, the wheel (``python -m build``, as a distribution recipe does);
 creates a new virtual environment, installs torch 2.13.0 (the tested release) and then the wheel
-with its ``lsp`` and ``report`` extras (no editable install, nothing borrowed from this
+with its ``torch``, ``lsp`` and ``report`` extras (no editable install, nothing borrowed from this
 environment); then, from a folder outside the checkout, runs ``check`` on every bundled plan,
 ``verify``, ``compile`` and an import of the compiled module, ``report``, ``demo``, and a
 language-server session (initialize, diagnostics for a syntax error).  The sdist must carry the
-tests, the docs and the licence.
+tests, the docs and the licence; both pass ``twine check --strict`` (ready to publish).
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def fresh_env(wheel, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(with_pip=True, clear=True).create(home)
     python = home / "bin" / "python"
-    _pip(python, TORCH)  # first, so that the wheel's `torch>=2.13` is met by the tested release
-    _pip(python, f"memoplan[lsp,report] @ {wheel.as_uri()}")
+    _pip(python, TORCH)  # first: the CPU build from this machine's index; the `torch` extra's range keeps it
+    _pip(python, f"memoplan[torch,lsp,report] @ {wheel.as_uri()}")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env["PATH"] = f"{home / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["XDG_CACHE_HOME"] = str(home / "cache")
@@ -119,6 +119,42 @@ def test_sdist_carries_tests_docs_and_licence(sdist):
         assert name in names, name
     assert any(n.startswith("docs/") and n.endswith(".md") for n in names)
     assert not any("node_modules" in n or "__pycache__" in n for n in names)
+
+
+def test_sdist_and_wheel_pass_twine_check(dist):
+    """Ready to publish: twine's checks (the readme renders, the metadata is complete) pass strictly."""
+    files = sorted(str(p) for p in dist.iterdir())
+    assert len(files) == 2, files
+    result = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *files], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("PASSED") == 2, result.stdout
+
+
+def test_wheel_metadata_is_complete(wheel):
+    """What an index page shows: summary, readme, licence, classifiers, project links; torch an extra."""
+    from email.parser import Parser
+
+    (name,) = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA")]
+    meta = Parser().parsestr(zipfile.ZipFile(wheel).read(name).decode("utf-8"))
+    assert meta["Summary"] and meta["License-Expression"] == "Apache-2.0"
+    assert meta["Description-Content-Type"] == "text/markdown"
+    assert meta.get_payload().startswith("# memoplan")
+    classifiers = meta.get_all("Classifier")
+    assert "Programming Language :: Python :: 3.10" in classifiers and "Typing :: Typed" in classifiers
+    assert any(c.startswith("Development Status ::") for c in classifiers)
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert {"Homepage", "Documentation", "Source", "Changelog", "Issues"} <= set(urls), urls
+    assert all(u.startswith("https://") for u in urls.values()), urls
+    requires = meta.get_all("Requires-Dist")
+    plain = [r for r in requires if "extra ==" not in r]
+    assert not any(r.startswith("torch") for r in plain), plain  # the syntax tools need no torch
+    from memoplan.needs_torch import TORCH_RANGE
+
+    wanted = ",".join(sorted(TORCH_RANGE.split(",")))
+    torch_extra = [r.split(";")[0] for r in requires if r.startswith("torch") and "extra == 'torch'" in r]
+    assert [",".join(sorted(r.removeprefix("torch").split(","))) for r in torch_extra] == [wanted], requires
 
 
 def test_installed_package_is_the_wheel(fresh_env):

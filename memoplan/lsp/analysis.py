@@ -50,7 +50,14 @@ def with_effects(parsed: Checked) -> Checked:
     """``parsed`` with the refusals and notes of its plan-wide statements (imports torch)."""
     if not parsed.clean:
         return parsed  # a plan with errors is not given to the statement checks, as `check` does
-    from memoplan.resolver.effects import statement_effects  # imports torch: only when needed
+    try:
+        from memoplan.resolver.effects import statement_effects  # imports torch: only when needed
+    except ModuleNotFoundError as exc:
+        from memoplan.needs_torch import is_missing_torch
+
+        if not is_missing_torch(exc):
+            raise
+        return parsed  # installed without torch: the syntax checks alone (the server said so once)
 
     effects = statement_effects(parsed.plan, checking=True)
     return Checked(parsed.plan, parsed.diagnostics + tuple(effects), parsed.parsed)

@@ -347,9 +347,20 @@ def _safely(check, *args) -> Checked:
         return Checked(None, (_internal(exc),))
 
 
-def _warm_up() -> None:
+def _warm_up(ls: PlanServer, loop: asyncio.AbstractEventLoop) -> None:
     parse_text("memplan 1\n", "<warm-up>")
-    importlib.import_module("memoplan.resolver.effects")
+    try:
+        importlib.import_module("memoplan.resolver.effects")
+    except ModuleNotFoundError as exc:
+        from memoplan.needs_torch import hint, is_missing_torch
+
+        if not is_missing_torch(exc):
+            raise
+        # Installed without torch: syntax and value diagnostics, hover, completion and
+        # formatting work; the editor says once what the rest needs.
+        text = "memoplan lsp: " + hint("checking plan-wide statements and loading the model")
+        message = lsp.ShowMessageParams(type=lsp.MessageType.Info, message=text)
+        loop.call_soon_threadsafe(ls.window_show_message, message)
 
 
 def _effects_ready() -> bool:
@@ -422,7 +433,8 @@ async def _initialized(ls: PlanServer, params: lsp.InitializedParams) -> None:
     """With the model loaded, ask the editor to say when a Python file changes (where it can)."""
     # Build the parser, then import the statement checks (and torch), while the editor opens
     # its first document: the first diagnostics need only the parser.
-    threading.Thread(target=_warm_up, daemon=True, name="memoplan-warm-up").start()
+    loop = asyncio.get_running_loop()
+    threading.Thread(target=_warm_up, args=(ls, loop), daemon=True, name="memoplan-warm-up").start()
     workspace = ls.client_capabilities.workspace
     watching = workspace.did_change_watched_files if workspace is not None else None
     if not ls.load_model or watching is None or not watching.dynamic_registration:
