@@ -49,3 +49,10 @@ def plans_dir() -> Path:
 def grammar_reference() -> str:
     """``grammar/README.md``, the language reference: its tables are what the editor shows on hover."""
     return (_find("grammar", "grammar") / "README.md").read_text(encoding="utf-8")
+
+
+@cache
+def doc_text(path: str) -> str:
+    """A documentation page by its path in the repository (``docs/security.md``, ``README.md``):
+    under ``memoplan/_data`` in a wheel, where it is in a checkout (``memoplan docs``)."""
+    return _find(path, path).read_text(encoding="utf-8")

@@ -23,7 +23,20 @@ from memoplan.cli_sublinear import sublinear_config
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
 from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
 
-SUBCOMMANDS = ("check", "fmt", "rule", "explain", "verify", "write-module", "profile", "plan", "report", "lsp", "demo")
+SUBCOMMANDS = (
+    "check",
+    "fmt",
+    "rule",
+    "docs",
+    "explain",
+    "verify",
+    "write-module",
+    "profile",
+    "plan",
+    "report",
+    "lsp",
+    "demo",
+)
 # and, hidden, the old names of memoplan.deprecations.COMMANDS (`compile`), with MP540
 
 
@@ -776,7 +789,7 @@ def _demo(args) -> int:
     code = main(["verify", str(first), *(["-q"] if args.quiet else [])])
     if code != 0:
         return code
-    print(f"next: memoplan explain {first}   memoplan report {first} -o report.html   (docs: README.md)")
+    print(f"next: memoplan explain {first}   memoplan report {first} -o report.html   (docs: memoplan docs tutorial)")
     return code
 
 

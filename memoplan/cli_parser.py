@@ -128,6 +128,7 @@ def build_parser(run: Mapping[str, Runner], report: Callable[[Any], None]) -> ar
     _check(sub, run["check"])
     _fmt(sub, report)
     _rule(sub)
+    _docs(sub)
     _explain(sub, run["explain"])
     _verify(sub, run["verify"])
     _write_module(sub, run["write-module"], "write-module")
@@ -199,6 +200,14 @@ def _rule(sub: Any) -> None:
     rule = sub.add_parser("rule", help="explain a diagnostic code (`memoplan rule MP301`), or list them all")
     rule.add_argument("code", nargs="?", help="a code such as MP301 (leave out to list every code)")
     rule.set_defaults(run=lambda args: print_rule(args.code))
+
+
+def _docs(sub: Any) -> None:
+    from memoplan.doc_pages import print_docs
+
+    docs = sub.add_parser("docs", help="print a page of the documentation (`memoplan docs` lists the topics)")
+    docs.add_argument("topic", nargs="?", help="a topic such as tutorial, errors, security (leave out to list them)")
+    docs.set_defaults(run=lambda args: print_docs(args.topic))
 
 
 def _explain(sub: Any, run: Runner) -> None:

@@ -51,7 +51,7 @@ and runs it, with the plan's folder on sys.path.  Treat a plan like a script: ru
 those commands only on plans you trust.  `memoplan check --syntax-only` runs no code
 (no model, no torch).  --isolate (or MEMOPLAN_ISOLATE=1) runs the command in a child
 process so that a crash of that code (a signal, os._exit) is reported as a diagnostic;
-it is not a sandbox.  docs/security.md"""
+it is not a sandbox.  More: memoplan docs security"""
 
 
 def add_option(parser: Any) -> None:

@@ -97,7 +97,7 @@ class Rule:
         ]
         if group is not None:
             lines += ["", f"MP{group.first}-MP{group.last}: {_plain(group.topic)}."]
-        lines += ["", "Reference: grammar/README.md, section 7 (Errors)."]
+        lines += ["", "Reference: `memoplan docs errors` (the language reference, section 7)."]
         return "\n".join(lines)
 
 
@@ -112,8 +112,8 @@ E, W, N = Severity.ERROR, Severity.WARNING, Severity.NOTE
 _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     # ---- lexical and grammar
     ("MP100", _S.SYNTAX, E, "syntax error: an unexpected character or token (with what was expected), a unit in the wrong case, a single-quoted string", "write the construct the message expects; units are `B`, `KiB`, `MiB`, `GiB`, strings use double quotes"),
-    ("MP101", _S.SYNTAX, E, "unknown statement, with a did-you-mean (`modle` -> `module`); a policy written outside a rule", "use a statement of section 2; policies go inside `module SELECTOR { ... }`"),
-    ("MP102", _S.SYNTAX, E, "unknown policy in a rule, with a did-you-mean (`checkpointing` -> `checkpoint`)", "use one of the policies of section 4"),
+    ("MP101", _S.SYNTAX, E, "unknown statement, with a did-you-mean (`modle` -> `module`); a policy written outside a rule", "use a statement of the language's section 2 (`memoplan docs language`); policies go inside `module SELECTOR { ... }`"),
+    ("MP102", _S.SYNTAX, E, "unknown policy in a rule, with a did-you-mean (`checkpointing` -> `checkpoint`)", "use one of the policies of the language's section 4 (`memoplan docs language`)"),
     ("MP103", _S.SYNTAX, E, "unsupported version in the header", "write `memplan 1`"),
     ("MP104", _S.SYNTAX, E, "no `memplan 1` header (or an empty file); a file read as a plan whose first statement is not the header is not shown in the diagnostic", "start the file with `memplan 1`"),
     ("MP105", _S.SYNTAX, E, "a quoted path segment that contains `.`, or is empty inside a longer path (`\"\"` alone is the root)", "quote one segment at a time: `\"a\".\"b\"`"),
@@ -124,7 +124,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     # ---- values
     ("MP201", _S.SYNTAX, E, "unknown option, key or example argument, with a did-you-mean; an option that does not apply (`tolerance` on a lossless codec, `low`/`high` on a function other than `randint`)", "use an option the policy, block or function lists in the reference, or remove it"),
     ("MP202", _S.SYNTAX, E, "a value of the wrong type (an integer where a size is needed, a string where a word is, ...)", "write the value in the type the reference lists (a size with a unit, a bare word, ...)"),
-    ("MP203", _S.SYNTAX, E, "a value out of range (every range in sections 2–6; a number too large for a float)", "write a value inside the range the help gives"),
+    ("MP203", _S.SYNTAX, E, "a value out of range (every range in the language's sections 2–6, `memoplan docs language`; a number too large for a float)", "write a value inside the range the help gives"),
     ("MP204", _S.SYNTAX, E, "an unknown word for an option, key, dtype, tensor function or budget mode, with a did-you-mean", "use one of the words the help lists"),
     ("MP205", _S.SYNTAX, E, "a lossy codec not marked `lossy`, or `lossy` on a lossless codec", "write `lossy` (and a `tolerance`) after a lossy codec, and only there"),
     ("MP206", _S.SYNTAX, E, "a policy kind twice in one rule", "merge the two into one policy"),

@@ -37,6 +37,7 @@ def test_subcommands_are_frozen() -> None:
         "check",
         "fmt",
         "rule",
+        "docs",
         "explain",
         "verify",
         "write-module",

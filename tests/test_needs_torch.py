@@ -49,11 +49,12 @@ def _run(*args: str, block: bool = False) -> dict:
         ("--help",),
         ("rule",),
         ("rule", "MP301"),
+        ("docs", "security"),
         ("fmt", "--check", PLAN),
         ("check", "--syntax-only", PLAN),
         ("check", "--syntax-only", "--format", "json", PLAN),
     ],
-    ids=["help", "rule", "rule-code", "fmt", "check-syntax-only", "check-syntax-only-json"],
+    ids=["help", "rule", "rule-code", "docs", "fmt", "check-syntax-only", "check-syntax-only-json"],
 )
 def test_syntax_tools_import_no_torch(args) -> None:
     found = _run(*args)

@@ -100,6 +100,10 @@ def test_wheel_contents(wheel):
     ):
         assert name in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    from memoplan.doc_pages import TOPICS
+
+    missing = sorted({t.path for t in TOPICS.values()} - {n.removeprefix("memoplan/_data/") for n in names})
+    assert not missing, f"`memoplan docs` pages not in the wheel (pyproject.toml's force-include): {missing}"
     assert not any(n.startswith("tests/") for n in names)
 
 
@@ -229,6 +233,16 @@ def test_demo_from_the_wheel(fresh_env):
     result = _run(fresh_env, "demo", str(where))
     assert result.returncode == 0, result.stderr
     assert (where / "cnn_bn_dropout.memplan").is_file()
+
+
+def test_docs_from_the_wheel(fresh_env):
+    """Every topic prints from the installed wheel, outside any checkout."""
+    from memoplan.doc_pages import TOPICS
+
+    for topic in TOPICS:
+        result = _run(fresh_env, "docs", topic)
+        assert result.returncode == 0 and result.stdout.startswith("#"), (topic, result.stderr)
+    assert "--isolate" in _run(fresh_env, "docs", "security").stdout
 
 
 def test_language_server_from_the_wheel(fresh_env):

@@ -180,7 +180,7 @@ def test_help_says_that_resolving_runs_the_models_code(tmp_path):
     done = _memoplan("--help", cwd=tmp_path)
     text = " ".join(done.stdout.split())
     assert "imports and runs it" in text and "--syntax-only" in text and "--isolate" in text
-    assert "not a sandbox" in text and "docs/security.md" in text
+    assert "not a sandbox" in text and "memoplan docs security" in text
     check = " ".join(_memoplan("check", "--help", cwd=tmp_path).stdout.split())
     assert "--isolate" in check and "Not a sandbox" in check
 

@@ -395,7 +395,7 @@ def _check_policies(res: Resolution) -> None:
                 state.span,
                 "mark the stateful modules themselves (e.g. `module class LIFNode { state = functional }`), or "
                 f"implement `memoplan_state()` and `memoplan_load_state(state)` on {type(module).__qualname__} "
-                "(see docs/state.md)",
+                "(`memoplan docs state`)",
             )
         if isinstance(recompute, ast.Checkpoint) or chunk is not None:
             _check_region_state(res, path, module, recompute, _winner(res, path, "compress"), chunk)

@@ -86,8 +86,9 @@ def outside_graph(fn: Callable[..., Any], where: str, what: str, /, *args: Any, 
     state, chunks time) is not traceable by Dynamo; rather than breaking the graph at each
     of its steps, it breaks once around the whole region, which then runs eagerly with the
     same results as without compile, and warns once per region (MP417)."""
-    run = _all_eager if "temporal_chunk" in what else _eager
-    return run(fn, where, what, *args, **kwargs)
+    if "temporal_chunk" in what:
+        return _all_eager(fn, where, what, *args, **kwargs)
+    return _eager(fn, where, what, *args, **kwargs)
 
 
 def region_kind(codec: str, stateful: Sequence[Any], chunks: int | None = None) -> str:
@@ -172,10 +173,22 @@ def _first_line(reason: str) -> str:
     return f"{head} ({explanation.removeprefix('Explanation:').strip()})" if explanation else head
 
 
+# torch._disable_dynamo is torch._dynamo.disable that imports Dynamo on the first call rather than now:
+# importing Dynamo costs more than the rest of torch (a second of CPU), and a command or script that
+# never compiles never calls these.  Its wrapper lives in a module Dynamo skips, so under compile the
+# call runs outside the graph, as the disabled function itself would.
 #: Only this frame is skipped: the frames it calls (the region's, the module's forward) are compiled on their own.
-_eager = torch._dynamo.disable(_run_eagerly, recursive=False)
+_eager = torch._disable_dynamo(_run_eagerly, recursive=False)
+
+
+def _run_wholly_eagerly(fn: Callable[..., Any], where: str, what: str, /, *args: Any, **kwargs: Any) -> Any:
+    """:func:`_run_eagerly`, by a function of its own: torch._disable_dynamo keeps the wrapper it makes
+    on the function, so one function cannot have both a recursive and a non-recursive one."""
+    return _run_eagerly(fn, where, what, *args, **kwargs)
+
+
 #: Every frame skipped: the region and its module run eagerly.  For time chunks: with the chunks'
 #: frames compiled one by one (BatchNorm's whole-batch statistics measured chunk by chunk), the
 #: gradients came out wrong (input gradients off by more than their own magnitude on the bundled
 #: spiking CNN, tests/runtime/test_compile_policies.py), so chunked regions run wholly eagerly.
-_all_eager = torch._dynamo.disable(_run_eagerly, recursive=True)
+_all_eager = torch._disable_dynamo(_run_wholly_eagerly, recursive=True)

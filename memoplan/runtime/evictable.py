@@ -69,13 +69,12 @@ def _tracker(module: nn.Module) -> Tracker:
     return tracker
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable that imports Dynamo at the first call, not now (runtime/compiled.py)
 def _eager(module: nn.Module, forward_fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     # Saved-tensor hooks and the tracker's bookkeeping: never traced.
     return _tracker(module).run(module, lambda *a, **k: forward_fn(module, *a, **k), args, kwargs)
 
 
-@torch._dynamo.assume_constant_result
 def _checkpointed(module: nn.Module) -> bool:
     """Whether the compile choice checkpoints this candidate (run, not traced, when Dynamo traces)."""
     tracker = _tracker(module)
@@ -94,10 +93,17 @@ def _checkpointed(module: nn.Module) -> bool:
             f"candidates run as a static checkpoint choice made now, while Dynamo traces: {len(names)} of "
             f"{len(everyone)} checkpointed{' (' + shown + ')' if names else ''}, {reason}; the others keep their "
             "activations until backward. Gradients are those of the unplanned model; `dtr_stats` counts eager "
-            "steps only (docs/compile.md)",
+            "steps only (`memoplan docs compile`)",
             RuntimeWarning,
         )
     return where in chosen
+
+
+# What torch._dynamo.assume_constant_result does (a mark Dynamo reads when it traces a call),
+# without importing Dynamo with this module: it costs a second of CPU, which a command or script
+# that never compiles should not pay.  tests/runtime/test_lazy_dynamo.py checks the decorator still
+# sets exactly this mark.
+_checkpointed._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def compile_choice(tracker: Tracker) -> tuple[frozenset[str], str]:

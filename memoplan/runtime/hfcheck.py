@@ -74,7 +74,7 @@ def _before_forward(model: nn.Module, args: Any) -> None:
     _look_once(model, record)
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable that imports Dynamo at the first call, not now (runtime/compiled.py)
 def _look_once(model: nn.Module, record: _Watch) -> None:
     """Warn at the first look that finds the model's own checkpointing on; run eagerly even
     under ``torch.compile``, so that ``done`` is a plain flag."""
