@@ -1,9 +1,12 @@
-# Each target sets itself up: a virtual environment in .venv with torch 2.13.0
-# (the CPU build), memoplan installed in editable mode with its test extras, the
-# optional SpikingJelly 2.0.0, and the model zoo's libraries (in .venv/zoo).
+# Each target sets itself up in a virtual environment in .venv, in two layers: the demo's
+# (torch 2.13.0, memoplan in editable mode with the `report` extra: what `make demo` runs) and,
+# on top of it, the tests' (the test extras, transformers and accelerate, the optional SpikingJelly
+# 2.0.0, and the model zoo's libraries in .venv/zoo).
+# `make demo` installs only the first; `make test` and the other targets both.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.memoplan-demo
 STAMP := $(VENV)/.memoplan-setup
 
 .PHONY: demo test test-fast lint bench clean clients
@@ -19,10 +22,17 @@ else
 TEST_SETUP := $(STAMP)
 endif
 
-$(STAMP): pyproject.toml Makefile
+# The demo's layer: torch first (the build this machine's index has: the CPU build where the index
+# offers it), then memoplan with the `torch` extra (its range keeps that torch) and `report`.
+$(DEMO_STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[torch,report]'
+	touch $(DEMO_STAMP)
+
+# The tests' layer, on the demo's: CI's set-up (`.ci/run` -> `make test`).
+$(STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install --quiet -e '.[test,report]'
 	# Real models the tests build from configs (no weights): HF transformers.
 	# SpikingJelly's neurons work with `state = functional`; its declared
@@ -40,7 +50,7 @@ $(STAMP): pyproject.toml Makefile
 		charset-normalizer==3.5.3 importlib_metadata==10.2.0 zipp==4.1.2
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/memoplan verify plans/cnn_bn_dropout.memplan
 	mkdir -p build
 	$(VENV)/bin/memoplan report plans/cnn_bn_dropout.memplan -o build/cnn_bn_dropout.html
