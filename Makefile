@@ -24,10 +24,12 @@ endif
 
 # The demo's layer: torch first (the build this machine's index has: the CPU build where the index
 # offers it), then memoplan with the `torch` extra (its range keeps that torch) and `report`.
+# Where the index has only PyPI's CUDA build: TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
+TORCH_PIP_ARGS ?=
 $(DEMO_STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install --quiet -e '.[torch,report]'
 	touch $(DEMO_STAMP)
 
