@@ -81,9 +81,10 @@ def __getattr__(name: str):
     try:
         value = getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as exc:  # memoplan installs without torch (memoplan.needs_torch)
-        if (exc.name or "").split(".")[0] != "torch":
+        from memoplan.needs_torch import hint, is_missing_torch
+
+        if not is_missing_torch(exc):
             raise
-        from memoplan.needs_torch import hint
 
         raise ModuleNotFoundError(hint(f"memoplan.{name}"), name=exc.name) from exc
     globals()[name] = value

@@ -29,8 +29,12 @@ def torch_installed() -> bool:
 
 
 def is_missing_torch(exc: BaseException) -> bool:
-    """Whether ``exc`` is the failed import of torch (or of one of its modules) itself."""
-    return isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "torch"
+    """Whether ``exc`` is the failed import of torch (or of one of its modules) because torch is not installed.
+
+    A torch module missing from an installed torch (another release) is not: that error stays as it is."""
+    if not isinstance(exc, ModuleNotFoundError) or (exc.name or "").split(".")[0] != "torch":
+        return False
+    return not torch_installed()
 
 
 def hint(what: str) -> str:

@@ -90,3 +90,10 @@ def test_torch_range_is_the_extras() -> None:
     low, high = re.fullmatch(r">=([\d.]+),<([\d.]+)", TORCH_RANGE).groups()
     version = tuple(int(p) for p in installed("torch").split("+")[0].split(".")[:2])
     assert tuple(int(p) for p in low.split(".")) <= version < tuple(int(p) for p in high.split("."))
+
+
+def test_a_missing_module_of_an_installed_torch_is_not_mp540() -> None:
+    from memoplan.needs_torch import is_missing_torch
+
+    assert not is_missing_torch(ModuleNotFoundError("No module named 'torch.gone'", name="torch.gone"))
+    assert not is_missing_torch(ModuleNotFoundError("No module named 'torchvision'", name="torchvision"))
