@@ -83,7 +83,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "memoplan plan start.memplan --preset memory -o plan.memplan   # complete a hand-written plan",
     ),
     "report": ("memoplan report plan.memplan -o report.html",),
-    "lsp": ("memoplan lsp          # started by the editor (docs/editors.md)",),
+    "docs": ("memoplan docs", "memoplan docs errors            # every diagnostic code"),
+    "lsp": ("memoplan lsp          # started by the editor (memoplan docs editors)",),
     "demo": ("memoplan demo my-plans",),
 }
 

@@ -34,6 +34,7 @@ TOPICS: dict[str, Topic] = {
     "api": Topic("docs/reference/api.md"),
     "language": Topic("grammar/README.md"),
     "errors": Topic("grammar/README.md", "7. Errors"),
+    "huggingface": Topic("docs/huggingface.md"),
     "planner": Topic("docs/planner.md"),
     "fit": Topic("docs/fit.md"),
     "compile": Topic("docs/compile.md"),
