@@ -140,7 +140,9 @@ def verify(plan: Path) -> dict[str, Any]:
 
 def run_entry(entry: Entry, budgets: list[int], unit_steps: int, folder: Path) -> dict[str, Any]:
     model, example = _load(entry)
-    result: dict[str, Any] = {"name": entry.name, "library": entry.library, "example": entry.example}
+    # the example's spec relative to the checkout: the recorded results hold no path of this machine
+    example_spec = entry.example.replace(f"{HERE.parent.as_posix()}/", "")
+    result: dict[str, Any] = {"name": entry.name, "library": entry.library, "example": example_spec}
     result["unit_step_seconds"] = unit = unit_step(model, example, unit_steps)
     result["estimate"], _ = _quiet(estimate_against_measurement, model, example)
     del model

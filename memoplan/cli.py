@@ -15,7 +15,7 @@ import contextvars
 import sys
 from pathlib import Path
 
-from memoplan import cli_output, cli_target, isolate
+from memoplan import cli_output, cli_target, isolate, needs_torch
 from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
 from memoplan.cli_step import checked, command_step, first_step, sharded_step, stepping
@@ -93,7 +93,8 @@ def _main(argv: list[str] | None) -> int:
             return isolate.run(sys.argv[1:] if argv is None else list(argv), isolate.plan_path(args))
         # In a context of its own: the target device a command sets (memoplan.planner.target.TARGET)
         # ends with it, also when main() runs several commands in one process.
-        return out.finish(contextvars.copy_context().run(_run, args))
+        # needs_torch.run: MP550 where the command needs torch and there is none.
+        return out.finish(contextvars.copy_context().run(needs_torch.run, args))
     except PlanError as error:
         if not out.failed(error):
             _report(error)
@@ -105,18 +106,6 @@ def _main(argv: list[str] | None) -> int:
         # stdout closed early (`memoplan explain plan | head`): not an error of ours.
         sys.stdout = None  # type: ignore[assignment]  # no flush at exit, no second traceback
         return 1
-
-
-def _run(args) -> int:
-    """The command; where it needs torch and torch is not installed, MP550 says how to get it."""
-    try:
-        return args.run(args)
-    except ModuleNotFoundError as exc:
-        from memoplan.needs_torch import is_missing_torch, missing_torch_error
-
-        if not is_missing_torch(exc):
-            raise
-        raise missing_torch_error(args.command) from exc
 
 
 def _parser() -> argparse.ArgumentParser:

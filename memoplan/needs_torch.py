@@ -14,6 +14,7 @@ says the same (the Python API); this module imports nothing heavy.
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from memoplan.diagnostics import Diagnostic, PlanError
 
@@ -58,3 +59,14 @@ def missing_torch_error(command: str) -> PlanError:
             ),
         )
     )
+
+
+def run(args: Any) -> int:
+    """``args.run(args)``, a parsed ``memoplan`` command; where it needs torch and torch is not
+    installed, ``MP550`` (a PlanError the command line reports like any other) says how to get it."""
+    try:
+        return args.run(args)
+    except ModuleNotFoundError as exc:
+        if not is_missing_torch(exc):
+            raise
+        raise missing_torch_error(args.command) from exc
