@@ -401,7 +401,7 @@ def _verify_estimated(args, plan, model, example, device) -> int:
         Diagnostic(
             "MP414",
             f"`{args.plan}`: equivalence not checked: {check.why}",
-            help="verify the plan on a smaller real build of the model (docs/meta.md)",
+            help="verify the plan on a smaller real build of the model (`memoplan docs meta`)",
             severity=Severity.WARNING,
         ),
         plan.source,

@@ -83,7 +83,7 @@ def not_measurable(why: str, what: str) -> Diagnostic:
         "MP413",
         f"{what} runs real training steps, and {why}",
         help="`memoplan profile` and `memoplan plan` estimate its step on fake tensors (`--method estimated`, "
-        "what `auto` does for it); to run real steps, build a smaller model for real (docs/meta.md)",
+        "what `auto` does for it); to run real steps, build a smaller model for real (`memoplan docs meta`)",
     )
 
 

@@ -491,7 +491,7 @@ def _out_of_memory(exc: BaseException, spec: str, span: Span | None) -> PlanErro
         span,
         'a model too big to build here can be built on the meta device (`with torch.device("meta"):` in the '
         "factory, or accelerate's `init_empty_weights`): `memoplan profile` and `plan` estimate its step with "
-        "nothing allocated (docs/meta.md)",
+        "nothing allocated (`memoplan docs meta`)",
     )
 
 

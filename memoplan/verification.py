@@ -165,7 +165,7 @@ def verify(
                     "MP413",
                     f"verify runs real training steps, and {why}",
                     help="`estimated_verify` (what `memoplan verify` does for it) estimates the peaks on fake "
-                    "tensors; prove the equivalence on a smaller real build (docs/meta.md)",
+                    "tensors; prove the equivalence on a smaller real build (`memoplan docs meta`)",
                 ),
             )
         )
@@ -253,7 +253,7 @@ class EstimatedVerify:
                 f"  planned peak on fake tensors:   {_mib(self.planned_peak)} ({self.planned_peak} B)",
                 "equivalence: NOT checked (no step ran). Prove it on a smaller real build of the same model "
                 "(fewer layers, the same blocks): `memoplan verify PLAN --model FILE.py:small --example ...` "
-                "(docs/meta.md)",
+                "(`memoplan docs meta`)",
             )
         )
 
