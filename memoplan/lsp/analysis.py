@@ -59,6 +59,7 @@ def with_effects(parsed: Checked) -> Checked:
             raise
         return parsed  # installed without torch: the syntax checks alone (the server said so once)
 
+    assert parsed.plan is not None  # clean implies a plan
     effects = statement_effects(parsed.plan, checking=True)
     return Checked(parsed.plan, parsed.diagnostics + tuple(effects), parsed.parsed)
 

@@ -73,6 +73,7 @@ def _keyword(name: str, detail: str = "keyword") -> Item:
 
 def _block_items(ctx: Context) -> list[Item]:
     block, words = ctx.block, ctx.words
+    assert block is not None  # called only inside a config block (see _items)
     if not words:
         given = {w[0] for w in ctx.block_words if w}
         return [

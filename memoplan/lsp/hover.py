@@ -95,7 +95,8 @@ def _word_markdown(word: str, ctx, is_key: bool) -> str | None:
             row = ref.row(policy, words[-2])
             return None if row is None else row_markdown(row, f"**`{words[-2]}`** — option of `{policy}`")
         if word in _SECTION_OF_WORDS and words and words[0] == _SECTION_OF_WORDS[word]:
-            return section_markdown(ref.section(_SECTION_OF_WORDS[word]))
+            owned = ref.section(_SECTION_OF_WORDS[word])
+            return None if owned is None else section_markdown(owned)
         return None
     # top level: statement words
     if words and not (words[0] == "module" and word in ("class", "not")):

@@ -294,7 +294,8 @@ class Tokenizer:
             stalled = 0
             while pos <= len(line):
                 frame = stack[-1]
-                best, kind, chosen = None, None, None
+                best, kind = None, None
+                chosen: dict = {}  # the pattern that matched; read only when kind is "match" or "begin"
                 if frame.end is not None:
                     best = frame.end.search(line, pos)
                     kind = "end" if best else None

@@ -65,7 +65,7 @@ def diagnostic_from_json(data: dict) -> Diagnostic:
         span_from_json(data["span"]),
         data["help"],
         Severity(data["severity"]),
-        tuple((label, span_from_json(span)) for label, span in data["notes"]),
+        tuple((label, Span(*span)) for label, span in data["notes"]),  # a note always has a span
     )
 
 
@@ -157,7 +157,7 @@ def analyse_request(session: _Session, request: dict) -> dict:
     checked = check_text(request["text"], request["file"])
     reply: dict = {"diagnostics": [], "rules": [], "modules": [], "classes": [], "watch": {}}
     plan = checked.plan
-    if not checked.clean or plan.model is None:
+    if not checked.clean or plan is None or plan.model is None:
         return reply
     base_dir = request["base_dir"]
     try:
@@ -252,9 +252,11 @@ class ModelWorker:
                 self._start()
             self._next_id += 1
             request = {"id": self._next_id, "text": text, "file": file, "base_dir": base_dir}
+            process = self._process
+            assert process is not None and process.stdin is not None  # started just above, with a pipe
             try:
-                self._process.stdin.write(json.dumps(request) + "\n")
-                self._process.stdin.flush()
+                process.stdin.write(json.dumps(request) + "\n")
+                process.stdin.flush()
             except OSError:
                 return self._failed("the model process exited")
             while True:
@@ -263,7 +265,7 @@ class ModelWorker:
                 except queue.Empty:
                     return self._failed(f"loading the model took longer than {self.timeout:g} s")
                 if reply is None:
-                    return self._failed(f"the model process exited (code {self._process.wait()})")
+                    return self._failed(f"the model process exited (code {process.wait()})")
                 if reply.get("id") == self._next_id:
                     self._watched = dict(reply.get("watch") or {})
                     return reply
@@ -298,6 +300,7 @@ class ModelWorker:
 
     @staticmethod
     def _read(process: subprocess.Popen, replies: queue.Queue) -> None:
+        assert process.stdout is not None  # started with stdout=PIPE
         for line in process.stdout:
             try:
                 replies.put(json.loads(line))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -58,6 +58,12 @@ class ArenaSpec:
     attributes: tuple[tuple[str, tuple], ...]
     device: str
     graph: Callable[..., tuple]
+
+    if TYPE_CHECKING:  # derived in __post_init__; not dataclass fields (no init, repr or comparison)
+        _in_tree: pytree.TreeSpec
+        _out_tree: pytree.TreeSpec
+        _device: torch.device
+        _owners: dict[str, tuple[tuple[str, int], ...]]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_in_tree", pytree.treespec_loads(self.in_spec))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -210,9 +210,14 @@ def combine(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The batch's (mean, biased variance, count) from each chunk's, exactly (with autograd)."""
     total = sum(counts)
-    mean = sum(n * m for (m, _), n in zip(parts, counts)) / total
-    var = sum(n * (v + (m - mean) ** 2) for (m, v), n in zip(parts, counts)) / total
+    mean = _tensor_sum([n * m for (m, _), n in zip(parts, counts)]) / total
+    var = _tensor_sum([n * (v + (m - mean) ** 2) for (m, v), n in zip(parts, counts)]) / total
     return mean, var, total
+
+
+def _tensor_sum(terms: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``sum(terms)`` typed as a tensor: the same additions, left to right from ``0 + terms[0]``."""
+    return cast(torch.Tensor, sum(terms))  # 0 + a tensor is a tensor; a batch has at least one chunk
 
 
 def update_running(calls: Sequence[Call], stats: Sequence[torch.Tensor], counts: Sequence[int]) -> None:

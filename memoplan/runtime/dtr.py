@@ -226,8 +226,18 @@ class _Ledger:
         return {key: (size, set(holders)) for key, (size, holders) in self.entries.items()}
 
 
+def _forgetting(calls: dict[int, weakref.ref[_Call]], key: int) -> Callable[[weakref.ref[_Call]], object]:
+    """The weak reference's callback: drop ``calls[key]`` once its call is collected."""
+    return lambda _: calls.pop(key, None)
+
+
 class _Call:
     """One candidate call: what its recompute needs, and weak references to its slots."""
+
+    # Set by Tracker.forward when the call runs, before anything reads them.
+    autocast: list[tuple[str, bool, torch.dtype]]
+    recompute_context: contextlib.AbstractContextManager[Any]
+    arguments_recompute: contextlib.AbstractContextManager[Any]
 
     def __init__(self, tracker: Tracker, module: nn.Module, where: str, fn, args, kwargs) -> None:
         self.tracker, self.module, self.where, self.fn = tracker, module, where, fn
@@ -534,7 +544,7 @@ class Tracker:
         self.count += 1
         calls = self.calls
         key = id(call)
-        calls[key] = weakref.ref(call, lambda _, key=key: calls.pop(key, None))
+        calls[key] = weakref.ref(call, _forgetting(calls, key))
         self.size[where] = call.evictable_bytes()
         self.measured[where] = (self.size[where], kept, call.forward_seconds)
         self.fit(keep=None)

@@ -158,7 +158,8 @@ def stand_in(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> 
 
 def _counts(t: torch.Tensor) -> tuple[int, int, int]:
     """(C++ references, Python references, tensors sharing the storage) of ``t``, as seen from the caller's frame."""
-    return t._use_count(), sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+    uses: int = t._use_count()  # type: ignore[attr-defined]  # Tensor._use_count exists at runtime; torch's stubs omit it
+    return uses, sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
 def held_alone(grads: Sequence[torch.Tensor | None], site: str = "region") -> list[torch.Tensor]:
@@ -265,7 +266,7 @@ def vouched(grads: list[torch.Tensor]) -> Iterator[None]:
 
 def _is_vouched(grad: torch.Tensor) -> bool:
     stack = getattr(_LOCAL, "vouched", None)
-    return bool(stack) and any(grad is g for g in stack[-1])
+    return stack is not None and bool(stack) and any(grad is g for g in stack[-1])
 
 
 class Sink:
@@ -334,7 +335,7 @@ class Sink:
 
     def fill(self, slot: torch.Tensor, grad_in: torch.Tensor | None, k: int) -> torch.Tensor | None:
         """Chunk ``k``'s input gradient, written into its slot when it fits; else as it is."""
-        if not self._fits(slot, grad_in):
+        if grad_in is None or not self._fits(slot, grad_in):
             return grad_in
         slot.copy_(grad_in)
         self.filled.add(k)
@@ -349,7 +350,7 @@ class Sink:
         if k not in self.filled or self.target is None:
             return False
         slot = self._slot(k)
-        if not self._fits(slot, grad_in):
+        if grad_in is None or not self._fits(slot, grad_in):
             return False
         slot.add_(grad_in)
         return True

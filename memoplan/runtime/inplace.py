@@ -30,7 +30,7 @@ def versions(tensors: Sequence[object]) -> list[int | None]:
 
 def unchanged(tensors: Sequence[object], before: Sequence[int | None], roots: Sequence[nn.Module], where: str) -> None:
     """Raise ``MP407`` if the region's forward changed one of its input tensors in place."""
-    changed = [t for t, v in zip(tensors, before) if v is not None and t._version != v]
+    changed = [t for t, v in zip(tensors, before) if v is not None and isinstance(t, torch.Tensor) and t._version != v]
     if not changed:
         return
     modules = [

@@ -225,7 +225,7 @@ def install_memory(model: nn.Module, settings: MemorySettings) -> None:
         hook.remove()
         raise
     if flat is not None:
-        model.zero_grad = types.MethodType(_zero_grad, model)
+        model.zero_grad = types.MethodType(_zero_grad, model)  # type: ignore[method-assign]  # replaced per instance on purpose; uninstall_memory restores it
     if allocator.expandable_segments:
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
 

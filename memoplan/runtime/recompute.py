@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -65,7 +66,7 @@ class _PayloadView:
     payload: codecs.Payload
     size: tuple[int, ...]
     stride: tuple[int, ...]
-    offset: int
+    offset: int | torch.SymInt  # a SymInt while torch.compile traces
 
 
 def saved_as_payload(decoded: torch.Tensor, payload: codecs.Payload) -> Any:
@@ -130,12 +131,21 @@ def recomputing(where: str, what: str) -> Any:
             str(note).startswith(RECOMPUTE_NOTE) for note in getattr(error, "__notes__", ())
         ):
             name = f"`{where}`" if where else "the model's root module"
-            error.add_note(
+            _add_note(
+                error,
                 f"{RECOMPUTE_NOTE} {name} ({what}) in backward: the plan runs its forward a second "
                 "time there to rebuild the activations it did not keep; the first run succeeded, so "
-                "look for what differs on the second (state changed after forward, a side effect)"
+                "look for what differs on the second (state changed after forward, a side effect)",
             )
         raise
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``; on Python 3.10 (no ``add_note``) the same ``__notes__`` list by hand."""
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]  # type: ignore[attr-defined]  # an instance attribute on 3.10, as add_note keeps it
 
 
 class ChunkStarts:

@@ -20,11 +20,21 @@ as a potential that starts at 0.0).  SpikingJelly ``MemoryModule``s (state in th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, cast
 
 from torch import nn
 
 State = dict[str, Any]
+
+
+class _Stateful(Protocol):
+    """The protocol's two methods, for the type checker (``nn.Module.__getattr__`` hides them)."""
+
+    _memories: dict[str, Any]
+
+    def memoplan_state(self) -> State: ...
+
+    def memoplan_load_state(self, state: State) -> None: ...
 
 
 def is_stateful(module: nn.Module) -> bool:
@@ -33,15 +43,15 @@ def is_stateful(module: nn.Module) -> bool:
 
 def get_state(module: nn.Module) -> State:
     if _has_protocol(module):
-        return dict(module.memoplan_state())
+        return dict(cast(_Stateful, module).memoplan_state())
     if _is_memory_module(module):
-        return dict(module._memories)
+        return dict(cast(_Stateful, module)._memories)
     raise TypeError(f"{type(module).__qualname__} does not expose its state to memoplan")
 
 
 def load_state(module: nn.Module, state: State) -> None:
     if _has_protocol(module):
-        module.memoplan_load_state(state)
+        cast(_Stateful, module).memoplan_load_state(state)
     elif _is_memory_module(module):
         for name, value in state.items():
             setattr(module, name, value)  # MemoryModule routes registered names to _memories
