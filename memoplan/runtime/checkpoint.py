@@ -167,7 +167,7 @@ def _region(
     if torch.compiler.is_compiling():
         # A compiled graph is functionalized: buffers mutate once, when the graph's
         # outputs are written back, and checkpoint only accepts dispatch-mode contexts.
-        extra = {"context_fn": partial(saving_contexts, save)} if save else {}
+        extra: dict[str, Any] = {"context_fn": partial(saving_contexts, save)} if save else {}
         return checkpoint(
             _traced(call, roots, where), *leaves, use_reentrant=False, preserve_rng_state=preserve_rng, **extra
         )

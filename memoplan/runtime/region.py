@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils._pytree as pytree
@@ -115,7 +115,11 @@ def run_planned(
         )
     options = RegionOptions(codec, validate, tolerance, preserve_rng, where or module.__dict__.get(PATH_ATTR, ""))
     modules = tuple(module.get_submodule(path) if path else module for path in stateful)
-    fn = _Chain(module) if type(module).forward is nn.Sequential.forward else partial(type(module).forward, module)
+    fn = (
+        _Chain(cast(nn.Sequential, module))
+        if type(module).forward is nn.Sequential.forward
+        else partial(type(module).forward, module)
+    )
     root_only = gradroot.takes_root_only(module)
     if chunks is not None:
         return run_chunked(
@@ -285,7 +289,8 @@ def _chunks_with_batch_statistics(
     while True:
         run = batchnorm.Pass(known=len(totals))
         region_fn = _WithStatistics(fn, run)
-        outputs, calls, counters = [], [], []
+        outputs, counters = [], []
+        calls: list[batchnorm.Call] = []
         # A statistics pass stops before the stateful modules change: its chunks all start
         # from the step's state, so only the main pass's chunks pass state on.
         boundaries = _Boundaries(options.where) if recompute_boundaries and stateful else None
@@ -295,6 +300,7 @@ def _chunks_with_batch_statistics(
             chunk_sink = None if sink is None else (sink, k)
             output = run_region(roots, region_fn, args, kwargs, options, stateful, payloads, chunk_sink, boundaries)
             if k == 0:
+                assert run.record is not None  # chunk 0 records (set above)
                 measuring, calls, run.record = run.measured, run.record, None
                 counters = [] if measuring else snapshot.counters()
                 if measuring:
@@ -518,7 +524,7 @@ class _Run:
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     self.params.append(p)
-        self.inputs = (
+        self.inputs: list[torch.Tensor] = (
             [leaves[i] for i in self.tensor_at]
             + [self.entry_states[j][name] for j, name in self.state_keys]
             + self.params
@@ -547,6 +553,11 @@ class _Run:
             return self.fn.run_owned(box, kwargs)
         return self.fn(*args, **kwargs)
 
+    def chunk_starts(self) -> _Boundaries:
+        """The time chunks' recomputed starts; only a chunked call (``ctx.chunk`` set) asks, and it has them."""
+        assert self.boundaries is not None
+        return self.boundaries
+
     def read_states(self) -> list[dict[str, Any]]:
         return [get_state(m) for m in self.stateful]
 
@@ -570,7 +581,7 @@ class _Run:
 
     def finish(self, outputs: Sequence[torch.Tensor]) -> Any:
         """Rebuild the forward's output and hand the new state (with its history) to the modules."""
-        self.inputs = self.payloads = None
+        self.inputs, self.payloads = [], None  # read once, by apply; let go of them now
         n = len(self.out_tensor_at)
         leaves = list(self.out_leaves)
         for i, tensor in zip(self.out_tensor_at, outputs[:n]):
@@ -658,11 +669,11 @@ class _RegionFunction(torch.autograd.Function):
         run: _Run = ctx.run
         saved = list(ctx.saved_tensors)
         args = [None if dropped else saved.pop(0) for dropped in ctx.dropped]
-        entry = run.boundaries.state(ctx.chunk) if ctx.chunk else saved  # before this chunk's input is decoded
+        entry = run.chunk_starts().state(ctx.chunk) if ctx.chunk else saved  # before this chunk's input is decoded
         state_in = [t.detach().requires_grad_(wanted) for t, wanted in zip(entry, ctx.state_requires_grad)]
         del entry
-        detached: list[torch.Tensor | None] = []
-        decoded = None
+        detached: list[torch.Tensor] = []
+        decoded: torch.Tensor | None = None
         for t in args:
             if t is None:  # the compressed input
                 decoded = codecs.decode(ctx.payload)
@@ -694,17 +705,17 @@ class _RegionFunction(torch.autograd.Function):
                 for module, state in zip(run.stateful, post_forward):
                     load_state(module, state)
         if ctx.chunk is not None:
-            run.boundaries.reached(ctx.chunk, [states[j][name] for j, name in run.out_state_keys])
+            run.chunk_starts().reached(ctx.chunk, [states[j][name] for j, name in run.out_state_keys])
 
         out_tensors = [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
         out_tensors += [states[j][name] for j, name in run.out_state_keys]
         pairs = [(o, g) for o, g in zip(out_tensors, grads) if g is not None and o.requires_grad]
-        roots = [o for o, _ in pairs]
+        roots: Sequence[torch.Tensor] | Sequence[GradientEdge] = [o for o, _ in pairs]
         root_grads = [g for _, g in pairs]
-        if all(o.grad_fn is not None for o in roots):
+        if all(o.grad_fn is not None for o, _ in pairs):
             # Differentiate from the outputs' graph edges, so the recomputed outputs
             # themselves can be freed before backward runs through the region.
-            roots = [get_gradient_edge(o) for o in roots]
+            roots = [get_gradient_edge(o) for o, _ in pairs]
             del out, out_tensors, states, pairs
         wanted = [
             i for i, t in enumerate(candidates) if isinstance(t, GradientEdge) or (t is not None and t.requires_grad)
@@ -714,7 +725,8 @@ class _RegionFunction(torch.autograd.Function):
         # statistics pass's chunk adds its part of that gradient there afterwards.
         sink = run.sink if run.sink is not None and run.sink[0].is_slot(grads[0], run.sink[1]) else None
         in_place = sink is not None and run.primary == 0 and run.out_tensor_at[:1] == [0] and 0 in wanted
-        before = sink[0].watch(grads[0]) if in_place else None
+        slot = grads[0] if in_place else None  # in_place: is_slot found grads[0] to be the sink's slot
+        before = sink[0].watch(slot) if sink is not None and slot is not None else None
         with gradroot.vouched(alone):
             found = (
                 torch.autograd.grad(roots, [candidates[i] for i in wanted], root_grads, allow_unused=True)
@@ -725,8 +737,8 @@ class _RegionFunction(torch.autograd.Function):
         for i, g in zip(wanted, found):
             grads_in[i] = g
         del found, alone
-        if in_place and sink[0].watch(grads[0]) == before:
-            grads_in[0] = sink[0].fill(grads[0], grads_in[0], run.sink[1])
+        if sink is not None and slot is not None and sink[0].watch(slot) == before:
+            grads_in[0] = sink[0].fill(slot, grads_in[0], sink[1])
         elif run.sink is not None and run.primary == 0 and grads_in and run.sink[0].add_into(run.sink[1], grads_in[0]):
             grads_in[0] = None
         return (None, *grads_in)
