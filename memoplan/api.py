@@ -46,8 +46,7 @@ def apply(model: nn.Module, plan: PlanLike, *, warn: bool = True) -> nn.Module:
     themselves); ``MP322`` is also warned at the first training forward if the model's own
     gradient checkpointing was turned on after this call (:mod:`memoplan.runtime.hfcheck`).
     """
-    parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
-    resolved = plan if parsed is None else resolve(parsed, model)
+    parsed, resolved = _parsed_and_resolved(plan, model)
     if warn:  # before anything changes: a warning filtered into an error leaves the model as it was
         for diagnostic in resolved.warnings:
             if diagnostic.severity is Severity.WARNING:
@@ -76,8 +75,7 @@ def write_module(model: nn.Module, plan: PlanLike, output: Path | str, *, source
     the plan's file as given).
     """
     model, plan = _model_first(model, plan, "write_module")
-    parsed = None if isinstance(plan, ResolvedPlan) else as_plan(plan)
-    resolved = plan if parsed is None else resolve(parsed, model)
+    parsed, resolved = _parsed_and_resolved(plan, model)
     output = check_target(output, [resolved.file])  # MP508: a device, a missing folder, the plan itself
     code = emit(resolved, source=source, module_name=output.stem, arena=_arena(model, parsed, resolved))
     (path,) = write_files(code, output.parent, main_name=output.name)
@@ -106,10 +104,20 @@ def remove(model: nn.Module) -> nn.Module:
     return model
 
 
+def _parsed_and_resolved(
+    plan: ast.Plan | ResolvedPlan | Path | str, model: nn.Module
+) -> tuple[ast.Plan | None, ResolvedPlan]:
+    """The plan as parsed (None: it came resolved) and as resolved against ``model``."""
+    if isinstance(plan, ResolvedPlan):
+        return None, plan
+    parsed = as_plan(plan)
+    return parsed, resolve(parsed, model)
+
+
 def _regions(resolved: ResolvedPlan) -> tuple[tuple[str, ...], Span | None]:
     """The modules the plan recomputes as regions (`checkpoint`, `temporal_chunk`) and the first rule's place."""
     regions = [m for m in resolved.modules if m.checkpoint is not None or m.temporal_chunk is not None]
-    origins = [(m.checkpoint or m.temporal_chunk).origin for m in regions]
+    origins = [action.origin for m in regions if (action := m.checkpoint or m.temporal_chunk) is not None]
     first = min(origins, key=lambda o: (o.file, o.line), default=None)
     span = None if first is None else Span(first.file, first.line, 1, first.line, 1)
     return tuple(m.path for m in regions), span

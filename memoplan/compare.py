@@ -188,7 +188,9 @@ def _children(value: Any) -> list[tuple[str, Any]]:
     attrs: dict[str, Any] = {}
     for cls in reversed(type(value).__mro__):
         for slot in (
-            [cls.__slots__] if isinstance(cls.__dict__.get("__slots__"), str) else cls.__dict__.get("__slots__", ())
+            [cls.__dict__["__slots__"]]
+            if isinstance(cls.__dict__.get("__slots__"), str)
+            else cls.__dict__.get("__slots__", ())
         ):
             if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
                 attrs[slot] = getattr(value, slot)

@@ -79,5 +79,6 @@ def reset(model: nn.Module) -> None:
     from memoplan.runtime.state import is_stateful
 
     for module in model.modules():
-        if is_stateful(module) and callable(getattr(module, "reset", None)):
-            module.reset()
+        reset = getattr(module, "reset", None)
+        if is_stateful(module) and callable(reset):
+            reset()

@@ -17,7 +17,7 @@ from memoplan.diagnostics import Diagnostic, PlanError, Span
 from memoplan.memonger.capture import capture
 from memoplan.memonger.plan import ArenaPlan, lay_out
 from memoplan.syntax import ast
-from memoplan.syntax.blocks import config_of
+from memoplan.syntax.blocks import MemongerConfig, config_of
 
 
 def block_head(block: ast.ConfigBlock) -> Span:
@@ -32,6 +32,7 @@ def plan_arena(model: nn.Module, plan: ast.Plan) -> ArenaPlan | None:
     if block is None:
         return None
     config = config_of(block)
+    assert isinstance(config, MemongerConfig)  # a memonger block's config (blocks.SCHEMA)
     span = block_head(block)
     try:
         if plan.example is None:

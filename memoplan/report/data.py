@@ -224,7 +224,7 @@ def saved_rows(
     """Saved-activation bytes of each shown module (its whole subtree) without and with the plan,
     largest first (ties: model order); beyond ``limit`` rows the rest is one ``(others)`` row."""
     order = {name: i for i, name in enumerate(shown)}
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "module": name,
             "class": classes.get(name, ""),
