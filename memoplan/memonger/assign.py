@@ -82,7 +82,7 @@ def assign_greedy(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT) ->
     conflicts = conflicts_of(ranges)
     offsets: list[int | None] = [None] * len(ranges)
     for i in sorted(range(len(ranges)), key=lambda i: (-sizes[i], ranges[i].start, i)):
-        taken = [(offsets[j], offsets[j] + sizes[j]) for j in conflicts[i] if offsets[j] is not None]
+        taken = [(o, o + sizes[j]) for j in conflicts[i] if (o := offsets[j]) is not None]
         offsets[i] = _best_fit(taken, sizes[i])
     final = tuple(o or 0 for o in offsets)
     size = max((o + s for o, s in zip(final, sizes)), default=0)
@@ -117,7 +117,7 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT, max_st
     sizes = [aligned(r.size, alignment) for r in ranges]
     conflicts = conflicts_of(ranges)
     order = sorted(range(len(ranges)), key=lambda i: (-sizes[i], ranges[i].start, i))
-    best = {"size": greedy.size, "offsets": list(greedy.offsets)}
+    best_size, best_offsets = greedy.size, list(greedy.offsets)
     # Placements seen, by a running hash of their (buffer, offset) pairs (Zobrist-style: updated
     # in O(1) per placement).  A collision could only skip a branch, never make a layout wrong.
     seen: set[int] = set()
@@ -127,11 +127,11 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT, max_st
 
     def search(peak: int) -> bool:
         """Place the rest; False when the step bound is reached (stop everything)."""
-        nonlocal steps, key
+        nonlocal steps, key, best_size, best_offsets
         if len(placed) == len(ranges):
-            if peak < best["size"]:
-                best["size"] = peak
-                best["offsets"] = [placed[i] for i in range(len(ranges))]
+            if peak < best_size:
+                best_size = peak
+                best_offsets = [placed[i] for i in range(len(ranges))]
             return True
         for i in order:
             if i in placed:
@@ -142,7 +142,7 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT, max_st
             taken = [(placed[j], placed[j] + sizes[j]) for j in conflicts[i] if j in placed]
             offset = _lowest_fit(taken, sizes[i])
             top = max(peak, offset + sizes[i])
-            if top >= best["size"]:
+            if top >= best_size:
                 continue
             placed[i] = offset
             token = hash((i, offset))
@@ -155,7 +155,7 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT, max_st
                     return False
             del placed[i]
             key ^= token
-            if best["size"] <= bound:
+            if best_size <= bound:
                 return True
         return True
 
@@ -165,8 +165,7 @@ def assign_dp(ranges: Sequence[LiveRange], *, alignment: int = ALIGNMENT, max_st
         finished = search(0)
     finally:
         sys.setrecursionlimit(limit)
-    offsets = tuple(best["offsets"])
-    return Assignment(offsets, best["size"], "dp", finished or best["size"] <= bound, min(steps, max_steps))
+    return Assignment(tuple(best_offsets), best_size, "dp", finished or best_size <= bound, min(steps, max_steps))
 
 
 def verify_assignments(

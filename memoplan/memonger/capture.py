@@ -169,7 +169,7 @@ class _Builder:
         self.names: list[str] = []
         self.values: list[Any] = []  # the real values of the capture run
         self.root: dict[int, int] = {}  # value -> the value whose storage it uses (itself if fresh)
-        self.storage_owner: dict[int, int] = {}  # storage data_ptr -> the value that made it
+        self.storage_owner: dict[tuple, int] = {}  # storage (device type, index, data_ptr) -> the value that made it
         self.producer: dict[int, int] = {}  # value -> step that defined it
         self.steps: list[Step] = []
         self.deps: list[set[int]] = []
@@ -254,7 +254,7 @@ def _program(model: nn.Module, exported, args: tuple, kwargs: dict, span: Span |
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     if spec != exported.call_spec.in_spec:
         raise b.error("torch.export flattened the example's arguments in another order")
-    guards = []
+    guards: list[TensorGuard | ConstGuard] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             guards.append(_tensor_guard(leaf))
@@ -366,7 +366,12 @@ def _add_step(b: _Builder, node, env) -> None:
     step = Step(op, args, kwargs, result, function, module)
     if isinstance(target, torch._ops.OpOverload):
         step = _mutation_and_order(b, target, step, reads)
-        if isinstance(value, torch.Tensor) and b.root.get(result) == result and not b.written[index]:
+        if (
+            isinstance(value, torch.Tensor)
+            and result is not None
+            and b.root.get(result) == result
+            and not b.written[index]
+        ):
             # Probed now, while the arguments and the result hold the values this step saw:
             # a later step may write either in place.
             b.out_variants[index] = out_form(b, step, value, -1)
@@ -451,7 +456,7 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
     for index, step in enumerate(b.steps):
         for root in _touches(b, step):
             users.setdefault(root, set()).add(index)
-    buffers = []
+    buffers: list[BufferInfo] = []
     for value in b.fresh:
         step_index = b.producer[value]
         step = b.steps[step_index]

@@ -18,6 +18,8 @@ as inputs whose strides a view cannot merge; capture then keeps the op.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 __all__ = ["FORMS", "scalar"]
@@ -175,7 +177,7 @@ def bitwise_or(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.
 
 
 # The ATen op (``namespace.name.overload``) each form stands for.
-FORMS = {
+FORMS: dict[str, Callable[..., torch.Tensor]] = {
     "aten.relu.default": relu,
     "aten.linear.default": linear,
     "aten.matmul.default": matmul,
