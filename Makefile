@@ -80,7 +80,7 @@ test-fast: $(STAMP)
 	MEMOPLAN_HYPOTHESIS=dev $(PY) -m pytest -n $(JOBS) --dist worksteal -m "not slow and not dist and not bench"
 
 # Style and types (configured in pyproject.toml): ruff's lint (import order included), the
-# formatter's check, and mypy on syntax/, ir, resolver/, codegen/ and planner/.  `make test`
+# formatter's check, and mypy on the whole memoplan package.  `make test`
 # runs it first, so CI fails on a lint finding, an unformatted file or a type error.
 lint: $(STAMP)
 	$(PY) -m ruff check memoplan tests tools benchmarks

@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 from memoplan import cli_output, cli_target, isolate, needs_torch
 from memoplan.cli_output import OUTPUT, load_plan, write_output
@@ -104,7 +105,7 @@ def _main(argv: list[str] | None) -> int:
         return cli_output.EXIT_INTERRUPTED
     except BrokenPipeError:
         # stdout closed early (`memoplan explain plan | head`): not an error of ours.
-        sys.stdout = None  # type: ignore[assignment]  # no flush at exit, no second traceback
+        sys.stdout = None  # no flush at exit, no second traceback
         return 1
 
 
@@ -144,7 +145,7 @@ def _load(path: Path):
     return load_plan(path)  # `-` is standard input
 
 
-def _model(plan, path: Path, spec: str | None, *, required: bool, seed: int = 0):
+def _model(plan, path: Path | None, spec: str | None, *, required: bool, seed: int = 0):
     """The model named by ``spec`` or the plan's `model` statement, built after ``torch.manual_seed(seed)``.
 
     Seeding first makes a factory's random initialisation, and an example factory
@@ -162,7 +163,7 @@ def _model(plan, path: Path, spec: str | None, *, required: bool, seed: int = 0)
     if plan.model is not None:
         _progress(f"loading model {plan.model.spec}")
         with _shown_in(plan.source):
-            return isolate.ran(specs.load_model(plan.model.spec, base_dir=path.parent, span=plan.model.span))
+            return isolate.ran(specs.load_model(plan.model.spec, base_dir=_present(path).parent, span=plan.model.span))
     if required:
         raise PlanError(
             (Diagnostic("MP502", f"no model for `{path}`", help="pass --model SPEC or add a `model` statement"),)
@@ -170,7 +171,7 @@ def _model(plan, path: Path, spec: str | None, *, required: bool, seed: int = 0)
     return None
 
 
-def _example(plan, path: Path, spec: str | None, *, required: bool):
+def _example(plan, path: Path | None, spec: str | None, *, required: bool):
     from memoplan import specs
     from memoplan.syntax import parse_example_spec
 
@@ -182,7 +183,7 @@ def _example(plan, path: Path, spec: str | None, *, required: bool):
     if plan.example is not None:
         isolate.note(f"building example {plan.example.spec or 'inline'}")
         with _shown_in(plan.source):
-            return isolate.ran(specs.make_example(plan.example, base_dir=path.parent))
+            return isolate.ran(specs.make_example(plan.example, base_dir=_present(path).parent))
     if required:
         raise PlanError(
             (
@@ -306,7 +307,7 @@ def _explain(args) -> int:
         from memoplan.memonger.report import describe
 
         print()
-        _show(describe(plan_arena(model, plan)))
+        _show(describe(_present(plan_arena(model, plan))))
     return 0
 
 
@@ -367,7 +368,7 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
         "unplanned step does not fit; without them both steps run for real",
     )
     _show(render_report(report))
-    OUTPUT.current.details.update(cli_output.verify_details(report))
+    _present(OUTPUT.current).details.update(cli_output.verify_details(report))
     missed = None
     if plan.budget is not None:
         line, missed = budget_check(plan.budget, report)
@@ -379,7 +380,7 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
     if unmet is not None:
         OUTPUT.diagnostic(unmet, plan.source)
     passed = report.equivalent and (missed is None or not missed.is_error) and unmet is None
-    OUTPUT.current.status = "ok" if passed else "error"
+    _present(OUTPUT.current).status = "ok" if passed else "error"
     return 0 if passed else 1
 
 
@@ -407,8 +408,17 @@ def _verify_estimated(args, plan, model, example, device) -> int:
         plan.source,
     )
     passed = missed is None or not missed.is_error
-    OUTPUT.current.status = "ok" if passed else "error"
+    _present(OUTPUT.current).status = "ok" if passed else "error"
     return 0 if passed else 1
+
+
+_T = TypeVar("_T")
+
+
+def _present(value: _T | None) -> _T:
+    """``value``, where the command's flow guarantees one (an invariant, checked)."""
+    assert value is not None
+    return value
 
 
 def _start_model_and_example(start, args):
@@ -654,8 +664,8 @@ def _write_plan(args, start, preset, result, model, example, prof, step) -> None
         own = rebased(start, args.start.parent, ".") if start is not None else None
         plan = with_sources(
             plan,
-            args.model or own.model.spec,
-            parse_example_spec(args.example, "--example") if args.example else own.example,
+            args.model or _present(_present(own).model).spec,
+            parse_example_spec(args.example, "--example") if args.example else _present(_present(own).example),
             args.output.parent,
         )
     plan = with_step(with_budget(plan, preset.budget, preset.hard), step.config, args.output.parent)

@@ -31,7 +31,7 @@ class Parser(argparse.ArgumentParser):
                 raise
             raise argparse.ArgumentError(action, f"{error.message}; {hint}") from None
 
-    def error(self, message: str):  # type: ignore[override]  # NoReturn, as argparse's
+    def error(self, message: str):  # NoReturn, as argparse's
         """A usage error, with what the user typed escaped: ``unrecognized arguments: --x\\x1b[2J``,
         never the raw escape (subcommands' parsers are of this class too)."""
         super().error("\n".join(printable(line) for line in message.split("\n")))

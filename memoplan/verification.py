@@ -26,7 +26,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -462,7 +462,7 @@ def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend:
         runs, captures = [], []
         for copied in (reference, planned):
             counting = CountingBackend(backend)
-            compiled = torch.compile(copied, backend=counting)
+            compiled = cast(nn.Module, torch.compile(copied, backend=counting))  # a module compiles to a module
             with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
                 with counting, _backend_failures(backend):
                     training_step(compiled, example.args, example.kwargs, loss_fn)  # compiles
@@ -482,7 +482,8 @@ def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend:
         checks,
         rtol,
         tuple(nondeterministic),
-        *times,
+        times[0],
+        times[1],
         dtr=evictions,
         backend=backend,
         captures=(captures[0], captures[1]),

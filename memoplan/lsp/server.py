@@ -179,8 +179,13 @@ class PlanServer(LanguageServer):
         if len(text) > MAX_DOCUMENT:  # never parsed, split or analysed: MP522, and nothing else
             self._after_check(uri, text, file, folder, False, Checked(None, (_too_large(len(text)),)))
             return
-        future = self.loop.run_in_executor(self._checking, _safely, parse_text, text, file)
+        future = self._loop().run_in_executor(self._checking, _safely, parse_text, text, file)
         future.add_done_callback(lambda done: self._after_parse(uri, text, file, folder, again, done.result()))
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The server's loop: set by the first change, before any check is scheduled on it."""
+        assert self.loop is not None
+        return self.loop
 
     def _current(self, uri: str, text: str) -> bool:
         return uri in self.open_documents and self.workspace.get_text_document(uri).source == text
@@ -196,7 +201,7 @@ class PlanServer(LanguageServer):
         if not _effects_ready():
             self.checked[uri] = (text, parsed)
             self.publish(uri)  # now, without waiting for torch; the statement checks follow
-        future = self.loop.run_in_executor(self._effects, _safely, with_effects, parsed)
+        future = self._loop().run_in_executor(self._effects, _safely, with_effects, parsed)
         future.add_done_callback(lambda done: self._after_check(uri, text, file, folder, again, done.result()))
 
     def _after_check(self, uri: str, text: str, file: str, folder: str, again: bool, checked: Checked) -> None:
@@ -204,7 +209,7 @@ class PlanServer(LanguageServer):
             return  # edited meanwhile: the check of the newer text is on its way
         self.checked[uri] = (text, checked)
         self.publish(uri)
-        if self.load_model and checked.clean and checked.plan.model is not None:
+        if self.load_model and checked.clean and checked.plan is not None and checked.plan.model is not None:
             self._queue(uri, text, file, folder, again)
 
     def forget(self, uri: str) -> None:

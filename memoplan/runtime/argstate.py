@@ -139,7 +139,7 @@ class _All:
             undo.pop_all()
         self._stacks.append(stack)
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: Any) -> bool:
         return bool(self._stacks.pop().__exit__(*exc))
 
 
