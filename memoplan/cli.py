@@ -14,12 +14,11 @@ import contextlib
 import contextvars
 import sys
 from pathlib import Path
-from typing import TypeVar
 
 from memoplan import cli_output, cli_target, isolate, needs_torch
 from memoplan.cli_output import OUTPUT, load_plan, write_output
 from memoplan.cli_parser import SUBLINEAR_OPTIONS, build_parser
-from memoplan.cli_step import checked, command_step, first_step, sharded_step, stepping
+from memoplan.cli_step import checked, command_step, first_step, present, sharded_step, stepping
 from memoplan.cli_sublinear import sublinear_config
 from memoplan.diagnostics import Diagnostic, PlanError, Severity, printable
 from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
@@ -163,7 +162,7 @@ def _model(plan, path: Path | None, spec: str | None, *, required: bool, seed: i
     if plan.model is not None:
         _progress(f"loading model {plan.model.spec}")
         with _shown_in(plan.source):
-            return isolate.ran(specs.load_model(plan.model.spec, base_dir=_present(path).parent, span=plan.model.span))
+            return isolate.ran(specs.load_model(plan.model.spec, base_dir=present(path).parent, span=plan.model.span))
     if required:
         raise PlanError(
             (Diagnostic("MP502", f"no model for `{path}`", help="pass --model SPEC or add a `model` statement"),)
@@ -183,7 +182,7 @@ def _example(plan, path: Path | None, spec: str | None, *, required: bool):
     if plan.example is not None:
         isolate.note(f"building example {plan.example.spec or 'inline'}")
         with _shown_in(plan.source):
-            return isolate.ran(specs.make_example(plan.example, base_dir=_present(path).parent))
+            return isolate.ran(specs.make_example(plan.example, base_dir=present(path).parent))
     if required:
         raise PlanError(
             (
@@ -307,7 +306,7 @@ def _explain(args) -> int:
         from memoplan.memonger.report import describe
 
         print()
-        _show(describe(_present(plan_arena(model, plan))))
+        _show(describe(present(plan_arena(model, plan))))
     return 0
 
 
@@ -368,7 +367,7 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
         "unplanned step does not fit; without them both steps run for real",
     )
     _show(render_report(report))
-    _present(OUTPUT.current).details.update(cli_output.verify_details(report))
+    present(OUTPUT.current).details.update(cli_output.verify_details(report))
     missed = None
     if plan.budget is not None:
         line, missed = budget_check(plan.budget, report)
@@ -380,7 +379,7 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
     if unmet is not None:
         OUTPUT.diagnostic(unmet, plan.source)
     passed = report.equivalent and (missed is None or not missed.is_error) and unmet is None
-    _present(OUTPUT.current).status = "ok" if passed else "error"
+    present(OUTPUT.current).status = "ok" if passed else "error"
     return 0 if passed else 1
 
 
@@ -408,17 +407,8 @@ def _verify_estimated(args, plan, model, example, device) -> int:
         plan.source,
     )
     passed = missed is None or not missed.is_error
-    _present(OUTPUT.current).status = "ok" if passed else "error"
+    present(OUTPUT.current).status = "ok" if passed else "error"
     return 0 if passed else 1
-
-
-_T = TypeVar("_T")
-
-
-def _present(value: _T | None) -> _T:
-    """``value``, where the command's flow guarantees one (an invariant, checked)."""
-    assert value is not None
-    return value
 
 
 def _start_model_and_example(start, args):
@@ -664,8 +654,8 @@ def _write_plan(args, start, preset, result, model, example, prof, step) -> None
         own = rebased(start, args.start.parent, ".") if start is not None else None
         plan = with_sources(
             plan,
-            args.model or _present(_present(own).model).spec,
-            parse_example_spec(args.example, "--example") if args.example else _present(_present(own).example),
+            args.model or present(present(own).model).spec,
+            parse_example_spec(args.example, "--example") if args.example else present(present(own).example),
             args.output.parent,
         )
     plan = with_step(with_budget(plan, preset.budget, preset.hard), step.config, args.output.parent)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from memoplan.diagnostics import Diagnostic, PlanError
 
@@ -186,3 +186,12 @@ def _out_of_memory(step: str, wanted: int | None, message: str) -> Diagnostic:
         f"the {step} training step ran out of memory: {asked}",
         help=_OOM_HELP.get(step, _OOM_HELP["planned"]),
     )
+
+
+_T = TypeVar("_T")
+
+
+def present(value: _T | None) -> _T:
+    """``value``, where a command's flow guarantees one (an invariant, checked; for the type checker)."""
+    assert value is not None
+    return value
