@@ -14,7 +14,9 @@ from _paths import ROOT
 import memoplan.runtime
 import memoplan.runtime.arena
 
-TEMPLATES = sorted((ROOT / "codegen" / "templates").glob("*.j2"))  # kernels/ are runtime, not a plan module
+# A plan module's templates: the module and its calls (kernels/ are runtime, report/ a page, not a plan module).
+TEMPLATE_DIR = ROOT / "memoplan" / "codegen" / "templates"
+TEMPLATES = sorted([*TEMPLATE_DIR.glob("*.j2"), *(TEMPLATE_DIR / "calls").glob("*.j2")])
 GOLDENS = sorted((ROOT / "tests" / "golden").glob("*.py"))
 EMITTERS = sorted((ROOT / "memoplan" / "codegen").glob("*.py"))  # the calls emit writes as text
 API_DOC = ROOT / "docs" / "reference" / "api.md"
@@ -42,7 +44,7 @@ def _generated() -> tuple[set[str], set[str], set[str]]:
 
 
 def test_generated_code_reaches_the_runtime_through_one_alias():
-    template = (ROOT / "codegen" / "templates" / "plan_module.py.j2").read_text(encoding="utf-8")
+    template = (TEMPLATE_DIR / "plan_module.py.j2").read_text(encoding="utf-8")
     assert "from memoplan import runtime as _rt\n" in template
     assert "from memoplan.runtime import arena as _arena\n" in template
 
