@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 from torch import nn
@@ -162,10 +163,16 @@ def _search(model: nn.Module, prof: Profile, searched, estimating: bool, progres
         return _estimated_first(searched, progress)
 
 
+#: Whether a search with real trials follows a miss of this one (:func:`_estimated_first`): its
+#: misses are then raised as they are, before the least-peak plan of every level is looked for.
+_SEARCHED_AGAIN: ContextVar[bool] = ContextVar("memoplan_plan_searched_again", default=False)
+
+
 def _estimated_first(searched, progress: bool) -> PlanResult:
     """``searched(True)`` (every trial on fake tensors, the plan checked by one real step), else
     ``searched(False)`` (real trials) when its plan measures over a hard budget or a trial could
     not be estimated.  Running out of memory is raised as it is."""
+    token = _SEARCHED_AGAIN.set(True)
     try:
         return searched(True)
     except Exception as exc:  # noqa: BLE001  any failure of the estimate: the measured search decides
@@ -176,6 +183,8 @@ def _estimated_first(searched, progress: bool) -> PlanResult:
         else:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             why = f"a trial could not be estimated ({type(exc).__name__}: {first})"
+    finally:
+        _SEARCHED_AGAIN.reset(token)
     if progress:
         REPORTER.say(f"estimated trials: {why}; searching again with real steps (slower)")
     return searched(False)
@@ -217,10 +226,11 @@ def _widening(
         except BudgetMissed as also:
             misses.append(also)
     what = "whole candidates" if first == levels.WHOLE else "blocks and their parts"
+    tried = "whole blocks" if first == levels.WHOLE else "blocks or their parts"
     for wider, deeper, offered in levels.widenings(model, prof, refine, start is not None):
         widened = f"{offered} offered: {what} measure {missed.peak} B at the least, over the limit {missed.limit} B"
         if progress:
-            tell.widened(missed.peak, missed.limit, offered, widened)
+            tell.widened(missed.peak, missed.limit, offered, widened, tried=tried)
         args = (model, example, budget, replace(how, planner=Planner.OPTIMAL), True, prof, progress, wider, preset)
         try:
             return levels.as_hint(_make_plan(*args, nested=deeper, widened=widened), hard)
@@ -231,7 +241,10 @@ def _widening(
 
 def _refused(model, example, budget, how: Search, hard: bool, prof, progress, refine, preset, misses, whole: bool):
     """No search met the limit: the least-peak plan of every level, raised as MP601 (hard) or
-    written as the hint's plan; the plans the searches measured count among the levels."""
+    written as the hint's plan; the plans the searches measured count among the levels.  When a
+    search with real trials follows (the estimated trials missed), the least miss is raised to it."""
+    if _SEARCHED_AGAIN.get():
+        raise min(misses, key=lambda missed: missed.peak)
     found = [("the budget's search", m.result) for m in misses if m.result is not None]
     if progress:
         REPORTER.say("no plan meets the budget: looking for the least peak of every level")

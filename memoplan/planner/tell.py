@@ -12,11 +12,11 @@ _RUNS = {
 }
 
 
-def widened(peak: int, limit: int, offered: str, detail: str) -> None:
-    """No set of whole candidates measures within the limit: the search tries ``offered``."""
+def widened(peak: int, limit: int, offered: str, detail: str, *, tried: str = "whole blocks") -> None:
+    """No set of the ``tried`` candidates measures within the limit: the search tries ``offered``."""
     what = offered.removesuffix(" offered")
     REPORTER.say(
-        f"no plan of whole blocks fits the budget ({size(peak)} at the least, the limit {size(limit)}): trying {what}"
+        f"no plan of {tried} fits the budget ({size(peak)} at the least, the limit {size(limit)}): trying {what}"
     )
     REPORTER.detail(f"{detail}; searching again")
 
