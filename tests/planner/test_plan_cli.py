@@ -13,7 +13,8 @@ import memoplan
 from memoplan import specs
 from memoplan.cli import _parser, main
 from memoplan.planner import search
-from memoplan.planner.presets import PRESETS, Planner, PlannerPreset
+from memoplan.planner.plan import make_plan
+from memoplan.planner.presets import PRESETS, Planner, PlannerPreset, parse_budget
 from memoplan.planner.profile import Profile
 from memoplan.syntax import parse_example_spec
 from memoplan.verification import verify
@@ -35,7 +36,8 @@ def test_plan_meets_a_hard_budget_by_measurement_and_stays_equivalent(tmp_path, 
     text = out.read_text()
     plan = memoplan.parse(text, str(out))
     assert memoplan.format_plan(plan) == text  # written through the formatter
-    assert "# measured peak after:" in text and "# planner: optimal" in text
+    # The default search offers blocks, their parts and save variants, solved exactly (a MILP).
+    assert "# measured peak after:" in text and "# planner: exact" in text
     model = specs.load_model("memoplan.examples.transformer:build")
     example = specs.make_example(parse_example_spec("randint(4, 32, high=100)"))
     report = verify(model, plan, example)
@@ -189,12 +191,18 @@ def _recompute_seconds(plan_text: str) -> float:
 
 @pytest.mark.slow
 def test_nested_candidates_meet_the_budget_with_less_recompute_and_stay_equivalent(tmp_path, capsys):
-    """Blocks or their parts: the exact solver picks attention/MLP regions inside blocks."""
+    """Blocks or their parts (the default search): the exact solver picks attention/MLP regions
+    inside blocks, for less recompute than whole blocks alone (``whole=True``) at the same budget."""
     prof = tmp_path / "profile.json"
     assert main(["profile", *TRANSFORMER, "-o", str(prof)]) == 0
     flat, nested = tmp_path / "flat.memplan", tmp_path / "nested.memplan"
-    assert main(["plan", *TRANSFORMER, "--budget", "50%", "--profile", str(prof), "-o", str(flat)]) == 0
-    assert main(["plan", *TRANSFORMER, "--budget", "50%", "--profile", str(prof), "--nested", "-o", str(nested)]) == 0
+    model = specs.load_model("memoplan.examples.transformer:build")
+    example = specs.make_example(parse_example_spec("randint(4, 32, high=100)"))
+    whole = make_plan(model, example, parse_budget("50%")[0], prof=Profile.load(prof), progress=False, whole=True)
+    assert whole.met and "# planner: optimal" in memoplan.format_plan(whole.plan)
+    assert not re.search(r"^module blocks\.\d\.", memoplan.format_plan(whole.plan), re.M)  # whole blocks only
+    flat.write_text(memoplan.format_plan(whole.plan))
+    assert main(["plan", *TRANSFORMER, "--budget", "50%", "--profile", str(prof), "-o", str(nested)]) == 0
     text = nested.read_text()
     assert "# planner: exact" in text and "(proven least)" in text
     assert "module blocks.0.attn" in text or "module blocks.0.mlp" in text
@@ -206,8 +214,6 @@ def test_nested_candidates_meet_the_budget_with_less_recompute_and_stay_equivale
     # Parts instead of whole blocks: less recompute for the same budget (a block's measured
     # time includes its parts', and three MLPs and four attentions are fewer than four blocks).
     assert _recompute_seconds(text) < _recompute_seconds(flat.read_text())
-    model = specs.load_model("memoplan.examples.transformer:build")
-    example = specs.make_example(parse_example_spec("randint(4, 32, high=100)"))
     flat_report = verify(model, memoplan.parse(flat.read_text()), example)
     nested_report = verify(model, memoplan.parse(text), example)
     assert flat_report.equivalent and nested_report.equivalent
@@ -224,13 +230,22 @@ def test_nested_needs_the_optimal_planner_and_a_byte_budget(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_budget_the_estimate_calls_unreachable_but_a_measurement_meets_is_planned(tmp_path, capsys):
-    """The cost model overestimates the CNN's least peak (2,591,728 B estimated, 2,378,496 B measured)."""
+    """The cost model overestimates the CNN's least peak of whole blocks (2,591,728 B estimated,
+    2,378,496 B measured): searched over whole blocks (``whole=True``), the least-peak set is measured."""
     cnn = ["--model", "memoplan.examples.cnn:build", "--example", "memoplan.examples.cnn:example"]
+    model = specs.load_model("memoplan.examples.cnn:build")
+    example = specs.make_example(parse_example_spec("memoplan.examples.cnn:example"))
+    result = make_plan(model, example, parse_budget("80%")[0], progress=False, whole=True)
+    text = memoplan.format_plan(result.plan)
+    assert "# note: the estimated least peak" in text and "but measures" in text
+    limit = int(text.split("# budget limit: ")[1].split(" B")[0])
+    after = int(text.split("# measured peak after: ")[1].split(" B")[0])
+    assert result.met and after <= limit
+    # The default search meets it as well, measured.
     out = tmp_path / "plan.memplan"
     assert main(["plan", *cnn, "--budget", "80%", "-o", str(out)]) == 0
     assert "budget met" in capsys.readouterr().out
     text = out.read_text()
-    assert "# note: the estimated least peak" in text and "but measures" in text
     limit = int(text.split("# budget limit: ")[1].split(" B")[0])
     after = int(text.split("# measured peak after: ")[1].split(" B")[0])
     assert after <= limit
@@ -455,16 +470,28 @@ def test_profile_prints_the_per_module_table_largest_saved_bytes_first(tmp_path,
 
 @pytest.mark.slow
 def test_a_hard_budget_whole_blocks_cannot_meet_widens_the_search_to_their_parts(tmp_path, capsys):
-    """The bundled transformer's blocks measure 1729432 B at the least (49.4%); their parts reach lower."""
+    """The bundled transformer's blocks measure 1729432 B at the least (49.4%); their parts reach lower.
+
+    The default search offers the parts from the start (no widening); a search of whole blocks
+    (``whole=True``) widens itself to them when whole blocks cannot meet the budget."""
+    model = specs.load_model("memoplan.examples.transformer:build")
+    example = specs.make_example(parse_example_spec("randint(4, 32, high=100)"))
+    result = make_plan(model, example, parse_budget("46%")[0], whole=True)
+    err = capsys.readouterr().err
+    assert "memoplan: no plan of whole blocks fits the budget (" in err
+    assert "trying parts of blocks, their op-level saves and split regions" in err
+    text = memoplan.format_plan(result.plan)
+    assert result.met and "# planner: exact" in text
+    assert "# widened: parts of blocks, their op-level saves and split regions offered: whole candidates measure" in text
+    assert re.search(r"^module blocks\.\d\.\w+", text, re.M)  # a part of a block
+    report = verify(model, result.plan, example)
+    assert report.equivalent and report.planned.peak_bytes <= result.limit
     out = tmp_path / "plan.memplan"
     assert main(["plan", *TRANSFORMER, "--budget", "46%", "-o", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "budget met" in captured.out
-    assert "memoplan: no plan of whole blocks fits the budget (" in captured.err
-    assert "trying parts of blocks and split regions" in captured.err
+    assert "budget met" in captured.out and "no plan of" not in captured.err
     text = out.read_text()
-    assert "# widened: parts of blocks and split regions offered:" in text and "# planner: exact" in text
-    assert re.search(r"^module blocks\.\d\.\w+", text, re.M)  # a part of a block
+    assert "# widened:" not in text and re.search(r"^module blocks\.\d\.\w+", text, re.M)
     assert main(["verify", str(out)]) == 0
     assert "verdict: EQUIVALENT" in capsys.readouterr().out
 
@@ -491,7 +518,7 @@ def test_a_gpt2_that_returns_its_cache_gets_a_bit_exact_plan_below_the_whole_blo
     assert [prof[f"transformer.h.{i}.attn"].kept_bytes for i in range(2)] == [k_or_v, k_or_v]
     assert main(["plan", *spec, "--budget", "55%", "--profile", str(profile_path), "-o", str(out)]) == 0
     text = out.read_text()
-    assert "# widened: parts of blocks" in text
+    assert re.search(r"^module transformer\.h\.\d\.\w+", text, re.M)  # a part of a block, below whole blocks' floor
     capsys.readouterr()
     assert main(["verify", str(out)]) == 0  # bit for bit: no tolerance given
     printed = capsys.readouterr().out
