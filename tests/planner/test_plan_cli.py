@@ -482,7 +482,9 @@ def test_a_hard_budget_whole_blocks_cannot_meet_widens_the_search_to_their_parts
     assert "trying parts of blocks, their op-level saves and split regions" in err
     text = memoplan.format_plan(result.plan)
     assert result.met and "# planner: exact" in text
-    assert "# widened: parts of blocks, their op-level saves and split regions offered: whole candidates measure" in text
+    assert (
+        "# widened: parts of blocks, their op-level saves and split regions offered: whole candidates measure" in text
+    )
     assert re.search(r"^module blocks\.\d\.\w+", text, re.M)  # a part of a block
     report = verify(model, result.plan, example)
     assert report.equivalent and report.planned.peak_bytes <= result.limit
