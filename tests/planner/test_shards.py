@@ -33,8 +33,8 @@ WORKER = HERE / "_shard_worker.py"
 SPEC = ["--model", f"{HERE / 'shard_models.py'}:build", "--example", f"{HERE / 'shard_models.py'}:example"]
 # Under the unsharded step (68 MiB of live tensors estimated) and the unplanned sharded one (~78),
 # over the planned sharded step's address space: ~46 MiB of live tensors plus what the meter does
-# not see, 9 to 13 MiB on a 2-core Linux box (VmPeak - VmSize around the step: gloo's collective
-# buffers and the allocator's slack), which a margin of 55 left no room for.
+# not see, 9 to 13 MiB on a 2-core Linux box (VmPeak - VmSize around the step; not broken down
+# further, likely gloo's collective buffers and the allocator's slack), which 55 left no room for.
 MARGIN_MIB = 63
 BUDGET = "47MiB"
 
