@@ -16,6 +16,7 @@ import resource
 import sys
 
 import torch
+import torch._dynamo  # noqa: F401 - memoplan imports it on first use (a step under torch's checkpoint)
 import torch._subclasses.fake_tensor  # noqa: F401 - imported before the limit, as everything else
 import torch.utils.flop_counter  # noqa: F401
 
