@@ -28,6 +28,7 @@ from memoplan import specs
 from memoplan.cli import main
 from memoplan.compare import compare
 from memoplan.syntax import parse_example_spec
+from memoplan.verification import CHUNK_RTOL
 
 FACTORIES = TESTS / "real_models.py"
 
@@ -108,11 +109,16 @@ def test_profile_plan_verify_compile_and_train(name, tmp_path, capsys):
     )
     assert list(planned.state_dict()) == list(model.state_dict())
 
+    # Bit for bit, except where the plan runs a block in time chunks: a convolution's weight
+    # gradient and a BatchNorm's statistics are then sums over the chunks, equal up to float
+    # reassociation (docs/guarantees.md: within CHUNK_RTOL of each category's largest magnitude).
+    chunked = "temporal_chunk" in text
     expected, actual = _steps(model, example, seed=1), _steps(planned, example, seed=1)
     for step, (a, b) in enumerate(zip(expected, actual)):
         for category in a:
             check = compare(category, {category: a[category]}, {category: b[category]})
-            assert check.exact, f"step {step + 1}, {category}: {check.differences[:3]}"
+            close = chunked and check.largest <= CHUNK_RTOL
+            assert check.exact or close, f"step {step + 1}, {category}: {check.differences[:3]}"
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -238,8 +238,9 @@ def _probe(site: str) -> tuple[tuple[int, ...], ...]:
     seen: list[tuple[int, ...]] = []
     _LOCAL.probing = (site, seen)
     try:
-        # Outside any dispatch mode: a fact of the process, not memory or ops of the step that first asks.
-        with _disable_current_modes(), torch.enable_grad():
+        # Outside any dispatch or function mode (a batchnorm statistics pass, a watched forward):
+        # a fact of the process, not memory or ops of the step that first asks.
+        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.enable_grad():
             for follow in (lambda t: t * 1, lambda t: t.view(1, 2)):
                 x = torch.ones(2, requires_grad=True)
                 (out,) = (region(x),)
