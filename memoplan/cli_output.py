@@ -11,7 +11,6 @@ as an annotation on the line of the pull request.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -389,17 +388,6 @@ EXIT_FINDINGS = 1  # diagnostics, not equivalent, a missed hard budget, `fmt --c
 EXIT_USAGE = 2  # the command line is wrong (argparse's own code)
 EXIT_UNREADABLE = 3  # `fmt`: a plan could not be read, parsed or written, so it was not formatted
 EXIT_INTERRUPTED = 130  # Ctrl-C
-
-
-def nonnegative_float(text: str) -> float:
-    """A float option's value: a finite number, at least 0 (``nan``, ``inf`` and ``-1`` are usage errors)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: `{printable(text)}`") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number, at least 0, got `{printable(text)}`")
-    return value
 
 
 def add_common_options(parser: Any, formats: bool = False) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from memoplan import cli_output, deprecations, isolate
-from memoplan.cli_output import add_common_options, nonnegative_float
-from memoplan.diagnostics import did_you_mean, printable
+from memoplan.cli_output import add_common_options
+from memoplan.diagnostics import did_you_mean, nonnegative_float, printable
 from memoplan.version import __version__
 
 Runner = Callable[[argparse.Namespace], int]

@@ -11,8 +11,10 @@ its group and the stage that raises it (``memoplan rule CODE`` prints one).  Bad
 
 from __future__ import annotations
 
+import argparse
 import enum
 import functools
+import math
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -285,3 +287,15 @@ def did_you_mean(word: str, candidates, *, n: int = 3, cutoff: float = 0.6) -> s
         return None
     quoted = ", ".join(f"`{m}`" for m in matches)
     return f"did you mean {quoted}?"
+
+
+def nonnegative_float(text: str) -> float:
+    """A float option's value (an ``argparse`` type): a finite number, at least 0; ``nan``, ``inf``
+    and ``-1`` are usage errors that show the value as :func:`printable` does."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: `{printable(text)}`") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number, at least 0, got `{printable(text)}`")
+    return value

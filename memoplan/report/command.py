@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memoplan.diagnostics import Diagnostic, PlanError, printable
+from memoplan.diagnostics import Diagnostic, PlanError, nonnegative_float
 from memoplan.report import data, page
 from memoplan.targets import replace_file
 
@@ -47,18 +46,6 @@ class ReportResult:
     peaks: dict[str, int] = field(default_factory=dict)
 
 
-def _budget_share(text: str) -> float:
-    """``--budgets F``: a finite number, at least 0 (``nan``, ``inf``, ``-1``: usage errors, as
-    ``memoplan.cli_output.nonnegative_float`` says them; out of (0, 1] is MP512 after)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: `{printable(text)}`") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number, at least 0, got `{printable(text)}`")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``memoplan report`` after PLAN, --model, --example and --device."""
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .html file to write")
@@ -76,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--budgets",
-        type=_budget_share,
+        type=nonnegative_float,  # out of (0, 1] is MP512 after
         nargs="+",
         metavar="F",
         help=f"budgets of the sweep, shares of the unplanned peak (default {' '.join(map(str, DEFAULT_BUDGETS))})",
