@@ -748,7 +748,7 @@ def _write_module(args) -> int:
     from memoplan.api import write_module as compile_plan
 
     if args.check and cli_output.to_stdout(args.output):
-        message = "`compile --check` compares with a file: `-o -` is standard output"
+        message = "`--check` compares with a file: `-o -` is standard output"
         raise PlanError((Diagnostic("MP508", message, help="give -o the committed plan module"),))
     plan = _load(args.plan)
     check_output(args.output, *plan_inputs(plan, args.plan, args.model))

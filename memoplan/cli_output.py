@@ -473,7 +473,7 @@ def run_fmt(args: Any, report: Any) -> int:
 
 
 def compare_compiled(output: Path, fresh: bytes) -> int:
-    """``compile --check``: 0 when ``output`` (a regular file or absent: checked before) holds
+    """``write-module --check``: 0 when ``output`` (a regular file or absent: checked before) holds
     ``fresh`` byte for byte; else 1, saying so, with a unified diff of the two."""
     current = output.read_bytes() if output.exists() else None
     if current == fresh:
@@ -481,12 +481,12 @@ def compare_compiled(output: Path, fresh: bytes) -> int:
         return EXIT_OK
     print(f"{printable(str(output))} {'is missing' if current is None else 'is out of date'}; run without --check")
     if current is not None:
-        sys.stdout.write(unified_diff(current, fresh, str(output), f"{output} (compiled now)"))
+        sys.stdout.write(unified_diff(current, fresh, str(output), f"{output} (generated now)"))
     return EXIT_FINDINGS
 
 
 def unified_diff(old: bytes, new: bytes, old_name: str, new_name: str) -> str:
-    """``diff -u`` of two files' bytes, each line through ``printable`` (``compile --check``).
+    """``diff -u`` of two files' bytes, each line through ``printable`` (``write-module --check``).
 
     Bytes that are not UTF-8 show as U+FFFD; a line-ending change shows as a changed line.
     """

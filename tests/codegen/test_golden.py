@@ -1,6 +1,6 @@
-"""`memoplan compile` output for every plan in plans/ is committed under tests/golden/.
+"""`memoplan write-module` output for every plan in plans/ is committed under tests/golden/.
 
-Each golden is compared byte for byte with a fresh compile (rewrite them with
+Each golden is compared byte for byte with a fresh write-module (rewrite them with
 `pytest tests/codegen/test_golden.py --update-goldens`), imported on its own, and shown to
 behave exactly as `memoplan.apply` does on the plan's bundled model.
 """

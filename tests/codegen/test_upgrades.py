@@ -1,9 +1,9 @@
-"""Upgrades: committed plan modules and ``compile --check`` across memoplan releases.
+"""Upgrades: committed plan modules and ``write-module --check`` across memoplan releases.
 
 A plan module names the runtime interface it was generated for (``RUNTIME_ABI``) and checks it
 on import: silence when this runtime runs it, MP424 otherwise.  The header names no memoplan
 release, so an upgrade that generates the same code changes no committed file, and
-``compile --check`` prints a unified diff when a file is out of date.
+``write-module --check`` prints a unified diff when a file is out of date.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_compile_check_prints_a_unified_diff(capsys, tmp_path) -> None:
     code, stdout, err = run(capsys, "write-module", plan, "-o", out, "--check")
     assert code == 1
     assert f"{out} is out of date; run without --check" in stdout
-    assert f"--- {out}\n+++ {out} (compiled now)\n" in stdout
+    assert f"--- {out}\n+++ {out} (generated now)\n" in stdout
     assert "\n-PLAN_ID = 'stale'  # \\x1b[2J\n" in stdout and "\n-OLD_ID = " in stdout
     assert "\n+PLAN_ID = " in stdout
     assert "\x1b" not in stdout
