@@ -383,6 +383,9 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
     return 0 if passed else 1
 
 
+_META_HELP = "verify the plan on a smaller real build of the model (`memoplan docs meta`)"
+
+
 def _verify_estimated(args, plan, model, example, device) -> int:
     """`memoplan verify` of a model on the meta device: the plan resolved (above), the peaks
     estimated, the budget checked against them, and MP414: equivalence is not checked."""
@@ -401,7 +404,7 @@ def _verify_estimated(args, plan, model, example, device) -> int:
         Diagnostic(
             "MP414",
             f"`{args.plan}`: equivalence not checked: {check.why}",
-            help="verify the plan on a smaller real build of the model (`memoplan docs meta`)",
+            help=_META_HELP,
             severity=Severity.WARNING,
         ),
         plan.source,
@@ -716,7 +719,7 @@ def _report_html(args) -> int:
 
     options = report_command.options_from(args)
     report_command.require_matplotlib()
-    device = cli_target.device(args.device)
+    device = cli_target.device(args.device, estimating=True)  # a device not here: only a model that cannot run anyway
     plan = _load(args.plan)
     check_output(args.output, *plan_inputs(plan, args.plan, args.model))
     refused = [d for d in statement_effects(plan, checking=True) if d.is_error]
@@ -724,21 +727,29 @@ def _report_html(args) -> int:
         raise PlanError(tuple(refused), plan.source)
     step = command_step(args, plan, args.plan)
     model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
-    if cli_target.cannot_run(model, device):  # every plot is of measured steps
-        raise PlanError((cli_target.not_measurable(cli_target.runs_nowhere(model) or "", "`memoplan report`"),))
+    estimated = cli_target.cannot_run(model, device)  # a meta model: the page is drawn from the estimate
+    if not estimated:
+        cli_target.device(args.device)  # MP506: a real step needs the device here
     example = _example(plan, args.plan, args.example, required=True)
     resolved = _resolve(plan, model)
     found = check_example(plan, model, example.args, example.kwargs)
     if found:
         raise PlanError(tuple(found), plan.source)
     checked(step, model, device, plan)
+    from memoplan.report.estimated import write_estimated_report
+
+    write = write_estimated_report if estimated else report_command.write_report
     with writing(args.output), stepping(step, plan):
         result = first_step(
-            lambda: report_command.write_report(
-                plan, resolved, model, example, args.output, options, device=device, progress=_progress
-            )
+            lambda: write(plan, resolved, model, example, args.output, options, device=device, progress=_progress)
         )
     print(f"wrote {', '.join(str(p) for p in result.written)}: sections {', '.join(result.sections)}")
+    if estimated:
+        why = cli_target.runs_nowhere(model) or "no real step runs here"
+        message = (
+            f"`{args.plan}`: the report's figures are estimates on fake tensors and equivalence was not checked: {why}"
+        )
+        OUTPUT.diagnostic(Diagnostic("MP414", message, help=_META_HELP, severity=Severity.WARNING), plan.source)
     return 0
 
 
