@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memoplan.measure import LiveStorageMeter, default_loss
+from memoplan.measure import LiveStorageMeter, LossFn, forward_context, step_loss, training_step
 from memoplan.specs import Example
 
 __all__ = [
@@ -107,19 +107,32 @@ def aot_eager_decomp_partition_metered(gm: torch.fx.GraphModule, example_inputs:
         return debugging.aot_eager_decomp_partition(gm, example_inputs, **kwargs)
 
 
-def compile_step(model: nn.Module, device: str, tag: str) -> Callable[..., torch.Tensor]:
+def compile_step(model: nn.Module, device: str, tag: str, loss_fn: LossFn | None = None) -> Callable[..., torch.Tensor]:
     """torch.compile of ``loss(model(*args))``, with a code object of its own.
 
-    Dynamo caches compiled code per code object and, inlining ``nn.Module``s, does not
-    guard on which instance it traced: two compiled copies of one model class would
-    share the graph partitioned for the first budget.  A function compiled from its own
-    source text has its own code object, hence its own cache.
+    The loss is ``loss_fn``, else the running step's (:mod:`memoplan.step`: the plan's `step`
+    block, ``loss = auto`` when none runs), as every step memoplan measures takes it; a user's
+    callable is compiled as written (:func:`_traceable`).  Dynamo caches compiled code per code
+    object and, inlining ``nn.Module``s, does not guard on which instance it traced: two
+    compiled copies of one model class would share the graph partitioned for the first
+    budget.  A function compiled from its own source text has its own code object, hence
+    its own cache.
     """
     namespace: dict[str, Any] = {}
     source = "def step(*args, **kwargs):\n    return loss(model(*args, **kwargs))\n"
-    exec(compile(source, f"<compiled step: {tag}>", "exec"), {"model": model, "loss": default_loss}, namespace)
+    loss = _traceable(step_loss(loss_fn))
+    exec(compile(source, f"<compiled step: {tag}>", "exec"), {"model": model, "loss": loss}, namespace)
     backend = "inductor" if device == "cuda" else aot_eager_decomp_partition_metered
     return torch.compile(namespace["step"], backend=backend, fullgraph=True)
+
+
+def _traceable(loss: LossFn) -> LossFn:
+    """The function a compiled step calls for ``loss``: a user's callable itself, without the
+    wrapper that turns its failures into MP251 (the compiled peer that fails is a point with its
+    reason; the eager steps of the same report have checked the callable already)."""
+    from memoplan.step import _UserLoss
+
+    return loss.fn if isinstance(loss, _UserLoss) else loss
 
 
 # ---------------------------------------------------------------- steps
@@ -131,11 +144,10 @@ def sync(device: str) -> None:
 
 
 def eager_step(model: nn.Module, example: Example) -> Callable[[], torch.Tensor]:
+    """One eager training step: :func:`memoplan.measure.training_step`, the running step's loss and autocast."""
+
     def step() -> torch.Tensor:
-        model.zero_grad(set_to_none=True)
-        loss = default_loss(model(*example.args, **example.kwargs))
-        loss.backward()
-        return loss
+        return training_step(model, example.args, example.kwargs)[1]
 
     return step
 
@@ -146,9 +158,12 @@ def compiled_step(
     def step() -> torch.Tensor:
         # The budget is read when a graph is partitioned; patched around every call so that a
         # recompilation, should one happen, partitions for this configuration's budget too.
+        # The forward and the loss run under the running step's autocast, the backward outside
+        # it, as in every eager step (memoplan.measure.training_step).
         with torch._functorch.config.patch(activation_memory_budget=budget):
             model.zero_grad(set_to_none=True)
-            loss = fn(*example.args, **example.kwargs)
+            with forward_context(model, example.args, example.kwargs):
+                loss = fn(*example.args, **example.kwargs)
             loss.backward()
         return loss
 
