@@ -31,6 +31,7 @@ _EXPORTS = {
     "load": "memoplan.syntax",
     "parse": "memoplan.syntax",
     "plan": "memoplan.planner.request",
+    "profile": "memoplan.api",
     "PlanRequestError": "memoplan.planner.request",
     "PlanResult": "memoplan.planner.plan",
     "verify": "memoplan.verification",
@@ -63,6 +64,7 @@ __all__ = [
     "measure_step",
     "parse",
     "plan",
+    "profile",
     "remove",
     "resolve",
     "verify",
@@ -96,7 +98,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memoplan.api import apply, remove, write_module
+    from memoplan.api import apply, profile, remove, write_module
     from memoplan.diagnostics import Diagnostic, MemoplanWarning, PlanError
     from memoplan.ir import ResolvedPlan
     from memoplan.measure import measure_step

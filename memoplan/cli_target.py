@@ -89,9 +89,17 @@ def not_measurable(why: str, what: str) -> Diagnostic:
 
 def device_memory(args) -> int | None:
     """``--device-memory SIZE`` in bytes (None when not given); MP509 when it is not a size."""
-    text = getattr(args, "device_memory", None)
+    return memory_size(getattr(args, "device_memory", None))
+
+
+def memory_size(text: str | int | None) -> int | None:
+    """A device's capacity in bytes from ``SIZE`` text (``80GiB``) or a count of bytes (None: not
+    given); MP509 when it is not a positive size.  ``--device-memory`` and the API's ``device_memory``."""
     if text is None:
         return None
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
+        return text
+    text = str(text)
     from memoplan.planner.budgets import Bytes
     from memoplan.planner.presets import parse_budget
 

@@ -32,6 +32,7 @@ def test_public_names_are_frozen():
         "measure_step",
         "parse",
         "plan",
+        "profile",
         "remove",
         "resolve",
         "verify",

@@ -139,6 +139,8 @@ def plan(
     method: str = "auto",
     progress: bool = False,
     step=None,
+    device=None,
+    device_memory=None,
 ) -> PlanResult:
     """Plan ``model`` on ``example`` for ``budget`` (``"4 GiB"``, ``"50%"``, ``"60% hint"``,
     ``"checkpoint-half"``), a ``coverage`` (``"60%"`` or ``"5"`` of the candidate modules) or a ``preset`` (``safe``, ``balanced``, ``memory``, ``exhaustive``), as
@@ -153,13 +155,16 @@ def plan(
     :class:`memoplan.syntax.blocks.SublinearConfig` (with ``planner="sublinear"``); ``profile``:
     a :class:`~memoplan.planner.profile.Profile` already taken, else one is taken by ``method``
     (``auto``, ``measured``, ``estimated``); ``step``: the training step planned for, a
-    :class:`memoplan.syntax.blocks.StepConfig` (default ``start``'s), written as the plan's `step` block.  Impossible combinations raise
+    :class:`memoplan.syntax.blocks.StepConfig` (default ``start``'s), written as the plan's `step` block;
+    ``device`` and ``device_memory``: the device planned for and its capacity (``"cuda"``, ``"80GiB"``
+    or bytes), as ``--device`` and ``--device-memory`` (:func:`memoplan.api.aimed`; ``budget="device"``
+    is the device's memory less what the model holds).  Impossible combinations raise
     :class:`PlanRequestError` (a :class:`ValueError`) before the model runs; a hard budget
     that no plan meets raises :class:`memoplan.PlanError` (MP601).  ``model`` is not changed.
     """
     from dataclasses import replace
 
-    from memoplan.api import as_plan
+    from memoplan.api import aimed, as_plan, device_budget, device_budget_limit
     from memoplan.planner.estimate import take_profile
     from memoplan.planner.profile import as_example
     from memoplan.planner.write import with_budget
@@ -177,7 +182,8 @@ def plan(
         start_name=None if parsed_start is None else parsed_start.file,
     )
     request.check()
-    chosen = request.make_preset()
+    found = device_budget(budget, device, device_memory)  # `device [- SIZE]`: bytes once on the device
+    chosen = request.make_preset(None if found is None else found[2])
     request.check_preset(chosen, sublinear=sublinear is not None or request.sublinear_block() is not None)
     request.check_nested(chosen)
     if sublinear is None and request.sublinear_block() is not None:
@@ -186,8 +192,12 @@ def plan(
     from memoplan.step import make_step, running
 
     config = _step_config(step, parsed_start)  # the `step` block of `start` with `step` over it
-    example = as_example(example)
-    with running(make_step(config)):
+    ran = make_step(config)
+    aim = aimed(model, as_example(example), device, device_memory, ran, method=method, plan=parsed_start)
+    with aim as (model, example), running(ran):
+        if found is not None:
+            limit = device_budget_limit(found, model, device, device_memory, config, lambda line: None)
+            chosen = chosen.with_overrides(planner=None, budget=limit, hard=chosen.hard)
         if profile is None:
             profile = take_profile(
                 model, example, method=method, progress=progress, shards=config.shards, optimizer=config.optimizer
