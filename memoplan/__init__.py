@@ -31,7 +31,7 @@ _EXPORTS = {
     "load": "memoplan.syntax",
     "parse": "memoplan.syntax",
     "plan": "memoplan.planner.request",
-    "profile": "memoplan.api",
+    "profile": "memoplan.planner.aim",
     "PlanRequestError": "memoplan.planner.request",
     "PlanResult": "memoplan.planner.plan",
     "verify": "memoplan.verification",
@@ -98,10 +98,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memoplan.api import apply, profile, remove, write_module
+    from memoplan.api import apply, remove, write_module
     from memoplan.diagnostics import Diagnostic, MemoplanWarning, PlanError
     from memoplan.ir import ResolvedPlan
     from memoplan.measure import measure_step
+    from memoplan.planner.aim import profile
     from memoplan.planner.plan import PlanResult
     from memoplan.planner.request import PlanRequestError, plan
     from memoplan.resolver.bind import resolve

@@ -383,9 +383,6 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
     return 0 if passed else 1
 
 
-_META_HELP = "verify the plan on a smaller real build of the model (`memoplan docs meta`)"
-
-
 def _verify_estimated(args, plan, model, example, device) -> int:
     """`memoplan verify` of a model on the meta device: the plan resolved (above), the peaks
     estimated, the budget checked against them, and MP414: equivalence is not checked."""
@@ -404,7 +401,7 @@ def _verify_estimated(args, plan, model, example, device) -> int:
         Diagnostic(
             "MP414",
             f"`{args.plan}`: equivalence not checked: {check.why}",
-            help=_META_HELP,
+            help="verify the plan on a smaller real build of the model (`memoplan docs meta`)",
             severity=Severity.WARNING,
         ),
         plan.source,
@@ -714,6 +711,7 @@ def _report_html(args) -> int:
     """`memoplan report`: the plan is loaded, checked and resolved as `check` does it, then
     measured and drawn by memoplan.report; no file is written unless all of it succeeds."""
     from memoplan.report import command as report_command
+    from memoplan.report import estimated as estimated_report
     from memoplan.resolver.effects import statement_effects
     from memoplan.resolver.shapes import check_example
 
@@ -727,29 +725,21 @@ def _report_html(args) -> int:
         raise PlanError(tuple(refused), plan.source)
     step = command_step(args, plan, args.plan)
     model = _model(plan, args.plan, args.model, required=True, seed=args.seed)
-    estimated = cli_target.cannot_run(model, device)  # a meta model: the page is drawn from the estimate
-    if not estimated:
-        cli_target.device(args.device)  # MP506: a real step needs the device here
+    estimated = cli_target.estimated_only(model, args.device)  # a meta model: the page drawn from the estimate
     example = _example(plan, args.plan, args.example, required=True)
     resolved = _resolve(plan, model)
     found = check_example(plan, model, example.args, example.kwargs)
     if found:
         raise PlanError(tuple(found), plan.source)
     checked(step, model, device, plan)
-    from memoplan.report.estimated import write_estimated_report
-
-    write = write_estimated_report if estimated else report_command.write_report
+    write = estimated_report.write_estimated_report if estimated else report_command.write_report
     with writing(args.output), stepping(step, plan):
         result = first_step(
             lambda: write(plan, resolved, model, example, args.output, options, device=device, progress=_progress)
         )
     print(f"wrote {', '.join(str(p) for p in result.written)}: sections {', '.join(result.sections)}")
-    if estimated:
-        why = cli_target.runs_nowhere(model) or "no real step runs here"
-        message = (
-            f"`{args.plan}`: the report's figures are estimates on fake tensors and equivalence was not checked: {why}"
-        )
-        OUTPUT.diagnostic(Diagnostic("MP414", message, help=_META_HELP, severity=Severity.WARNING), plan.source)
+    if estimated:  # MP414: every figure an estimate, equivalence not checked
+        OUTPUT.diagnostic(estimated_report.not_checked(args.plan, model), plan.source)
     return 0
 
 

@@ -18,44 +18,21 @@ def cannot_run(model, device) -> bool:
     return is_meta(model)
 
 
+def estimated_only(model, text: str | None) -> bool:
+    """Whether ``model`` cannot run here (:func:`cannot_run`) and its steps are only estimated, on
+    ``--device`` ``text``; for a model that can run, MP506 where that device is not here."""
+    if cannot_run(model, text):
+        return True
+    device(text)  # MP506: a real step needs the device here
+    return False
+
+
 def device(text: str | None, *, estimating: bool = False):
-    """``--device`` as a torch.device, or None when not given; MP506 when it cannot run here.
+    """``--device`` as a torch.device, or None when not given; MP506 when it cannot run here
+    (:func:`memoplan.planner.target.parse_device`, which the Python API's ``device`` takes too)."""
+    from memoplan.planner.target import parse_device
 
-    ``estimating``: the command can estimate its steps on fake tensors (``profile``, ``plan``
-    without ``--method measured``), so a CUDA device this machine lacks is a target: the steps
-    are planned for it (:mod:`memoplan.planner.target`)."""
-    import torch
-
-    if text is None:
-        return None
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise PlanError(
-            (Diagnostic("MP506", f"`--device {text}` is not a device", help="e.g. cpu, cuda or cuda:1"),)
-        ) from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count()
-        if estimating and not count:
-            return device  # planned for a GPU this machine lacks: estimated, nothing runs on it
-        if not count or (device.index or 0) >= count:
-            raise PlanError(
-                (
-                    Diagnostic(
-                        "MP506",
-                        f"`--device {text}`: {f'only {count} CUDA devices here' if count else 'no CUDA device here'}",
-                        help="leave out --device to run on the CPU"
-                        + (
-                            ""
-                            if count
-                            else "; `memoplan profile` and `plan` estimate a step for a CUDA device without one"
-                        ),
-                    ),
-                )
-            )
-    elif device.type != "cpu":
-        raise PlanError((Diagnostic("MP506", f"`--device {text}`: only cpu and cuda are supported"),))
-    return device
+    return parse_device(text, estimating=estimating)
 
 
 def on_target(model, example, device, args):
@@ -79,37 +56,16 @@ def on_target(model, example, device, args):
 
 def not_measurable(why: str, what: str) -> Diagnostic:
     """MP413: a measured path given a model no real step of which can run here."""
-    return Diagnostic(
-        "MP413",
-        f"{what} runs real training steps, and {why}",
-        help="`memoplan profile` and `memoplan plan` estimate its step on fake tensors (`--method estimated`, "
-        "what `auto` does for it); to run real steps, build a smaller model for real (`memoplan docs meta`)",
-    )
+    from memoplan.planner.target import not_measurable
+
+    return not_measurable(why, what)
 
 
 def device_memory(args) -> int | None:
     """``--device-memory SIZE`` in bytes (None when not given); MP509 when it is not a size."""
+    from memoplan.planner.target import memory_size
+
     return memory_size(getattr(args, "device_memory", None))
-
-
-def memory_size(text: str | int | None) -> int | None:
-    """A device's capacity in bytes from ``SIZE`` text (``80GiB``) or a count of bytes (None: not
-    given); MP509 when it is not a positive size.  ``--device-memory`` and the API's ``device_memory``."""
-    if text is None:
-        return None
-    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
-        return text
-    text = str(text)
-    from memoplan.planner.budgets import Bytes
-    from memoplan.planner.presets import parse_budget
-
-    try:
-        size, _ = parse_budget(text)
-    except (ValueError, PlanError):
-        size = None
-    if not isinstance(size, Bytes) or size.amount <= 0:
-        raise PlanError((Diagnostic("MP509", f"`--device-memory {text}` is not a size", help="e.g. `80GiB`"),))
-    return size.amount
 
 
 def runs_nowhere(model) -> str | None:

@@ -50,6 +50,7 @@ __all__ = [
     "STEP",
     "Step",
     "StepConfig",
+    "as_written",
     "check_precision",
     "current",
     "make_step",
@@ -158,6 +159,12 @@ class _UserLoss:
             self.span,
             "it is called with the model's output and returns the loss: a one-element floating-point tensor",
         )
+
+
+def as_written(loss: LossFn) -> LossFn:
+    """The function ``loss`` calls: a user's callable itself, without the wrapper that turns its
+    failures into MP251 (for code that compiles the step: ``memoplan report --peers``)."""
+    return loss.fn if isinstance(loss, _UserLoss) else loss
 
 
 def _data_dependent(exc: BaseException) -> bool:

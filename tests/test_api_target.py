@@ -1,6 +1,6 @@
 """The Python API plans and profiles for the device and step the command line takes:
 ``memoplan.plan(..., device=, device_memory=, step=)`` and ``memoplan.profile(...)`` with the
-command line's checks and diagnostics (memoplan.api.aimed, memoplan.cli_target)."""
+command line's checks and diagnostics (memoplan.planner.aim, memoplan.planner.target)."""
 
 from __future__ import annotations
 

@@ -157,15 +157,15 @@ def plan(
     (``auto``, ``measured``, ``estimated``); ``step``: the training step planned for, a
     :class:`memoplan.syntax.blocks.StepConfig` (default ``start``'s), written as the plan's `step` block;
     ``device`` and ``device_memory``: the device planned for and its capacity (``"cuda"``, ``"80GiB"``
-    or bytes), as ``--device`` and ``--device-memory`` (:func:`memoplan.api.aimed`; ``budget="device"``
+    or bytes), as ``--device`` and ``--device-memory`` (:func:`memoplan.planner.aim.aimed`; ``budget="device"``
     is the device's memory less what the model holds).  Impossible combinations raise
     :class:`PlanRequestError` (a :class:`ValueError`) before the model runs; a hard budget
     that no plan meets raises :class:`memoplan.PlanError` (MP601).  ``model`` is not changed.
     """
     from dataclasses import replace
 
-    from memoplan.api import aimed, as_plan, device_budget, device_budget_limit
-    from memoplan.planner.estimate import take_profile
+    from memoplan.api import as_plan
+    from memoplan.planner.aim import aimed, device_budget, device_budget_limit
     from memoplan.planner.profile import as_example
     from memoplan.planner.write import with_budget
 
@@ -195,24 +195,23 @@ def plan(
     ran = make_step(config)
     aim = aimed(model, as_example(example), device, device_memory, ran, method=method, plan=parsed_start)
     with aim as (model, example), running(ran):
-        if found is not None:
+        if found is not None:  # the device's bytes less what the model holds there
             limit = device_budget_limit(found, model, device, device_memory, config, lambda line: None)
             chosen = chosen.with_overrides(planner=None, budget=limit, hard=chosen.hard)
-        if profile is None:
-            profile = take_profile(
-                model, example, method=method, progress=progress, shards=config.shards, optimizer=config.optimizer
-            )
-        result = chosen.run(
-            model,
-            example,
-            prof=profile,
-            progress=progress,
-            named=preset is not None,
-            nested=nested,
-            sublinear=sublinear,
-            start=parsed_start,
-        )
+        options = {"named": preset is not None, "nested": nested, "sublinear": sublinear, "start": parsed_start}
+        result = _search(chosen, model, example, profile, method, progress, config, options)
     return replace(result, plan=with_step(with_budget(result.plan, chosen.budget, chosen.hard), config, "."))
+
+
+def _search(chosen, model, example, profile, method: str, progress: bool, config, options) -> PlanResult:
+    """The preset's search over ``profile``, else over one taken now by ``method`` for ``config``'s step."""
+    from memoplan.planner.estimate import take_profile
+
+    if profile is None:
+        profile = take_profile(
+            model, example, method=method, progress=progress, shards=config.shards, optimizer=config.optimizer
+        )
+    return chosen.run(model, example, prof=profile, progress=progress, **options)
 
 
 def _config_of(block):

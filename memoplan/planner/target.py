@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner.shard import SHARDS
 
 __all__ = [
@@ -42,8 +43,11 @@ __all__ = [
     "fake_like",
     "hard_mode",
     "is_meta",
+    "memory_size",
+    "not_measurable",
     "no_real_step",
     "not_runnable",
+    "parse_device",
     "planned_peak_name",
     "profiled_target",
     "target_for",
@@ -139,6 +143,79 @@ def not_runnable(model: nn.Module, device: torch.device | str | None = None) -> 
     if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
         return "no CUDA device here"
     return None
+
+
+# ---------------------------------------------------------------- the device and capacity a user names
+
+
+def parse_device(text: str | None, *, estimating: bool = False) -> torch.device | None:
+    """``--device`` ``text`` as a torch.device, or None when not given; MP506 when it cannot run here.
+
+    ``estimating``: the command can estimate its steps on fake tensors (``profile``, ``plan``
+    without ``--method measured``), so a CUDA device this machine lacks is a target: the steps
+    are planned for it.  The command line's ``--device`` and the Python API's ``device``."""
+
+    if text is None:
+        return None
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise PlanError(
+            (Diagnostic("MP506", f"`--device {text}` is not a device", help="e.g. cpu, cuda or cuda:1"),)
+        ) from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if estimating and not count:
+            return device  # planned for a GPU this machine lacks: estimated, nothing runs on it
+        if not count or (device.index or 0) >= count:
+            raise PlanError(
+                (
+                    Diagnostic(
+                        "MP506",
+                        f"`--device {text}`: {f'only {count} CUDA devices here' if count else 'no CUDA device here'}",
+                        help="leave out --device to run on the CPU"
+                        + (
+                            ""
+                            if count
+                            else "; `memoplan profile` and `plan` estimate a step for a CUDA device without one"
+                        ),
+                    ),
+                )
+            )
+    elif device.type != "cpu":
+        raise PlanError((Diagnostic("MP506", f"`--device {text}`: only cpu and cuda are supported"),))
+    return device
+
+
+def not_measurable(why: str, what: str) -> Diagnostic:
+    """MP413: a measured path given a model no real step of which can run here."""
+    return Diagnostic(
+        "MP413",
+        f"{what} runs real training steps, and {why}",
+        help="`memoplan profile` and `memoplan plan` estimate its step on fake tensors (`--method estimated`, "
+        "what `auto` does for it); to run real steps, build a smaller model for real (`memoplan docs meta`)",
+    )
+
+
+def memory_size(text: str | int | None) -> int | None:
+    """A device's capacity in bytes from ``SIZE`` text (``80GiB``) or a count of bytes (None: not
+    given); MP509 when it is not a positive size.  ``--device-memory`` and the API's ``device_memory``."""
+    if text is None:
+        return None
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
+        return text
+    text = str(text)
+    from memoplan.planner.budgets import Bytes, budget_from_ast
+    from memoplan.syntax import parse
+
+    try:  # read as a budget statement reads a size (not presets.parse_budget: it imports the planner)
+        stmt = parse(f"memplan 1\nbudget {text}\n", "--device-memory").budget
+        size = None if stmt is None or stmt.mode is not None else budget_from_ast(stmt)
+    except (ValueError, PlanError):
+        size = None
+    if not isinstance(size, Bytes) or size.amount <= 0:
+        raise PlanError((Diagnostic("MP509", f"`--device-memory {text}` is not a size", help="e.g. `80GiB`"),))
+    return size.amount
 
 
 # ---------------------------------------------------------------- what the planner's header says

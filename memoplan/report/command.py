@@ -216,7 +216,7 @@ def write_report(
     progress("drawing")
     sections = _sections(resolved, report, render_report(report), budget_line, plots, _svgs(plots), dtr)
     text = _page(resolved, report, options, sections)
-    written = _write(path, text, plots, options.json)
+    written = write_page(path, text, plots, options.json)
     return ReportResult(path, tuple(written), tuple(s.id for s in sections), plots, peaks)
 
 
@@ -248,7 +248,7 @@ def _page(resolved: Any, report: Any, options: ReportOptions, sections: list[pag
     return page.render(title, intro, sections)
 
 
-def _write(path: Path, text: str, plots: dict[str, Any], with_json: bool) -> list[Path]:
+def write_page(path: Path, text: str, plots: dict[str, Any], with_json: bool) -> list[Path]:
     """Write the page (and, with ``with_json``, each plot's data next to it); the paths written."""
     written = []
     if with_json:

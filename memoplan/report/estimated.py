@@ -20,7 +20,7 @@ from typing import Any
 from memoplan.report import data, page
 from memoplan.report.command import Progress, ReportOptions, ReportResult, came_from_planner, plan_rows
 
-__all__ = ["write_estimated_report"]
+__all__ = ["not_checked", "write_estimated_report"]
 
 
 def write_estimated_report(
@@ -38,7 +38,7 @@ def write_estimated_report(
     tensors of the target device, draw what the estimate gives and write ``path`` (and, with
     ``options.json``, the data of each plot next to it).  ``ReportResult.peaks`` holds the
     estimated peaks (``estimated_unplanned``, ``estimated_planned``)."""
-    from memoplan.report.command import _write, require_matplotlib
+    from memoplan.report.command import require_matplotlib, write_page
     from memoplan.verification import estimated_budget_check, estimated_verify
 
     require_matplotlib()
@@ -63,9 +63,23 @@ def write_estimated_report(
     sweep = options.sweep if options.sweep is not None else (plan.budget is not None or came_from_planner(plan))
     sections = _sections(resolved, check, budget_line, before, kernels, plots, sweep=sweep)
     text = _page(resolved, check, kernels, options, sections)
-    written = _write(path, text, plots, options.json)
+    written = write_page(path, text, plots, options.json)
     peaks = {"estimated_unplanned": check.unplanned_peak, "estimated_planned": check.planned_peak}
     return ReportResult(path, tuple(written), tuple(s.id for s in sections), plots, peaks)
+
+
+def not_checked(plan_path: Any, model: Any):
+    """MP414, a warning: the report of ``model`` (``plan_path``'s) is drawn from the estimate."""
+    from memoplan.diagnostics import Diagnostic, Severity
+    from memoplan.planner.target import not_runnable
+
+    why = not_runnable(model) or "no real step runs here"
+    return Diagnostic(
+        "MP414",
+        f"`{plan_path}`: the report's figures are estimates on fake tensors and equivalence was not checked: {why}",
+        help="verify the plan on a smaller real build of the model (`memoplan docs meta`)",
+        severity=Severity.WARNING,
+    )
 
 
 def _estimated_profiles(model: Any, resolved: Any, example: Any, device: Any) -> tuple[Any, Any, str]:

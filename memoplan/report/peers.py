@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memoplan.measure import LiveStorageMeter, LossFn, forward_context, step_loss, training_step
 from memoplan.specs import Example
+from memoplan.step import as_written
 
 __all__ = [
     "aot_eager_decomp_partition_metered",
@@ -112,7 +113,8 @@ def compile_step(model: nn.Module, device: str, tag: str, loss_fn: LossFn | None
 
     The loss is ``loss_fn``, else the running step's (:mod:`memoplan.step`: the plan's `step`
     block, ``loss = auto`` when none runs), as every step memoplan measures takes it; a user's
-    callable is compiled as written (:func:`_traceable`).  Dynamo caches compiled code per code
+    callable is compiled as written (:func:`memoplan.step.as_written`: one that fails makes the
+    peer a point with its reason; the eager steps of the same report have checked it already).  Dynamo caches compiled code per code
     object and, inlining ``nn.Module``s, does not guard on which instance it traced: two
     compiled copies of one model class would share the graph partitioned for the first
     budget.  A function compiled from its own source text has its own code object, hence
@@ -120,19 +122,10 @@ def compile_step(model: nn.Module, device: str, tag: str, loss_fn: LossFn | None
     """
     namespace: dict[str, Any] = {}
     source = "def step(*args, **kwargs):\n    return loss(model(*args, **kwargs))\n"
-    loss = _traceable(step_loss(loss_fn))
+    loss = as_written(step_loss(loss_fn))
     exec(compile(source, f"<compiled step: {tag}>", "exec"), {"model": model, "loss": loss}, namespace)
     backend = "inductor" if device == "cuda" else aot_eager_decomp_partition_metered
     return torch.compile(namespace["step"], backend=backend, fullgraph=True)
-
-
-def _traceable(loss: LossFn) -> LossFn:
-    """The function a compiled step calls for ``loss``: a user's callable itself, without the
-    wrapper that turns its failures into MP251 (the compiled peer that fails is a point with its
-    reason; the eager steps of the same report have checked the callable already)."""
-    from memoplan.step import _UserLoss
-
-    return loss.fn if isinstance(loss, _UserLoss) else loss
 
 
 # ---------------------------------------------------------------- steps
