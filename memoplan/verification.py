@@ -42,7 +42,7 @@ from memoplan.memonger.probe import allocated_inside
 from memoplan.planner.budgets import budget_from_ast
 from memoplan.planner.copies import changed_parameters, parameter_versions, sharing_copy
 from memoplan.planner.shrink import StepOutOfMemory, out_of_memory_as
-from memoplan.planner.target import not_runnable
+from memoplan.planner.target import is_meta, not_runnable, parse_device
 from memoplan.resolver import resolve
 from memoplan.runtime.arena import arena_state
 from memoplan.runtime.dtr import DtrStats, dtr_stats
@@ -157,6 +157,8 @@ def verify(
     resets Dynamo's caches first.  On the CPU the meter's dispatch mode keeps Dynamo out, so the
     peaks there are eager's (the report says so); on CUDA they are the compiled steps'.
     """
+    if device is not None and not is_meta(model):
+        parse_device(str(device))  # MP506, as `memoplan verify --device`: not a device, or not here
     why = not_runnable(model, device)
     if why is not None:  # a meta model, a GPU not here: estimated_verify says what can be said
         raise PlanError(

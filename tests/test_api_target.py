@@ -74,7 +74,10 @@ def test_bad_devices_capacities_and_steps_are_the_command_lines_diagnostics(monk
     autocast = StepConfig(autocast="bf16")
     assert _codes(lambda: memoplan.profile(model, example, step=autocast)) == ["MP253"]
     assert _codes(lambda: memoplan.plan(model, example, "50%", step=autocast)) == ["MP253"]
+    assert _codes(lambda: memoplan.verify(model, "memplan 1\n", example, device="tpu")) == ["MP506"]
+    assert _codes(lambda: memoplan.verify(meta, "memplan 1\n", example)) == ["MP413"]
     if not torch.cuda.is_available():
+        assert _codes(lambda: memoplan.verify(model, "memplan 1\n", example, device="cuda")) == ["MP506"]
         # a model that could run here, for a GPU that is not: MP506 for a measured profile, as `--device cuda`
         assert _codes(lambda: memoplan.profile(model, example, device="cuda", method="measured")) == ["MP506"]
         assert _codes(lambda: memoplan.plan(model, example, "device", device="cuda")) == ["MP509"]
