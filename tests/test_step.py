@@ -272,6 +272,27 @@ def test_a_loss_that_raises_is_located_and_nothing_is_written(net, capsys):
     assert "error[MP252]" in capsys.readouterr().err and not (net / "x.json").exists()
 
 
+def test_the_plans_step_that_cannot_run_is_located_and_nothing_is_written(net, capsys, monkeypatch):
+    """A `loss` the output lacks (MP252), autocast the device cannot do (MP253) and an option that
+    contradicts the plan's `step` block (MP254): each at its key of the block, no file written."""
+    plan = net / "p.memplan"
+    head = 'memplan 1\nmodel "net.py:build"\nexample randn(8, 32)\n'  # no labels: no loss of its own
+    plan.write_text(head + "step {\n    loss = model\n}\n")
+    assert main(["plan", str(plan), "--budget", "70%", "-o", "new.memplan"]) == 1
+    err = capsys.readouterr().err
+    assert "p.memplan:5:5: error[MP252]" in err and "carries no `loss`" in err
+    assert main(["plan", str(plan), "--budget", "70%", "--loss", "sum", "-o", "new.memplan"]) == 1
+    err = capsys.readouterr().err
+    assert "p.memplan:5:5: error[MP254]" in err and "`--loss sum` contradicts" in err
+    plan.write_text(head + "step {\n    autocast = bf16\n}\n")
+    monkeypatch.setattr(torch.amp, "is_autocast_available", lambda device_type: False)  # a device without it
+    for command in (["plan", str(plan), "--budget", "70%", "-o", "new.memplan"], ["verify", str(plan)]):
+        assert main(command) == 1
+        err = capsys.readouterr().err
+        assert "p.memplan:5:5: error[MP253]" in err and "torch has no autocast on cpu" in err
+    assert not (net / "new.memplan").exists()
+
+
 def test_mixed_precision_without_shards_is_refused(net, capsys):
     args = ["profile", "--model", "net.py:build", "--example", "net.py:example", "-o", "x.json"]
     assert main([*args, "--mixed-precision", "bf16"]) == 1
