@@ -158,7 +158,7 @@ class _Slot:
             # those itself until it dies, and it outlives its slots; nothing more to count.
             return
         storage = tensor.untyped_storage()
-        key = storage.data_ptr() if key is None else key
+        key = _storage_key(storage) if key is None else key
         if key not in self.call.weights:
             ref = self.call.tracker.ledger.hold_one(key, storage.nbytes(), id(self.call))
             if ref is not None:
@@ -188,7 +188,7 @@ class _Ledger:
             size = storage.nbytes()
             if not size:
                 continue
-            key = storage.data_ptr()
+            key = _storage_key(storage)
             entry = self.entries.get(key)
             if entry is None:
                 entry = self.entries[key] = [size, {}]
@@ -359,7 +359,13 @@ def frees_of(owners: Mapping[int, tuple[int, set[int]]], call: _Call | None) -> 
 
 
 def _key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
+    return _storage_key(tensor.untyped_storage())
+
+
+def _storage_key(storage: torch.UntypedStorage) -> int:
+    """A storage's identity: its address; a storage without one (a fake tensor's, when the estimate
+    runs a planned step: reading its address is undefined behaviour) by its C++ identity."""
+    return int(storage._cdata) if storage.device.type == "meta" else storage.data_ptr()
 
 
 def _storages_of(tensors: Sequence[torch.Tensor]) -> set[int]:

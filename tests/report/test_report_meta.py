@@ -8,6 +8,7 @@ import copy
 import json
 import re
 import sys
+import warnings
 
 import pytest
 import torch
@@ -76,12 +77,15 @@ def test_report_of_a_meta_model_is_the_estimate_of_the_real_build(tmp_path, caps
 @pytest.mark.skipif(torch.cuda.is_available(), reason="planning for a CUDA device this machine lacks")
 def test_report_of_a_meta_model_for_a_gpu_not_here_rounds_as_the_caching_allocator(tmp_path, capsys):
     plan = tmp_path / "meta.memplan"
-    plan.write_text(_plan(tmp_path))
+    plan.write_text(_plan(tmp_path, "dtr {\n    eviction_threshold = 1 MiB\n}\n"))
     out = tmp_path / "r.html"
-    code, _, err = run(capsys, "report", plan, "--device", "cuda", "-o", out, "--no-sweep")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the dtr tracker reads no fake tensor's data pointer
+        code, _, err = run(capsys, "report", plan, "--device", "cuda", "-o", out, "--no-sweep")
     assert code == 0, err
     text = out.read_text(encoding="utf-8")
-    assert re.findall(r'<section id="([a-z]+)">', text) == ["plan", "memory", "saved"]  # --no-sweep
+    assert re.findall(r'<section id="([a-z]+)">', text) == ["plan", "memory", "saved", "dtr"]  # --no-sweep
+    assert "Not drawn: the dtr block" in text
     assert "cpu kernels standing in for cuda" in text and "reserved by the caching allocator" in text
 
 
@@ -101,4 +105,3 @@ def test_the_sections_that_need_real_steps_say_why_they_are_not_drawn():
     assert "Not drawn: the sweep" in body["sweep"] and "no CUDA device here" in body["sweep"]
     assert "Not drawn: the dtr block" in body["dtr"] and "no CUDA device here" in body["dtr"]
     assert "reserved" not in body["memory"] and "3,145,728" in body["memory"]
-
