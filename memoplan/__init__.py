@@ -35,6 +35,7 @@ _EXPORTS = {
     "PlanRequestError": "memoplan.planner.request",
     "PlanResult": "memoplan.planner.plan",
     "verify": "memoplan.verification",
+    "estimated_verify": "memoplan.verification",
     "measure_step": "memoplan.measure",
     "write_module": "memoplan.api",
 }
@@ -58,6 +59,7 @@ __all__ = [
     "__version__",
     "apply",
     "dtr_stats",
+    "estimated_verify",
     "explain",
     "format_plan",
     "load",
@@ -110,4 +112,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.runtime.dtr import dtr_stats
     from memoplan.syntax import format_plan, load, parse
     from memoplan.syntax.ast import Plan
-    from memoplan.verification import verify
+    from memoplan.verification import estimated_verify, verify

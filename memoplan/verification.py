@@ -26,6 +26,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -166,7 +167,7 @@ def verify(
                 Diagnostic(
                     "MP413",
                     f"verify runs real training steps, and {why}",
-                    help="`estimated_verify` (what `memoplan verify` does for it) estimates the peaks on fake "
+                    help="`memoplan.estimated_verify` (what `memoplan verify` does for it) estimates the peaks on fake "
                     "tensors; prove the equivalence on a smaller real build (`memoplan docs meta`)",
                 ),
             )
@@ -260,17 +261,22 @@ class EstimatedVerify:
         )
 
 
-def estimated_verify(model: nn.Module, plan: ast.Plan, example: Example, device=None) -> EstimatedVerify:
-    """The plan resolved against ``model`` (``MP3xx`` when it does not) and the peaks of one step
-    without and one with it, on fake tensors of the target device (:mod:`memoplan.planner.target`)."""
+def estimated_verify(model: nn.Module, plan: ast.Plan | Path | str, example: Example, device=None) -> EstimatedVerify:
+    """What :func:`verify` can say of a model no real step of which runs here (a meta-device
+    model, a GPU not on this machine): ``plan`` (a plan, its file or its text) resolved against
+    ``model`` (``MP3xx`` when it does not) and the peaks of one step without and one with it, on
+    fake tensors of the target device (:mod:`memoplan.planner.target`), in the plan's ``step``.
+    No equivalence: prove it on a smaller real build with :func:`verify`."""
     from memoplan.planner.estimate import estimate_plan, fake_step
     from memoplan.planner.target import TARGET, not_runnable, target_for
 
+    step = _plan_step(plan)
+    plan = api.as_plan(plan)
     resolved = resolve(plan, model)
     aim = target_for(model, device)
     token = TARGET.set(aim)
     try:
-        with _running(_plan_step(plan)):  # the plan's `step` block, as verify runs its steps
+        with _running(step):  # the plan's `step` block, as verify runs its steps
             unplanned = fake_step(model, example, aim.device, peak_only=True).peak_bytes
             planned = estimate_plan(model, example, plan)
     finally:

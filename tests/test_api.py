@@ -26,6 +26,7 @@ def test_public_names_are_frozen():
         "__version__",
         "apply",
         "dtr_stats",
+        "estimated_verify",
         "explain",
         "format_plan",
         "load",

@@ -97,3 +97,20 @@ def test_the_api_records_the_step_and_leaves_the_model_as_it_was():
     plain = memoplan.profile(model, example, device="cpu", method="measured", repeats=1)
     assert prof.method == "measured" and prof.peak_bytes != plain.peak_bytes  # bf16 activations
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_estimated_verify_is_what_verify_says_of_a_meta_model():
+    """``memoplan.estimated_verify`` (named by verify's MP413): the plan's text resolved against a
+    meta model and both peaks on fake tensors, the planned one lower; a plan naming a module the
+    model lacks is the resolver's diagnostic, as on the command line."""
+    from memoplan.specs import Example
+
+    model, example = meta_models.meta(), Example(meta_models.example())
+    plan = "memplan 1\nmodule model.layers.* { checkpoint }\n"
+    check = memoplan.estimated_verify(model, plan, example)
+    assert check.modules == 2 and check.why.startswith("the model")
+    assert 0 < check.planned_peak < check.unplanned_peak
+    assert "equivalence: NOT checked" in check.render()
+    assert _codes(lambda: memoplan.estimated_verify(model, "memplan 1\nmodule nowhere { checkpoint }\n", example))
+    assert all(p.is_meta for p in model.parameters())
