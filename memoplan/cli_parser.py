@@ -488,7 +488,8 @@ def device_option(parser: argparse.ArgumentParser, *, estimating: bool = False, 
         parser.add_argument(
             "--device",
             metavar="DEV",
-            help="run the steps there, e.g. `cuda` or `cuda:1` (default: cpu); on CUDA, peaks are the allocator's",
+            help="run the steps there, e.g. `cuda` or `cuda:1` (default: cpu); on CUDA, peaks are the allocator's; "
+            "for a model on the meta device, the device its steps are estimated for, on fake tensors",
         )
         return
     parser.add_argument(
