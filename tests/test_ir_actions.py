@@ -11,7 +11,7 @@ from _paths import ROOT
 from memoplan import ir, load, resolve
 from memoplan.codegen.emit import EMITTERS, emit
 from memoplan.examples import spiking, transformer
-from memoplan.resolver import bind
+from memoplan.resolver import lower
 from memoplan.syntax.policies import POLICIES
 
 ORIGIN = ir.Origin("p.memplan", 3, "block", "written")
@@ -63,7 +63,7 @@ def test_with_action_adds_or_replaces_one_action():
 
 
 def test_every_policy_binds_to_an_action_and_every_action_has_an_emitter():
-    assert set(bind._ACTIONS) == set(POLICIES)
+    assert set(lower._ACTIONS) == set(POLICIES)
     assert set(EMITTERS) == set(ir.ACTION_TYPES)
 
 

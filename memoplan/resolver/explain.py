@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from memoplan.diagnostics import printable
-from memoplan.resolver.bind import Decision, analyse, chunked_ancestor
+from memoplan.resolver.bind import analyse
+from memoplan.resolver.resolution import Decision, chunked_ancestor
 from memoplan.syntax import ast
 from memoplan.syntax.formatter import format_policy, format_selector
 

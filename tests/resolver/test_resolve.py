@@ -22,7 +22,8 @@ from memoplan import ir, parse, resolve
 from memoplan.diagnostics import PlanError, Severity
 from memoplan.examples import cnn, mlp, spiking, transformer
 from memoplan.resolver import explain, render_explain
-from memoplan.resolver.bind import _groups, analyse
+from memoplan.resolver.bind import analyse
+from memoplan.resolver.lower import _groups
 from memoplan.resolver.selectors import ModelIndex, Specificity, select, specificity
 
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))

@@ -16,7 +16,7 @@ from memoplan.codegen import emit
 from memoplan.diagnostics import PlanError
 from memoplan.lsp import language
 from memoplan.lsp.completion import completions
-from memoplan.resolver import bind
+from memoplan.resolver import resolution
 from memoplan.syntax import ast, format_plan, parse
 from memoplan.syntax.build import POLICY_NAMES
 from memoplan.syntax.policies import POLICIES, Option, PolicySpec
@@ -68,7 +68,7 @@ def test_the_policy_words_come_from_the_specs():
 
 
 def test_left_out_options_read_as_the_specs_defaults():
-    bare = bind._bare(parse("memplan 1\nmodule a { temporal_chunk 2 dim 0 }\n").rules[0].policies[0])
+    bare = resolution.bare(parse("memplan 1\nmodule a { temporal_chunk 2 dim 0 }\n").rules[0].policies[0])
     assert (bare.args, bare.allow_nonequivalent, bare.boundaries) == ((0,), False, ast.Boundaries.KEEP)
 
 
@@ -111,7 +111,7 @@ def test_an_option_added_to_the_spec_reaches_every_stage(probe_option):
         parse(text.replace("probe = true", "probe = 3"))
     assert caught.value.diagnostics[0].code == "MP202" and "`probe`" in str(caught.value)
     left_out = parse(text.replace(" probe = true", "")).rules[0].policies[0]
-    assert bind._bare(left_out).probe is False  # resolve: the default fills it in
+    assert resolution.bare(left_out).probe is False  # resolve: the default fills it in
     resolved = memoplan.resolve(plan, _Net())  # resolve and emit still go through
     assert resolved.module("block").checkpoint is not None
     assert "def " in emit(resolved).main.text
