@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memoplan.syntax import parser  # noqa: E402
+from memoplan.syntax import parser, reading  # noqa: E402
 
 
 def rules_plan(rules: int, bad_every: int = 0) -> str:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             options.rules,
         ),
         (f"{options.segments:,}-segment selector after a bad line", long_selector_plan(options.segments), 0),
-        (f"{parser.MAX_PLAN_BYTES + 1:,} characters (over the limit)", "#" * (parser.MAX_PLAN_BYTES + 1), 0),
+        (f"{reading.MAX_PLAN_BYTES + 1:,} characters (over the limit)", "#" * (reading.MAX_PLAN_BYTES + 1), 0),
     ]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memoplan.syntax import parser  # noqa: E402
+from memoplan.syntax import parser, reading  # noqa: E402
 
 BODIES = {
     "blank lines": "\n",
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = None
     for _, name, fault in ranked[: options.top]:
         for case in (fault, "none") if fault != "none" else (fault,):  # and the same body without a fault
-            command = [sys.executable, __file__, "--child", bodies[name], case, str(parser.MAX_PLAN_BYTES)]
+            command = [sys.executable, __file__, "--child", bodies[name], case, str(reading.MAX_PLAN_BYTES)]
             result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
             print(
                 f"| {name} | {case} | {result['size']:,} | {result['diagnostics']} | {result['cpu']:.2f} | "

@@ -331,7 +331,7 @@ def is_stdin(path: Path | None) -> bool:
 
 def read_stdin() -> str:
     """Standard input as plan text: UTF-8, else MP107 (as for a file)."""
-    from memoplan.syntax.parser import MAX_PLAN_BYTES, not_a_plan, too_large
+    from memoplan.syntax.reading import MAX_PLAN_BYTES, not_a_plan, too_large
 
     data = sys.stdin.buffer.read(MAX_PLAN_BYTES + 1)  # never more than the limit: stdin may be endless
     if len(data) > MAX_PLAN_BYTES:

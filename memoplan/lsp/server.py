@@ -51,7 +51,7 @@ from memoplan.lsp.completion import completions
 from memoplan.lsp.hover import hover_at
 from memoplan.lsp.worker import ModelWorker, diagnostic_from_json
 from memoplan.syntax import ast
-from memoplan.syntax.parser import MAX_PLAN_BYTES
+from memoplan.syntax.reading import MAX_PLAN_BYTES
 from memoplan.version import __version__
 
 _SEVERITY = {

@@ -143,13 +143,13 @@ def test_a_named_pipe_is_refused_without_waiting_for_a_writer(capsys, tmp_path) 
 
 
 def test_a_plan_over_the_size_limit_is_mp109_and_not_read(capsys, tmp_path, monkeypatch) -> None:
-    from memoplan.syntax import parser
+    from memoplan.syntax import reading
 
     path = tmp_path / "big.memplan"
     path.write_bytes(b"memplan 1\n" + b"# padding\n" * 2000)
-    monkeypatch.setattr(parser, "MAX_PLAN_BYTES", 1000)
+    monkeypatch.setattr(reading, "MAX_PLAN_BYTES", 1000)
     reads = []
-    monkeypatch.setattr(parser.os, "fdopen", lambda *a, **k: reads.append(a) or open(*a, **k))
+    monkeypatch.setattr(reading.os, "fdopen", lambda *a, **k: reads.append(a) or open(*a, **k))
     code, err = _check(capsys, path)
     assert code == 1 and len(reads) == 1
     assert f"error[MP109]: plan `{path}` is too large: 20,010 bytes, over the limit of 1,000 bytes" in err
@@ -159,9 +159,9 @@ def test_a_plan_over_the_size_limit_is_mp109_and_not_read(capsys, tmp_path, monk
 
 
 def test_text_over_the_size_limit_is_mp109_before_parsing(monkeypatch) -> None:
-    from memoplan.syntax import parser
+    from memoplan.syntax import parser, reading
 
-    monkeypatch.setattr(parser, "MAX_PLAN_BYTES", 100)
+    monkeypatch.setattr(reading, "MAX_PLAN_BYTES", 100)
     monkeypatch.setattr(parser, "_parse_tree", lambda *a, **k: pytest.fail("parsed a plan over the limit"))
     plan, diagnostics = parser.parse_with_diagnostics("memplan 1\n" + "module a { keep }\n" * 10, "x.memplan")
     assert plan is None and [d.code for d in diagnostics] == ["MP109"]

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 
 from memoplan.lsp.analysis import parse_text
-from memoplan.syntax import parser, pieces
+from memoplan.syntax import lalr, parser, pieces, recovery
 
 
 @pytest.fixture
 def parsed(monkeypatch) -> list[int]:
     """The length of every text Lark parses from now on (runs of 1,024 characters: small plans show it)."""
-    monkeypatch.setattr(parser, "RECOVERY_BATCH", 1_024)
-    lark, _, _ = parser._lark()
+    monkeypatch.setattr(recovery, "RECOVERY_BATCH", 1_024)
+    lark, _, _ = lalr.lark_parser()
     lengths: list[int] = []
     real = lark.parse
 
@@ -41,7 +41,7 @@ def test_a_bad_line_before_many_lines_is_not_a_parse_per_line(parsed, line) -> N
     assert [d.code for d in diagnostics if d.code.startswith("MP1")] == ["MP101"]
     # The plan, a run that fails, the run before the error, its statement twice, then a parse a run:
     # it was one parse per statement.
-    assert len(parsed) <= 6 + 2 * len(text) // parser.RECOVERY_BATCH, parsed
+    assert len(parsed) <= 6 + 2 * len(text) // recovery.RECOVERY_BATCH, parsed
     assert sum(parsed) <= 3 * len(text) + 100  # counted as if each failed parse read its whole text
 
 
@@ -49,14 +49,14 @@ def test_errors_spread_over_many_statements_cost_a_run_each(parsed) -> None:
     text = "memplan 1\n" + ("module a.b { checkpoint }\n" * 100 + "modle x\n") * 10
     _, diagnostics = parser.parse_with_diagnostics(text)
     assert [d.code for d in diagnostics] == ["MP101"] * 10
-    assert len(parsed) <= 1 + 10 * 4 + 2 * len(text) // parser.RECOVERY_BATCH, parsed
-    assert sum(parsed) <= 2 * len(text) + 10 * (2 * parser.RECOVERY_BATCH + 50)
+    assert len(parsed) <= 1 + 10 * 4 + 2 * len(text) // recovery.RECOVERY_BATCH, parsed
+    assert sum(parsed) <= 2 * len(text) + 10 * (2 * recovery.RECOVERY_BATCH + 50)
 
 
 def test_many_errors_at_the_end_of_a_huge_block_stop_at_the_work_bound(parsed, monkeypatch) -> None:
     """Each error inside one statement re-parses that statement: 50 of them at the end of a
     huge block were 50 parses of the plan; the bound stops the search after about two."""
-    monkeypatch.setattr(parser, "RECOVERY_SLACK", 0)  # the bound without its floor: a small plan shows it
+    monkeypatch.setattr(recovery, "RECOVERY_SLACK", 0)  # the bound without its floor: a small plan shows it
     text = "memplan 1\nmodule x {\n" + "  ;\n" * 3_000 + "  bogus\n" * 50 + "}\n"
     _, diagnostics = parser.parse_with_diagnostics(text)
     assert diagnostics and diagnostics[0].code == "MP102" and diagnostics[0].span.line == 3_003
@@ -73,7 +73,7 @@ def test_the_language_server_parses_with_the_same_bound(parsed) -> None:
     text = "memplan 1\nmodle x\n" + ";\n" * 5_000
     checked = parse_text(text, "doc.memplan")
     assert [d.code for d in checked.diagnostics] == ["MP101"]
-    assert len(parsed) <= 6 + 2 * len(text) // parser.RECOVERY_BATCH
+    assert len(parsed) <= 6 + 2 * len(text) // recovery.RECOVERY_BATCH
 
 
 def test_statements_are_cut_into_pieces_of_whole_statements() -> None:

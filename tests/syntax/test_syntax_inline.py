@@ -17,7 +17,7 @@ from lark import Lark
 from lark.exceptions import UnexpectedInput
 
 from memoplan._resources import grammar_text
-from memoplan.syntax import parser
+from memoplan.syntax import lalr, parser
 from memoplan.syntax.build import Builder
 
 FIXTURES = TESTS / "fixtures"
@@ -53,8 +53,8 @@ def _spans(obj, found: list) -> list:
 
 
 def _inline_build(text: str, file: str, start: str = "start"):
-    lark, _, builder = parser._lark()
-    with parser._LOCK:
+    lark, _, builder = lalr.lark_parser()
+    with lalr.LOCK:
         builder.file, builder.diagnostics = file, []
         node = lark.parse(text, start=start)
         return node.value, builder.diagnostics
