@@ -10,8 +10,9 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternRE, PatternStr
 
 from memoplan.diagnostics import Diagnostic, Span, did_you_mean
-from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES, unit_help
+from memoplan.syntax.build import POLICY_NAMES, STATEMENT_NAMES
 from memoplan.syntax.lalr import lark_parser
+from memoplan.syntax.literals import unit_help
 from memoplan.syntax.pieces import code_part
 
 _TERMINAL_WORDS = {
