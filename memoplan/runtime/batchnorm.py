@@ -3,7 +3,7 @@
 A temporal chunk sees a slice of the time axis.  A BatchNorm inside it (time folded
 into the batch, as spiking networks do) would normalise each slice with that slice's
 own statistics, and its gradient would miss the terms that tie every time step to
-the batch mean and variance.  :func:`memoplan.runtime.region.run_chunked` makes the
+the batch mean and variance.  :func:`memoplan.runtime.chunking.run_chunked` makes the
 chunks equivalent instead, in passes over the chunks:
 
 1. A *statistics pass* per training-mode ``batch_norm`` call of the module's

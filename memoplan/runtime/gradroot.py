@@ -118,7 +118,7 @@ class Mark(torch.autograd.Function):
     """A chunk's output placed in a joined output that is never read: nothing is copied.
 
     Returns a stand-in with the joined output's shape that holds no memory;
-    backward is that of a placement (:class:`memoplan.runtime.region._Place`):
+    backward is that of a placement (:class:`memoplan.runtime.chunking._Place`):
     the earlier stand-in gets the gradient, the chunk its slice of it.  The
     column's :class:`Sink`, if any, is offered the gradient first.
     """
@@ -166,7 +166,7 @@ def held_alone(grads: Sequence[torch.Tensor | None], site: str = "region") -> li
     """The incoming gradients of a backward that nothing else holds (call first thing, on its ``grads``).
 
     ``site``: whose backward asks, ``"region"`` (a region's) or ``"place"`` (the
-    last placement of a joined output, :class:`memoplan.runtime.region._Place`);
+    last placement of a joined output, :class:`memoplan.runtime.chunking._Place`);
     each has its own probe, as the frames in between differ.
     """
     if torch.is_grad_enabled() or torch.compiler.is_compiling():

@@ -17,7 +17,7 @@ import memoplan
 from memoplan.diagnostics import PlanError
 from memoplan.measure import LiveStorageMeter
 from memoplan.neurons import LIF, reset
-from memoplan.runtime import region
+from memoplan.runtime import region_function
 
 STEPS, BATCH, WIDTH = 8, 4, 256  # one time step of a layer's state: 4 KiB in float32
 
@@ -166,7 +166,7 @@ def test_a_state_reached_by_an_earlier_chunks_backward_is_kept_for_the_later_one
         pass
 
     nodes = [Node(), Node(), Node()]
-    boundaries = region._Boundaries("layer")
+    boundaries = region_function._Boundaries("layer")
     assert [boundaries.add(n) for n in nodes] == [0, 1, 2]
     state = [torch.ones(2)]
     boundaries.reached(2, state)  # the last chunk: nothing follows it

@@ -1,7 +1,7 @@
 """A time-chunked module's input gradient goes in place, over its output's gradient — and only when safe.
 
 Outside a recompute, a chunked module's output is a real joined tensor; its incoming
-gradient reaches the last chunk's placement first (memoplan.runtime.region._Place),
+gradient reaches the last chunk's placement first (memoplan.runtime.chunking._Place),
 which hands it to the chunks' sink when nothing else holds it.  Each chunk then
 writes its input gradient over its own slice, and the statistics passes of a
 chunked BatchNorm add theirs there (memoplan.runtime.gradroot.Sink).  Every test
@@ -20,7 +20,7 @@ from torch import nn
 import memoplan
 from memoplan.measure import LiveStorageMeter
 from memoplan.neurons import LIF, reset
-from memoplan.runtime import gradroot, recompute, region
+from memoplan.runtime import gradroot, recompute, region_function
 
 STEPS, BATCH, WIDTH = 8, 64, 32  # one time step: 8 KiB in float32; the sequence 64 KiB
 
@@ -162,7 +162,7 @@ def test_recompute_boundaries_keep_about_twice_the_square_root_of_the_chunks(mon
         recompute, "_replay", lambda ctx, state, where: replays.append(ctx.i) or [torch.tensor(ctx.i + 1.0)]
     )
     nodes = [Node() for _ in range(8)]
-    boundaries = region._Boundaries("layer")
+    boundaries = region_function._Boundaries("layer")
     for i, node in enumerate(nodes):
         node.i = i
         boundaries.add(node)

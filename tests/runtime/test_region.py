@@ -296,7 +296,7 @@ def test_the_decoded_input_is_not_held_while_backward_runs_through_the_region(mo
     fn = conv2(conv1(x)): the peak is conv2's backward (conv1's output and its gradient),
     a moment when conv1's saved input need not exist.
     """
-    import memoplan.runtime.region as region
+    import memoplan.runtime.region_function as region
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(16, 64, 1, bias=False), nn.Conv2d(64, 1, 1, bias=False))
@@ -330,7 +330,7 @@ def test_a_planned_sequential_lets_go_of_its_decoded_input_after_the_first_modul
 
 def test_a_chunked_sequential_with_batchnorm_lets_go_of_each_chunks_decoded_input(monkeypatch):
     """The main and statistics passes hand a chunk's decoded input on as the chain's own, too."""
-    import memoplan.runtime.region as region
+    import memoplan.runtime.region_function as region
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(16, 1, 1, bias=False), nn.BatchNorm2d(1), nn.Conv2d(1, 64, 1, bias=False))
@@ -340,7 +340,7 @@ def test_a_chunked_sequential_with_batchnorm_lets_go_of_each_chunks_decoded_inpu
         return run_planned(net, (x,), {}, codec="bit", chunks=2, dim=0)
 
     owned, grad = backward_peak(run, x, net)
-    monkeypatch.setattr(region._WithStatistics, "run_owned", lambda self, box, kwargs: self(box.pop(), **kwargs))
+    monkeypatch.setattr(region.WithStatistics, "run_owned", lambda self, box, kwargs: self(box.pop(), **kwargs))
     held, held_grad = backward_peak(run, x, net)
     assert torch.equal(grad, held_grad)
     # Held by the caller, a chunk's decoded input (128 KiB) is alive at the peak too.
@@ -349,7 +349,7 @@ def test_a_chunked_sequential_with_batchnorm_lets_go_of_each_chunks_decoded_inpu
 
 def test_the_statistics_and_main_passes_keep_one_payload_per_chunk(monkeypatch):
     """Both passes read the same chunk of the input: it is encoded once and its payload kept once."""
-    import memoplan.runtime.region as region
+    import memoplan.runtime.region_function as region
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(16, 4, 1, bias=False), nn.BatchNorm2d(4))
@@ -374,7 +374,7 @@ def test_the_statistics_and_main_passes_keep_one_payload_per_chunk(monkeypatch):
 
 def test_a_state_output_nobody_differentiates_gets_no_zero_gradient(monkeypatch):
     """The neuron's new state is an output of the region; unused, its gradient stays None, not zeros."""
-    import memoplan.runtime.region as region
+    import memoplan.runtime.region_function as region
 
     torch.manual_seed(0)
     lif = LIF(threshold=0.5)
