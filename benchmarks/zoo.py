@@ -72,7 +72,7 @@ def _load(entry: Entry):
 def unit_step(model, example, steps: int) -> float:
     """The median CPU time of ``steps`` plain training steps (after one to warm up)."""
     from memoplan.measure import training_step
-    from memoplan.planner.profile import Restored
+    from memoplan.planner.snapshot import Restored
 
     times = []
     for _ in range(steps + 1):

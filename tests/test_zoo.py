@@ -18,8 +18,8 @@ from benchmarks.zoo_models import ZOO, Entry, missing
 from memoplan import specs
 from memoplan.measure import measure_step
 from memoplan.planner.estimate import fake_step
-from memoplan.planner.profile import Restored
 from memoplan.planner.shrink import shrink
+from memoplan.planner.snapshot import Restored
 from memoplan.syntax import parse_example_spec
 
 # The examples' batches are halved (the step's cost is mostly its number of operators), not cut to

@@ -43,22 +43,12 @@ from torch.utils.flop_counter import flop_registry
 from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, step_device, training_step, warm_up
 from memoplan.planner.copies import estimate_copy
 from memoplan.planner.cuda_allocator import Simulator, block_bytes
-from memoplan.planner.profile import (
-    Probe,
-    Record,
-    Restored,
-    as_example,
-    binary_inputs,
-    input_metas,
-    module_profile,
-    on_device,
-    profile,
-    tensor_bytes,
-    unique_storages,
-)
+from memoplan.planner.module_hooks import Probe, Record, module_profile, tensor_bytes, unique_storages
+from memoplan.planner.profile import as_example, binary_inputs, input_metas, on_device, profile
 from memoplan.planner.schema import Profile
 from memoplan.planner.shard import SHARDS, gathered_bytes, optimizer_state_bytes
 from memoplan.planner.shrink import describe_example, is_out_of_memory, shrink, shrinking
+from memoplan.planner.snapshot import Restored
 from memoplan.planner.target import TARGET, Target, fake_like, is_meta, not_runnable, target_for
 from memoplan.specs import Example
 from memoplan.version import __version__
