@@ -92,9 +92,13 @@ registered under the spec's name with :func:`register`; :func:`encode`, :func:`d
 themselves are pure functions in :mod:`memoplan.runtime.codec_impls`.  ``auto``'s
 per-region choice (first call, agreement across ranks, widening) is :func:`encode_auto`.
 
+The checks of values a codec cannot hold (``validate``, :class:`CodecError`) are
+:mod:`memoplan.runtime.codec_checks` (its names re-exported here).
+
 This module imports only ``torch``, the standard library,
-:mod:`memoplan.diagnostics` and :mod:`memoplan.enums` (leaves) and
-:mod:`memoplan.runtime.codec_impls`, because generated plan code imports it.  CUDA
+:mod:`memoplan.diagnostics` and :mod:`memoplan.enums` (leaves),
+:mod:`memoplan.runtime.codec_impls` and :mod:`memoplan.runtime.codec_checks`, because generated
+plan code imports it.  CUDA
 tensors of the dtypes in :data:`memoplan.runtime.kernels.DTYPES` go to the
 generated Triton kernels of :mod:`memoplan.runtime.kernels` (imported on first
 use, only when triton is installed) for ``bit`` and ``uint8``; they write the
@@ -105,17 +109,27 @@ code below.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.enums import Codec as _LanguageCodec
 from memoplan.enums import CodecSpec, codec_specs, register_codec, unregister_codec, widening_order
 from memoplan.runtime import codec_impls as impls
+from memoplan.runtime.codec_checks import (
+    SAMPLE_LIMIT,
+    CodecError,
+    check_int8,
+    check_values,
+    dtype_error,
+    full_check,
+    mark_validated,
+    not_held,
+    reset_validation,
+    sample_indices,
+)
 from memoplan.runtime.codec_impls import INT8_GROUP, Data
 
 __all__ = [
@@ -147,32 +161,6 @@ __all__ = [
 VALIDATE_MODES: tuple[str, ...] = ("off", "sample", "always")
 #: Bytes counted for a payload's metadata in :attr:`Payload.nbytes` (it lives on the host).
 HEADER_BYTES = 0
-#: Most elements checked per call by ``validate="sample"`` after the first call.
-SAMPLE_LIMIT = 65_536
-
-_validated: set[tuple[str, str]] = set()
-_validated_lock = threading.Lock()
-
-_HELP = (
-    "keep the full input with `compress input = none`, use `compress input = uint8` "
-    "for small integers, `compress input = auto` to pick a codec the input allows, "
-    "or accept bounded error with `compress input = int8 lossy tolerance = ...`"
-)
-
-
-@dataclass(eq=False)
-class CodecError(PlanError):
-    """An input a codec cannot hold (``MP405``); raised by :func:`encode`.
-
-    ``where`` is the module path given to :func:`encode`, ``index`` the flat
-    C-order index of the offending element and ``value`` its value (both
-    ``None`` when the problem is the dtype).
-    """
-
-    where: str = ""
-    codec: str = ""
-    index: int | None = None
-    value: float | int | bool | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -321,13 +309,13 @@ def encode(
     if impl.keeps_input:
         return Payload(impl.name, (x,), x.shape, x.dtype, x.device, None)
     if x.is_complex() or (impl.floating_only and not x.dtype.is_floating_point):
-        raise _dtype_error(x, impl, where)
+        raise dtype_error(x, impl, where)
     src = x.detach()
     flat = src.reshape(-1)
     data = impl.fused(flat, mode, where) if impl.fused is not None and mode != "off" else None
     if data is None:
         if impl.check is None and mode != "off":
-            _check_values(flat, impl, mode, where)
+            check_values(flat, impl, mode, where)
         data = impl.encode(flat)
         if impl.check is not None and mode != "off":
             impl.check(flat, data, mode, where, tolerance)
@@ -410,25 +398,6 @@ def estimate_nbytes(
     return _REGISTRY[name].data_nbytes(numel, dtype, nnz, binary) + HEADER_BYTES
 
 
-def sample_indices(numel: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """The C-order positions ``validate="sample"`` checks after the first call.
-
-    ``arange(0, numel, s)`` with ``s = max(1, ceil(numel / SAMPLE_LIMIT))``: at most
-    :data:`SAMPLE_LIMIT` positions, every one of them when ``numel <= SAMPLE_LIMIT``.
-    """
-    return torch.arange(0, numel, _sample_step(numel), device=device)
-
-
-def reset_validation(where: str | None = None) -> None:
-    """Forget which ``where`` had their full first check (all of them when ``None``)."""
-    with _validated_lock:
-        if where is None:
-            _validated.clear()
-        else:
-            for key in [k for k in _validated if k[0] == where]:
-                _validated.discard(key)
-
-
 # ---------------------------------------------------------------- auto
 
 
@@ -471,46 +440,6 @@ def agree(codec: str) -> str:
     return order[int(rank.item())]
 
 
-# ---------------------------------------------------------------- validation
-
-
-def _check_values(flat: torch.Tensor, impl: RuntimeCodec, mode: str, where: str) -> None:
-    """Raise CodecError for the first value ``impl`` cannot hold among the checked ones."""
-    if impl.invalid is None or impl.holds_dtype(flat.dtype) or flat.numel() == 0:
-        return
-    full = _full_check(flat, impl.name, mode, where)
-    step = 1 if full else _sample_step(flat.numel())
-    checked = flat if step == 1 else flat[::step]
-    bad = impl.invalid(checked)
-    if bool(bad.any()):
-        j = int(bad.nonzero()[0, 0])
-        raise _not_held(flat, impl, where, j * step)
-    if full and mode == "sample":
-        _mark_validated(where, impl.name)
-
-
-def _full_check(flat: torch.Tensor, codec: str, mode: str, where: str) -> bool:
-    """Whether this call checks every element (else only :func:`sample_indices`)."""
-    return mode == "always" or (where, codec) not in _validated or flat.numel() <= SAMPLE_LIMIT
-
-
-def _mark_validated(where: str, codec: str) -> None:
-    with _validated_lock:
-        _validated.add((where, codec))
-
-
-def _not_held(flat: torch.Tensor, impl: RuntimeCodec, where: str, index: int) -> CodecError:
-    """The MP405 error for ``flat[index]``, a value ``impl`` cannot hold."""
-    return _value_error(
-        where,
-        impl.name,
-        index,
-        _py(flat[index]),
-        f"`{where}`: codec `{impl.name}` holds only {impl.what}, "
-        f"but the input has {_show(flat[index])} at flat index {index}",
-    )
-
-
 def _fused_bit_check(flat: torch.Tensor, mode: str, where: str) -> Data | None:
     """``bit`` on the kernels with a full check due: pack and check in one pass; else None.
 
@@ -519,86 +448,16 @@ def _fused_bit_check(flat: torch.Tensor, mode: str, where: str) -> Data | None:
     """
     if flat.dtype == torch.bool or flat.numel() == 0:
         return None
-    if not impls.kernels_take(flat.device, flat.dtype) or not _full_check(flat, "bit", mode, where):
+    if not impls.kernels_take(flat.device, flat.dtype) or not full_check(flat, "bit", mode, where):
         return None
     from memoplan.runtime.kernels import bit
 
     packed, index = bit.bit_pack_checked(flat)
     if index is not None:
-        raise _not_held(flat, _REGISTRY["bit"], where, index)
+        raise not_held(flat, _REGISTRY["bit"], where, index)
     if mode == "sample":
-        _mark_validated(where, "bit")
+        mark_validated(where, "bit")
     return (packed,)
-
-
-def _check_int8(flat: torch.Tensor, data: Data, mode: str, where: str, tolerance: float | None) -> None:
-    if flat.numel() == 0:
-        return
-    key = (where, "int8")
-    full = mode == "always" or key not in _validated or flat.numel() <= SAMPLE_LIMIT
-    step = 1 if full else _sample_step(flat.numel())
-    idx = None if step == 1 else sample_indices(flat.numel(), flat.device)
-    orig = flat if idx is None else flat[idx]
-    nonfinite = ~torch.isfinite(orig)
-    if bool(nonfinite.any()):
-        index = int(nonfinite.nonzero()[0, 0]) * step
-        raise _value_error(
-            where,
-            "int8",
-            index,
-            _py(flat[index]),
-            f"`{where}`: codec `int8` holds only finite values, "
-            f"but the input has {_show(flat[index])} at flat index {index}",
-        )
-    if tolerance is not None:
-        q, scales = data
-        if idx is None:
-            got = impls.decode_int8_flat(q, scales, flat.dtype)
-        else:
-            got = (q[idx].to(torch.float32) * scales[idx // INT8_GROUP]).to(flat.dtype)
-        err = (got.to(torch.float64) - orig.to(torch.float64)).abs()
-        worst = int(err.argmax())
-        if float(err[worst]) > tolerance:
-            index = worst * step
-            raise _value_error(
-                where,
-                "int8",
-                index,
-                _py(flat[index]),
-                f"`{where}`: codec `int8` error {float(err[worst]):.6g} exceeds "
-                f"tolerance {tolerance:g} at flat index {index} (value {_show(flat[index])})",
-            )
-    if full and mode == "sample":
-        _mark_validated(where, "int8")
-
-
-def _sample_step(numel: int) -> int:
-    return max(1, -(-numel // SAMPLE_LIMIT))
-
-
-def _value_error(where: str, codec: str, index: int, value, message: str) -> CodecError:
-    return CodecError(
-        (Diagnostic(code="MP405", message=message, help=_HELP),),
-        where=where,
-        codec=codec,
-        index=index,
-        value=value,
-    )
-
-
-def _dtype_error(x: torch.Tensor, impl: RuntimeCodec, where: str) -> CodecError:
-    need = "a floating-point" if impl.floating_only else "a real"
-    return CodecError(
-        (
-            Diagnostic(
-                code="MP405",
-                message=f"`{where}`: codec `{impl.name}` needs {need} input, got {x.dtype}",
-                help=_HELP,
-            ),
-        ),
-        where=where,
-        codec=impl.name,
-    )
 
 
 # ---------------------------------------------------------------- helpers
@@ -627,22 +486,6 @@ def _dense_stride(x: torch.Tensor) -> tuple[int, ...] | None:
             return None
         expected *= size
     return tuple(x.stride())
-
-
-def _py(t: torch.Tensor) -> float | int | bool:
-    return t.item()
-
-
-def _show(t: torch.Tensor) -> str:
-    """The shortest decimal that reads back as the element ``t`` in its dtype (0.7, not 0.69999...)."""
-    value = t.item()
-    if not t.dtype.is_floating_point or not math.isfinite(value):
-        return repr(value)
-    for digits in range(1, 18):
-        text = f"{value:.{digits}g}"
-        if torch.tensor(float(text), dtype=t.dtype).item() == value:
-            return text
-    return repr(value)
 
 
 # ---------------------------------------------------------------- the built-in codecs
@@ -698,7 +541,7 @@ for _impl in (
                  impls.not_binary, _is_bool, _ZERO_ONE, fused=_fused_bit_check),
     RuntimeCodec(_LanguageCodec.SPARSE.spec, impls.encode_sparse, impls.decode_sparse, _sparse_bytes),
     RuntimeCodec(_LanguageCodec.INT8.spec, impls.encode_int8, impls.decode_int8, _int8_bytes,
-                 floating_only=True, check=_check_int8),
+                 floating_only=True, check=check_int8),
 ):  # fmt: skip
     register(_impl)
 del _impl

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memoplan.diagnostics import PlanError
-from memoplan.runtime import codec_impls, codecs
+from memoplan.runtime import codec_checks, codec_impls, codecs
 from memoplan.runtime.codecs import (
     SAMPLE_LIMIT,
     CodecError,
@@ -540,7 +540,7 @@ def test_choose_is_the_smallest_lossless_payload(n, kind, dtype, seed):
 def test_codecs_import_only_torch_stdlib_and_leaves():
     import sys
 
-    for module in (codecs, codec_impls):
+    for module in (codecs, codec_impls, codec_checks):
         for name in imported_modules(Path(module.__file__)):
             top = name.split(".")[0]
             assert (
@@ -552,6 +552,7 @@ def test_codecs_import_only_torch_stdlib_and_leaves():
                     "memoplan.enums",  # the codec specs: a leaf without torch
                     "memoplan.runtime",  # from memoplan.runtime import codec_impls
                     "memoplan.runtime.codec_impls",
+                    "memoplan.runtime.codec_checks",
                     "memoplan.runtime.kernels",  # imported lazily, for CUDA tensors only
                 )
             ), name
