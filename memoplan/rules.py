@@ -133,8 +133,8 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP209", _S.SYNTAX, E, "something required is missing: `eviction_threshold`, a lossy codec's `tolerance`, `randint`'s `high`", "add the missing option or key"),
     ("MP210", _S.SYNTAX, W, "`static_memory_policy = 1`, read as `2`", "write `static_memory_policy = 2`"),
     ("MP211", _S.SYNTAX, E, "`**` inside a glob segment (`layer**`): `**` stands alone between dots", "write `layer*` for one segment, or `**` alone for any number"),
-    ("MP212", _S.SYNTAX, E, "`checkpoint save = [...]` names an op that is not one of `attention`, `conv`, `matmul`", "name ops from the list, e.g. `save = [matmul, attention]`"),
-    ("MP213", _S.SYNTAX, E, "`checkpoint save = [...]` names an op twice, or is empty", "name each op once; drop `save` for a plain checkpoint"),
+    ("MP212", _S.SYNTAX, E, "`checkpoint save = [...]` names an op that is not one of `attention`, `conv`, `matmul`, nor one of their ops by its place (`matmul_2`)", "name ops from the list, e.g. `save = [matmul, attention]`"),
+    ("MP213", _S.SYNTAX, E, "`checkpoint save = [...]` names an op twice (or a family and one of its ops), or is empty", "name each op once; drop `save` for a plain checkpoint"),
     ("MP214", _S.RESOLVE, E, "a codec the language knows but this installation's runtime does not implement (registered in `memoplan.enums` without an encoder)", "register its implementation with `memoplan.runtime.codecs.register`, or name a codec the runtime lists"),
     # ---- plan-wide statements
     ("MP222", _S.SYNTAX, N, "a `sublinear` block sets the search of `memoplan plan PLAN`", "nothing: run `memoplan plan PLAN` to search with it"),

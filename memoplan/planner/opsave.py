@@ -22,6 +22,17 @@ parameters, buffers, module state and the RNG are as they were after it.  Varian
 non-empty subset of the families a module runs are offered (``matmul``, ``attention``,
 ``matmul + attention``, ...), less those that cannot pay: keeping at least what the module saves,
 or costing no less recompute than the plain checkpoint.
+
+Finer variants choose op by op (:func:`cut_variants`).  The same forward records each op of a
+family by its place in the module's forward (``matmul_3``, the selector ``save`` accepts, see
+:mod:`memoplan.runtime.saving`): its output bytes, saved overlap and time.  A region that keeps some
+ops' outputs replays every other op in backward (eager recompute reruns the forward's code, so no
+op is spared because its consumers are kept): the recompute of a save set is the module's op time
+less the kept ops' time, additive over ops.  The cut that keeps at most ``cap`` bytes and
+recomputes least is then a 0/1 knapsack (bytes against op time), solved exactly as its Pareto
+frontier (every set no other beats in both bytes and time) and read at a few byte caps, a quarter,
+a half and three quarters of what keeping every such op would take.  Each distinct set there,
+other than a whole family's, is offered like the family variants.
 """
 
 from __future__ import annotations
@@ -42,10 +53,16 @@ from memoplan.planner.profile import Snapshot
 from memoplan.runtime.saving import saved_ops
 from memoplan.specs import Example
 
-__all__ = ["FAMILIES", "OpUse", "op_uses", "variants"]
+__all__ = ["FAMILIES", "OpUse", "cut_variants", "op_uses", "pareto", "variants"]
 
 #: The families a variant may keep, in the order a plan names them (``save = [matmul, attention]``).
 FAMILIES: tuple[str, ...] = ("matmul", "attention", "conv")
+
+#: The byte caps the cut variants are read at, as shares of keeping every recorded op's output.
+CUT_CAPS: tuple[float, ...] = (0.25, 0.5, 0.75)
+
+#: Over this many recorded ops the frontier is read off the ops by time per byte (a greedy order).
+EXACT_OPS = 20
 
 
 @dataclass
@@ -56,6 +73,8 @@ class OpUse:
     overlap: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     op_seconds: float = 0.0  # every op's time inside the module
+    # Per op by its place (``matmul_3``), in the order the forward ran them: bytes, overlap, time.
+    ops: dict[str, list[float]] = field(default_factory=dict)
 
 
 def variants(item: Item, use: OpUse | None) -> list[Item]:
@@ -73,7 +92,69 @@ def variants(item: Item, use: OpUse | None) -> list[Item]:
                 continue  # keeps everything it would free, or recomputes no less
             transient = max(0, item.saved_bytes - sum(use.overlap.get(f, 0) for f in families))
             found.append(Item(item.name, item.saved_bytes, kept, seconds, transient, tuple(families)))
+    return found + cut_variants(item, use)
+
+
+def pareto(ops: Sequence[tuple[str, int, float]]) -> list[tuple[int, float, tuple[str, ...]]]:
+    """Every save set of ``ops`` (name, bytes, seconds) that no other beats, as (bytes, seconds
+    spared, names), fewest bytes first: exact up to :data:`EXACT_OPS` ops (each set extends a
+    frontier set, and only frontier sets are kept), else the prefixes of the ops by time per byte."""
+    if len(ops) > EXACT_OPS:
+        order = sorted(ops, key=lambda op: (-op[2] / max(op[1], 1), op[0]))
+        points, total, spared = [(0, 0.0, ())], 0, 0.0
+        for name, nbytes, seconds in order:
+            total, spared = total + nbytes, spared + seconds
+            points.append((total, spared, points[-1][2] + (name,)))
+        return points
+    points = [(0, 0.0, ())]
+    for name, nbytes, seconds in ops:
+        grown = points + [(b + nbytes, t + seconds, names + (name,)) for b, t, names in points]
+        grown.sort(key=lambda p: (p[0], -p[1], p[2]))
+        points = []
+        for point in grown:
+            if not points or point[1] > points[-1][1]:
+                points.append(point)
+    return points
+
+
+def cut_variants(item: Item, use: OpUse) -> list[Item]:
+    """The op-by-op save variants of ``item`` (see the module docstring): the least-recompute set
+    within each of :data:`CUT_CAPS`, but sets that keep whole families (offered already)."""
+    ops = [(name, int(b), t) for name, (b, _, t) in use.ops.items() if b > 0 and t > 0]
+    if len(ops) < 2 or use.op_seconds <= 0:
+        return []
+    frontier, total = pareto(ops), sum(op[1] for op in ops)
+    chosen: list[tuple[str, ...]] = []
+    for cap in CUT_CAPS:
+        names = max((p for p in frontier if p[0] <= cap * total), key=lambda p: (p[1], -p[0]))[2]
+        if names and names not in chosen:
+            chosen.append(names)
+    found = []
+    for names in chosen:
+        save = _selectors(names, use)
+        if all(s in FAMILIES for s in save):
+            continue
+        kept = item.input_bytes + sum(int(use.ops[n][0]) for n in names)
+        share = min(1.0, sum(use.ops[n][2] for n in names) / use.op_seconds)
+        seconds = item.forward_seconds * (1.0 - share)
+        if kept >= item.saved_bytes or seconds >= item.forward_seconds:
+            continue
+        transient = max(0, item.saved_bytes - sum(int(use.ops[n][1]) for n in names))
+        found.append(Item(item.name, item.saved_bytes, kept, seconds, transient, save))
     return found
+
+
+def _selectors(names: Sequence[str], use: OpUse) -> tuple[str, ...]:
+    """``names`` as ``save`` writes them: a family whose every recorded op is in, else its ops by
+    place, families in :data:`FAMILIES` order and ops in their forward's order."""
+    chosen, found = set(names), []
+    for family in FAMILIES:
+        mine = [n for n in use.ops if n.rpartition("_")[0] == family]
+        if mine and all(n in chosen for n in mine):
+            found.append(family)
+        else:
+            found += [n for n in mine if n in chosen]
+    return tuple(found)
 
 
 def op_uses(model: nn.Module, example: Example, names: Iterable[str]) -> dict[str, OpUse]:
@@ -98,7 +179,9 @@ class _Watch(TorchDispatchMode):
         self.sync = device.type == "cuda"
         self.stack: list[str] = []
         self.uses = {name: OpUse() for name in modules}
-        self.made: dict[str, dict[int, tuple[str, int]]] = {name: {} for name in modules}  # storage -> (family, bytes)
+        # storage -> (family, op by its place, bytes)
+        self.made: dict[str, dict[int, tuple[str, str, int]]] = {name: {} for name in modules}
+        self.places: dict[str, dict[str, int]] = {name: {} for name in modules}  # family -> ops met in this run
         self.saved: dict[str, set[int]] = {name: set() for name in modules}
         self.keep: list[Any] = []  # storages seen, alive for the pass so their ids stay theirs
         self.families = {f: saved_ops((f,)) for f in FAMILIES}
@@ -107,7 +190,7 @@ class _Watch(TorchDispatchMode):
 
     def __enter__(self) -> _Watch:
         for name, module in self.modules.items():
-            self.handles.append(module.register_forward_pre_hook(lambda m, a, n=name: self.stack.append(n)))
+            self.handles.append(module.register_forward_pre_hook(lambda m, a, n=name: self._push(n)))
             self.handles.append(module.register_forward_hook(lambda m, a, o, n=name: self._pop(n), always_call=True))
         self.hooks.__enter__()
         return super().__enter__()
@@ -118,11 +201,17 @@ class _Watch(TorchDispatchMode):
         for handle in self.handles:
             handle.remove()
         for name, use in self.uses.items():
-            for key, (family, nbytes) in self.made[name].items():
+            for key, (family, op, nbytes) in self.made[name].items():
                 use.kept[family] = use.kept.get(family, 0) + nbytes
+                use.ops[op][0] += nbytes
                 if key in self.saved[name]:
                     use.overlap[family] = use.overlap.get(family, 0) + nbytes
+                    use.ops[op][1] += nbytes
         self.keep.clear()
+
+    def _push(self, name: str) -> None:
+        self.stack.append(name)
+        self.places[name].clear()  # a region counts its ops afresh in every run
 
     def _pop(self, name: str) -> None:
         if self.stack and self.stack[-1] == name:
@@ -154,9 +243,12 @@ class _Watch(TorchDispatchMode):
             if family is None:
                 continue
             use.seconds[family] = use.seconds.get(family, 0.0) + seconds
+            place = self.places[name][family] = self.places[name].get(family, 0) + 1
+            op = f"{family}_{place}"
+            use.ops.setdefault(op, [0, 0, 0.0])[2] += seconds
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.layout is torch.strided:
                     storage = t.untyped_storage()
                     self.keep.append(storage)
-                    self.made[name].setdefault(id(storage), (family, storage.nbytes()))
+                    self.made[name].setdefault(id(storage), (family, op, storage.nbytes()))
         return out

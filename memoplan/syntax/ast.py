@@ -214,6 +214,15 @@ class Checkpoint:
 SAVEABLE_OPS: tuple[str, ...] = ("attention", "conv", "matmul")
 
 
+def saved_family(name: str) -> str | None:
+    """The family a ``save`` selector names: ``matmul`` (every matmul) and ``matmul_3`` (the
+    region's third) are both ``matmul``; None for a name that is neither."""
+    if name in SAVEABLE_OPS:
+        return name
+    family, _, place = name.rpartition("_")
+    return family if family in SAVEABLE_OPS and place.isdigit() and place[0] != "0" else None
+
+
 @dataclass(frozen=True)
 class Compress:
     codec: Codec

@@ -154,7 +154,8 @@ class PolicyRules(ValueRules):
         )
 
     def _saved_ops(self, opt: _Option | None) -> tuple[str, ...] | None:
-        """``save = [matmul, attention]``: op families from SAVEABLE_OPS, each once (MP212, MP213)."""
+        """``save = [matmul, attention]``: op families from SAVEABLE_OPS or single ops of them by their
+        place (``matmul_2``), each once (MP212, MP213)."""
         if opt is None:
             return None
         items = opt.value.items if isinstance(opt.value, ast.ValueList) else (opt.value,)
@@ -163,12 +164,20 @@ class PolicyRules(ValueRules):
             if not isinstance(item, ast.Word):
                 self.error("MP202", "`save` expects a list of op names, e.g. `save = [matmul, attention]`", opt.span)
                 return None
-            if item.name not in ast.SAVEABLE_OPS:
-                help_ = did_you_mean(item.name, ast.SAVEABLE_OPS) or f"the ops are: {', '.join(ast.SAVEABLE_OPS)}"
+            family = ast.saved_family(item.name)
+            if family is None:
+                help_ = did_you_mean(item.name, ast.SAVEABLE_OPS) or (
+                    f"the ops are: {', '.join(ast.SAVEABLE_OPS)}, or one of them by its place, e.g. `matmul_2`"
+                )
                 self.error("MP212", f"`save` names an unknown op `{item.name}`", opt.span, help_)
                 return None
             if item.name in names:
                 self.error("MP213", f"`save` names `{item.name}` twice", opt.span, "remove the repetition")
+                return None
+            if family in names or (item.name == family and any(ast.saved_family(n) == family for n in names)):
+                self.error(
+                    "MP213", f"`save` names `{family}` and one of its ops", opt.span, f"`{family}` keeps them all"
+                )
                 return None
             names.append(item.name)
         if not names:

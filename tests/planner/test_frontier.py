@@ -131,7 +131,9 @@ def test_op_uses_count_each_familys_outputs_and_leave_the_model_as_it_was():
     assert torch.equal(torch.get_rng_state(), state) and all(p.grad is None for p in model.parameters())
     plain = Item("0", 10**6, 100, 1.0)
     found = opsave.variants(plain, uses["0"])
-    assert {v.save for v in found} == {("matmul",), ("attention",), ("matmul", "attention")}
+    families = {("matmul",), ("attention",), ("matmul", "attention")}
+    assert families <= {v.save for v in found}
+    assert all(v.save in families or any(s not in opsave.FAMILIES for s in v.save) for v in found)
     assert all(v.input_bytes > 100 and v.forward_seconds < 1.0 for v in found)
 
 
