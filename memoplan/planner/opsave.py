@@ -99,14 +99,14 @@ def pareto(ops: Sequence[tuple[str, int, float]]) -> list[tuple[int, float, tupl
     """Every save set of ``ops`` (name, bytes, seconds) that no other beats, as (bytes, seconds
     spared, names), fewest bytes first: exact up to :data:`EXACT_OPS` ops (each set extends a
     frontier set, and only frontier sets are kept), else the prefixes of the ops by time per byte."""
+    points: list[tuple[int, float, tuple[str, ...]]] = [(0, 0.0, ())]
     if len(ops) > EXACT_OPS:
         order = sorted(ops, key=lambda op: (-op[2] / max(op[1], 1), op[0]))
-        points, total, spared = [(0, 0.0, ())], 0, 0.0
+        total, spared = 0, 0.0
         for name, nbytes, seconds in order:
             total, spared = total + nbytes, spared + seconds
             points.append((total, spared, points[-1][2] + (name,)))
         return points
-    points = [(0, 0.0, ())]
     for name, nbytes, seconds in ops:
         grown = points + [(b + nbytes, t + seconds, names + (name,)) for b, t, names in points]
         grown.sort(key=lambda p: (p[0], -p[1], p[2]))
