@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from memoplan.measure import step_device
 from memoplan.planner.chain import Item
@@ -73,7 +74,8 @@ class OpUse:
     overlap: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     op_seconds: float = 0.0  # every op's time inside the module
-    # Per op by its place (``matmul_3``), in the order the forward ran them: bytes, overlap, time.
+    # Per op by its place (``matmul_3``), in the order the forward ran them: bytes, overlap, time
+    # (the family's measured time shared by FLOPs where every op of it has a FLOP count), FLOPs.
     ops: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -120,7 +122,7 @@ def pareto(ops: Sequence[tuple[str, int, float]]) -> list[tuple[int, float, tupl
 def cut_variants(item: Item, use: OpUse) -> list[Item]:
     """The op-by-op save variants of ``item`` (see the module docstring): the least-recompute set
     within each of :data:`CUT_CAPS`, but sets that keep whole families (offered already)."""
-    ops = [(name, int(b), t) for name, (b, _, t) in use.ops.items() if b > 0 and t > 0]
+    ops = [(name, int(entry[0]), entry[2]) for name, entry in use.ops.items() if entry[0] > 0 and entry[2] > 0]
     if len(ops) < 2 or use.op_seconds <= 0:
         return []
     frontier, total = pareto(ops), sum(op[1] for op in ops)
@@ -169,6 +171,29 @@ def op_uses(model: nn.Module, example: Example, names: Iterable[str]) -> dict[st
     return watch.uses
 
 
+def _flops(func, args: Sequence[Any], kwargs, out) -> int:
+    """The FLOPs of one op by torch's counter's formulas, 0 where it has none."""
+    formula = flop_registry.get(getattr(func, "overloadpacket", func))
+    if formula is None:
+        return 0
+    try:
+        return int(formula(*args, **(kwargs or {}), out_val=out))
+    except Exception:  # noqa: BLE001  a count only steadies the times; without one the time stands
+        return 0
+
+
+def _share_by_flops(use: OpUse) -> None:
+    """One op's time, measured once on a busy machine, is noisy; a family's total much less so.
+    Where every op of a family has a FLOP count, its ops share the family's time by FLOPs."""
+    for family in FAMILIES:
+        mine = [entry for name, entry in use.ops.items() if name.rpartition("_")[0] == family]
+        flops = sum(entry[3] for entry in mine)
+        if mine and flops > 0 and all(entry[3] > 0 for entry in mine):
+            total = sum(entry[2] for entry in mine)
+            for entry in mine:
+                entry[2] = total * entry[3] / flops
+
+
 class _Watch(TorchDispatchMode):
     """Module hooks keep the stack of watched modules running; each op is timed and its outputs
     charged to every module on the stack; a saved-tensor hook charges what autograd saves."""
@@ -207,6 +232,7 @@ class _Watch(TorchDispatchMode):
                 if key in self.saved[name]:
                     use.overlap[family] = use.overlap.get(family, 0) + nbytes
                     use.ops[op][1] += nbytes
+            _share_by_flops(use)
         self.keep.clear()
 
     def _push(self, name: str) -> None:
@@ -245,7 +271,9 @@ class _Watch(TorchDispatchMode):
             use.seconds[family] = use.seconds.get(family, 0.0) + seconds
             place = self.places[name][family] = self.places[name].get(family, 0) + 1
             op = f"{family}_{place}"
-            use.ops.setdefault(op, [0, 0, 0.0])[2] += seconds
+            entry = use.ops.setdefault(op, [0, 0, 0.0, 0])
+            entry[2] += seconds
+            entry[3] += _flops(func, args, kwargs, out)
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.layout is torch.strided:
                     storage = t.untyped_storage()

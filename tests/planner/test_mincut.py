@@ -137,7 +137,7 @@ def test_the_frontier_holds_the_least_recompute_set_for_every_byte_cap(ops, cap)
 
 def _use(ops: dict[str, tuple[int, int, float]]) -> opsave.OpUse:
     use = opsave.OpUse(op_seconds=sum(t for _, _, t in ops.values()) * 2)
-    use.ops = {name: [b, o, t] for name, (b, o, t) in ops.items()}
+    use.ops = {name: [b, o, t, 0] for name, (b, o, t) in ops.items()}
     for name, (b, _, t) in ops.items():
         family = name.rpartition("_")[0]
         use.kept[family] = use.kept.get(family, 0) + b
