@@ -120,7 +120,10 @@ def planned_models(draw):
         if not _has_dropout(module) and draw(st.booleans()):
             options.append("rng = off")
         if draw(st.booleans()):  # op-level saving: the kept outputs are the forward's own tensors
-            ops = draw(st.lists(st.sampled_from(["matmul", "conv", "attention"]), unique=True, min_size=1))
+            ops = []  # each family whole or some of its ops by their place in the region's forward
+            for family in draw(st.lists(st.sampled_from(["matmul", "conv", "attention"]), unique=True, min_size=1)):
+                places = [] if draw(st.booleans()) else draw(st.lists(st.integers(1, 4), unique=True, min_size=1))
+                ops += [f"{family}_{p}" for p in places] or [family]
             options.append(f"save = [{', '.join(ops)}]")
         taken.append(path)
         lines.append(f"module {_selector(path, model, draw)} {{ checkpoint {' '.join(options)} }}")
