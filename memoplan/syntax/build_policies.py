@@ -166,8 +166,12 @@ class PolicyRules(ValueRules):
                 return None
             family = ast.saved_family(item.name)
             if family is None:
-                help_ = did_you_mean(item.name, ast.SAVEABLE_OPS) or (
-                    f"the ops are: {', '.join(ast.SAVEABLE_OPS)}, or one of them by its place, e.g. `matmul_2`"
+                stem = item.name.rpartition("_")[0]
+                help_ = (
+                    f"a single op is named by its place, counted from 1: `{stem}_1` is the region's first"
+                    if stem in ast.SAVEABLE_OPS
+                    else did_you_mean(item.name, ast.SAVEABLE_OPS)
+                    or f"the ops are: {', '.join(ast.SAVEABLE_OPS)}, or one of them by its place, e.g. `matmul_2`"
                 )
                 self.error("MP212", f"`save` names an unknown op `{item.name}`", opt.span, help_)
                 return None
