@@ -331,6 +331,26 @@ def warm_up() -> None:
 
 
 @contextlib.contextmanager
+def gc_frozen() -> Iterator[None]:
+    """Collect once, then keep every object alive now out of the cyclic collector's reach
+    (``gc.freeze``) until the block ends: the collections :func:`gc_paused` makes before each
+    measured step then walk only what was made since (a planner's trial copies, their steps'
+    graphs), not the hundreds of thousands of objects torch and the user's libraries hold.
+    Garbage is still freed as it was (by reference counts; cycles by those collections, or
+    after the block).  Nothing is frozen when something else froze objects already (the
+    caller's own ``gc.freeze``, or an enclosing block): their unfreeze is theirs."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Collect first, then keep the cyclic collector from freeing at arbitrary moments."""
     gc.collect()

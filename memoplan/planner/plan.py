@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError
+from memoplan.measure import gc_frozen
 from memoplan.planner import levels, opsave, search, segments, tell
 from memoplan.planner.advice import recommendation
 from memoplan.planner.config import Planner, RefineOptions
@@ -152,7 +153,8 @@ def make_plan(
             _ESTIMATING.reset(token)
             SHARDS.reset(shards)
 
-    return _search(model, prof, searched, estimating, progress)
+    with gc_frozen():  # each trial's collection walks its own objects only
+        return _search(model, prof, searched, estimating, progress)
 
 
 def _search(model: nn.Module, prof: Profile, searched, estimating: bool, progress: bool) -> PlanResult:
@@ -551,17 +553,22 @@ def _calibrated(
 ):
     """(choice, measured peak) once measurements, not the estimate, have settled the set.
 
-    The cost model is an estimate, off in either direction.  While the measured peak is over
-    the hard limit, the estimate's limit is lowered by the overshoot and the search repeated.
-    While it leaves room under the limit, the estimate's limit is raised by that room, and the
-    wider search's set is kept when it costs less recompute and still measures within the
-    limit; a set that measures over it halves the step.  At most ``MAX_REFINEMENTS`` searches
-    each way, each set measured once.  When the estimate's limit moved, the choice keeps the
-    user's budget and limit and says so in its note.  ``searched`` is the estimate's limit
-    ``choice`` was found with.
+    The cost model is an estimate, off in either direction, and mostly by a like amount for
+    every set (on a language model, the loss's temporaries it counts at every peak).  While the
+    measured peak is over the hard limit, the search is repeated with the estimate's limit at
+    the set's estimate less the overshoot.  While it leaves room under the limit, the search is
+    repeated with the estimate's limit at the set's estimate plus that room (the limit the
+    estimate needs if it is off by as much for the next set), and the wider search's set is kept
+    when it costs less recompute and still measures within the limit.  A set that measures over
+    it bounds the search from above; the next limit is then that set's estimate less its
+    overshoot, or halfway between the bounds where that is outside them.  At most
+    ``MAX_REFINEMENTS`` searches each way, each set measured once.
+    When the estimate's limit moved, the choice keeps the user's budget and limit and says so
+    in its note.  ``searched`` is the estimate's limit ``choice`` was found with.
     """
     budget, first_reason = choice.budget, choice.reason
     peaks = {choice.checkpointed: after}
+    found_at = _remembered(planner, items, base, (searched, choice))
 
     def measured(c: search.Choice) -> int:
         if c.checkpointed not in peaks:
@@ -571,8 +578,8 @@ def _calibrated(
     for _ in range(MAX_REFINEMENTS):
         if after <= limit:
             break
-        tighter = max(1, searched - (after - limit))
-        retry = planner(items, search.Bytes(tighter), base)
+        tighter = max(1, min(searched, choice.estimated_peak) - (after - limit))
+        retry = found_at(tighter)
         if not retry.ok:
             break
         choice, searched = retry, tighter
@@ -585,14 +592,18 @@ def _calibrated(
         choice, after = _least_peak_within(limit, minimum, items, base, measured)
         searched = minimum
     low, high = searched, None  # nothing cheaper fits at or below `low`; `high`'s set measured over
+    last = (choice.estimated_peak, after)  # the set measured last: its estimate and its measured peak
     for _ in range(MAX_REFINEMENTS if after <= limit else 0):
-        trial = low + (limit - after) if high is None else (low + high) // 2
+        trial = last[0] + (limit - last[1])  # the estimate's limit if the last set's error holds
+        if high is not None and not low < trial < high:
+            trial = (low + high) // 2
         if trial <= low:
             break
-        retry = planner(items, search.Bytes(trial), base)
+        retry = found_at(trial)
         if retry.ok and retry.recompute_seconds < choice.recompute_seconds:
-            if measured(retry) <= limit:
-                choice, searched, after, low = retry, trial, measured(retry), trial
+            last = (retry.estimated_peak, measured(retry))
+            if last[1] <= limit:
+                choice, searched, after, low = retry, trial, last[1], trial
             else:
                 high = trial
         elif high is None:
@@ -607,6 +618,24 @@ def _calibrated(
         reason = "; ".join(r for r in dict.fromkeys((first_reason, choice.reason, note)) if r)
         choice = replace(choice, budget=budget, limit=limit, reason=reason)
     return choice, after
+
+
+def _remembered(planner: Search, items, base: int, first: tuple[int, search.Choice]):
+    """``planner``'s search at an estimate's limit, remembered: the set a search at ``L`` found,
+    whose estimate is ``e``, is what a search at any limit from ``e`` to ``L`` finds (the least
+    recompute within ``L`` is within the smaller limit too), so that search is not run again.
+    ``first``: (limit, set) found already."""
+    solved = [first]
+
+    def found_at(at: int) -> search.Choice:
+        for wider, choice in solved:
+            if choice.ok and choice.proven_optimal and choice.estimated_peak <= at <= wider:
+                return choice
+        choice = planner(items, search.Bytes(at), base)
+        solved.append((at, choice))
+        return choice
+
+    return found_at
 
 
 def _least_peak_if_it_fits(

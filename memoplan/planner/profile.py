@@ -67,7 +67,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memoplan.measure import LossFn, indexed_device, measure_step, step_device, training_step
+from memoplan.measure import LossFn, gc_frozen, indexed_device, measure_step, step_device, training_step
 from memoplan.planner.module_hooks import Probe, Record, Timer, module_profile, tensor_bytes, unique_storages
 from memoplan.planner.schema import (
     FORMAT_VERSION,
@@ -184,7 +184,7 @@ def profile(
     # budget given as a share of it would be too loose.  One step first, then the peak.
     warm_up = target.type == "cuda"
     bar = _Progress((2 if peak_bytes is None else int(probe)) + repeats + warm_up, enabled=progress)
-    with bar, Restored(model, example, target) as restored:
+    with gc_frozen(), bar, Restored(model, example, target) as restored:
         if warm_up:
             bar.step("warm-up")
             training_step(model, example.args, dict(example.kwargs), loss_fn)
