@@ -64,15 +64,20 @@ def as_hint(result, hard: bool):
     return replace(result, plan=plan, hard=False)
 
 
-def over_budget(best, budget, limit: int, hard: bool):
-    """The least-peak plan written for ``budget`` (a hint, or a hard budget it meets after all)."""
+def over_budget(best, budget, limit: int, hard: bool, advice: str | None = None):
+    """The least-peak plan written for ``budget`` (a hint, or a hard budget it meets after all);
+    ``advice``: the header's recommendation for ``limit`` (:func:`memoplan.planner.advice.recommendation`)."""
     lines = []
     for line in best.plan.header_comments.leading:
+        if line.startswith("# recommendation:"):
+            continue  # said of another limit (the least-peak search's): ``advice`` replaces it
         if line.startswith("# budget:"):
             lines.append(comment_line("budget mode: " + ("hard (verified by measurement)" if hard else "hint")))
             line = comment_line(f"budget: {budget.describe(best.measured_before)}; the least-peak plan of every level")
         lines.append(line)
     lines.append(comment_line(f"budget limit: {limit} B"))
+    if advice:
+        lines.append(comment_line(f"recommendation: {advice}"))
     plan = replace(best.plan, header_comments=replace(best.plan.header_comments, leading=tuple(lines)))
     choice = replace(best.choice, budget=budget, limit=limit)
     return replace(best, plan=plan, choice=choice, limit=limit, hard=hard)

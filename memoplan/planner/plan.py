@@ -224,10 +224,13 @@ def _widening(
     misses = [missed]
     if _chain_container(model, prof, how) is not None:  # a chain without blocks: runs of its children
         try:
-            return levels.as_hint(_segmented(model, example, budget, how, prof, preset, missed, progress), hard)
+            segmented = _segmented(
+                model, example, budget, how, prof, preset, missed, progress, parts=first != levels.WHOLE
+            )
+            return levels.as_hint(segmented, hard)
         except BudgetMissed as also:
             misses.append(also)
-    what = "whole candidates" if first == levels.WHOLE else "blocks and their parts"
+    what = "checkpoints of whole blocks" if first == levels.WHOLE else "checkpoints of blocks and their parts"
     tried = "whole blocks" if first == levels.WHOLE else "blocks or their parts"
     for wider, deeper, offered in levels.widenings(model, prof, refine, start is not None):
         widened = f"{offered} offered: {what} measure {missed.peak} B at the least, over the limit {missed.limit} B"
@@ -256,7 +259,8 @@ def _refused(model, example, budget, how: Search, hard: bool, prof, progress, re
         why = levels.explained(model, example, best.plan, best.measured_after, prof)
         least = _missed(limit, best.measured_after, best.choice.minimum_peak, least_measured=True, why=why)
         raise replace(least, result=best)
-    return levels.over_budget(best, budget, limit, hard)
+    advice = recommendation(prof, model, best.region_modules, limit, best.measured_after, nested=not whole)
+    return levels.over_budget(best, budget, limit, hard, advice)
 
 
 def _least_peak(
@@ -316,7 +320,16 @@ def _lowest(found, model, how: Search, prof: Profile) -> PlanResult:
         return PlanResult(plan, choice, prof.peak_bytes, prof.peak_bytes, None, True)
     what, best = min(found, key=lambda f: f[1].measured_after)
     others = "; ".join(f"{w}: {r.measured_after} B" for w, r in found)
-    skip = ("# budget", "# widened:", "# status:", "# note:", "# cost model, peak after:", "# least of:")
+    # What the level's search for 0 B said of its limit (`budget`, `widened`, `recommendation`...) is not this plan's.
+    skip = (
+        "# budget",
+        "# widened:",
+        "# status:",
+        "# note:",
+        "# cost model, peak after:",
+        "# least of:",
+        "# recommendation:",
+    )
     lines = [line for line in best.plan.header_comments.leading if not line.startswith(skip)]
     at = next((i for i, line in enumerate(lines) if line.startswith("# planner:")), len(lines))
     lines[at + 1 : at + 1] = [
@@ -348,12 +361,16 @@ def _chain_container(model: nn.Module, prof: Profile, how: Search) -> str | None
     return parent
 
 
-def _segmented(model, example, budget, how: Search, prof: Profile, preset, missed: BudgetMissed, progress: bool):
+def _segmented(
+    model, example, budget, how: Search, prof: Profile, preset, missed: BudgetMissed, progress: bool, *, parts=False
+):
     """A plan of runs of the chain container's children (:mod:`memoplan.planner.segments`), measured.
 
     Two splits are measured: the least-peak split of the cost model (``split = [...]``) and Chen
     et al.'s sqrt(n) near-equal runs (``segments = k``).  Every split recomputes the container
     once, so the lower measured peak wins; MP601 (``BudgetMissed``) when it is over the limit.
+    ``missed``: what the search before it measured at the least; ``parts``: that search offered the
+    children's parts too (the header's ``widened`` says which).
     """
     parent = _chain_container(model, prof, how)
     assert parent is not None, "called only when there is a chain container"
@@ -404,9 +421,10 @@ def _segmented(model, example, budget, how: Search, prof: Profile, preset, misse
         rest + least.cost,
         proven_optimal=False,
     )
+    one = "its children or their parts" if parts else "its children"
     widened = (
-        f"runs of the children of {shown} offered: whole candidates measure {missed.peak} B at the least, "
-        f"over the limit {missed.limit} B"
+        f"runs of the children of {shown} offered: checkpointing {one} one region each measures "
+        f"{missed.peak} B at the least, over the limit {missed.limit} B"
     )
     header = {
         **provenance("memoplan plan", prof),

@@ -483,7 +483,8 @@ def test_a_hard_budget_whole_blocks_cannot_meet_widens_the_search_to_their_parts
     text = memoplan.format_plan(result.plan)
     assert result.met and "# planner: exact" in text
     assert (
-        "# widened: parts of blocks, their op-level saves and split regions offered: whole candidates measure" in text
+        "# widened: parts of blocks, their op-level saves and split regions offered: checkpoints of whole blocks measure"
+        in text
     )
     assert re.search(r"^module blocks\.\d\.\w+", text, re.M)  # a part of a block
     report = verify(model, result.plan, example)

@@ -8,6 +8,7 @@ Every generated plan is checked equivalent by ``memoplan verify``'s rules.
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import pytest
@@ -195,6 +196,30 @@ def test_preset_memory_is_never_above_a_budgets_plan(name):
     assert "# budget: the least peak the planner reaches" in format_plan(least.plan)
     for share in (Fraction(1, 2), Fraction(1, 3), Fraction(1, 5)):
         assert least.measured_after <= _budget_peak(model, example, prof, share), share
+
+
+@pytest.mark.slow
+def test_least_peak_on_the_cnn_is_no_higher_than_whole_blocks_and_its_header_holds_for_its_budget():
+    """On the bundled CNN the parts of its blocks measure higher than whole blocks; the least peak
+    keeps the lowest level anyway.  Its header says nothing of the 0 B its searches ran for, and
+    written for a budget it meets, no line calls that budget missed."""
+    from memoplan.planner import levels
+
+    model, example = _bundled("cnn")
+    prof = profile(model, example, repeats=1, progress=False)
+    least = make_plan(model, example, search.LeastPeak(), prof=prof, progress=False)
+    whole = make_plan(model, example, search.LeastPeak(), prof=prof, progress=False, whole=True)
+    assert least.measured_after <= whole.measured_after
+    text = format_plan(least.plan)
+    found = dict(re.findall(r"(\w[\w ,'-]*): (\d+) B", text.split("# least of: ")[1].splitlines()[0]))
+    assert int(found["whole candidates"]) == least.measured_after == min(map(int, found.values()))
+    assert int(found["parts of blocks"]) > least.measured_after  # the parts alone are worse here
+    assert "# recommendation:" not in text and "budget limit: 0 B" not in text
+    met = levels.over_budget(least, search.Bytes(least.measured_after), least.measured_after, True)
+    assert met.met and "missed" not in format_plan(met.plan)
+    assert f"# budget limit: {least.measured_after} B" in format_plan(met.plan)
+    hint = levels.over_budget(least, search.Bytes(1), 1, False, "budget missed; raise the budget")
+    assert format_plan(hint.plan).count("# recommendation:") == 1 and not hint.met
 
 
 # ---------------------------------------------------------------- --coverage: a share or a count of candidates
