@@ -18,7 +18,7 @@ from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.measure import gc_frozen
-from memoplan.planner import levels, opsave, search, segments, tell
+from memoplan.planner import calibrate, levels, opsave, search, segments, tell
 from memoplan.planner.advice import recommendation
 from memoplan.planner.config import Planner, RefineOptions
 from memoplan.planner.profile import profile
@@ -98,7 +98,7 @@ def make_plan(
 
     A hard budget is checked by measuring one step with the plan; when the measurement
     is over the limit, the search is repeated with the estimate's limit lowered by the
-    overshoot (up to ``MAX_REFINEMENTS`` times) before giving up.  ``refine`` runs measured
+    overshoot (up to ``calibrate.MAX_REFINEMENTS`` times) before giving up.  ``refine`` runs measured
     refinement levels on the result; the refined plan is measured once more and that
     measurement is what the budget is checked against.  ``preset`` names it in the header.
     The optimal planner's search for a byte budget offers, beside whole candidates, every part of
@@ -533,19 +533,14 @@ def _final_check(model: nn.Module, example: Example, draft: ast.Plan, after: int
     return {}, after
 
 
-MAX_REFINEMENTS = 4
-
-
 def _settled(model, example, items, choice: search.Choice, planner: Search, base: int, hard: bool):
-    """(choice, measured peak): the search's set, settled by measurement for a hard budget."""
-    limit = searched = choice.limit
-    if not choice.ok and hard:
-        choice, searched = _least_peak_if_it_fits(model, example, items, choice, planner, base)
-    after = _measure(model, example, _draft(choice, items, model, {}, planner))
-    if hard and limit is not None:
-        assert searched is not None, "the limit, or the one the least-peak set was found with"
-        choice, after = _calibrated(model, example, items, choice, after, limit, searched, planner, base)
-    return choice, after
+    """(choice, measured peak): the search's set, settled by measured trials for a hard budget
+    (:func:`memoplan.planner.calibrate.settled`)."""
+
+    def measure(c: search.Choice) -> int:
+        return _measure(model, example, _draft(c, items, model, {}, planner))
+
+    return calibrate.settled(calibrate.Trials(items, planner, base, measure, _missed), choice, hard)
 
 
 def _refined_recompute(plan: ast.Plan, choice: search.Choice, prof: Profile) -> dict[str, str]:
@@ -564,132 +559,6 @@ def _refined_recompute(plan: ast.Plan, choice: search.Choice, prof: Profile) -> 
         return {}
     seconds = sum(prof[name].recompute_seconds for name in regions if name in prof)
     return {"recompute": search.recompute_line(seconds, len(regions), "(after refinement)")}
-
-
-def _calibrated(
-    model, example, items, choice: search.Choice, after: int, limit: int, searched: int, planner: Search, base: int
-):
-    """(choice, measured peak) once measurements, not the estimate, have settled the set.
-
-    The cost model is an estimate, off in either direction, and mostly by a like amount for
-    every set (on a language model, the loss's temporaries it counts at every peak).  While the
-    measured peak is over the hard limit, the search is repeated with the estimate's limit at
-    the set's estimate less the overshoot.  While it leaves room under the limit, the search is
-    repeated with the estimate's limit at the set's estimate plus that room (the limit the
-    estimate needs if it is off by as much for the next set), and the wider search's set is kept
-    when it costs less recompute and still measures within the limit.  A set that measures over
-    it bounds the search from above; the next limit is then that set's estimate less its
-    overshoot, or halfway between the bounds where that is outside them.  At most
-    ``MAX_REFINEMENTS`` searches each way, each set measured once.
-    When the estimate's limit moved, the choice keeps the user's budget and limit and says so
-    in its note.  ``searched`` is the estimate's limit ``choice`` was found with.
-    """
-    budget, first_reason = choice.budget, choice.reason
-    peaks = {choice.checkpointed: after}
-    found_at = _remembered(planner, items, base, (searched, choice))
-
-    def measured(c: search.Choice) -> int:
-        if c.checkpointed not in peaks:
-            peaks[c.checkpointed] = _measure(model, example, _draft(c, items, model, {}, planner))
-        return peaks[c.checkpointed]
-
-    for _ in range(MAX_REFINEMENTS):
-        if after <= limit:
-            break
-        tighter = max(1, min(searched, choice.estimated_peak) - (after - limit))
-        retry = found_at(tighter)
-        if not retry.ok:
-            break
-        choice, searched = retry, tighter
-        after = measured(choice)
-    if after > limit:
-        # Tightening did not bring a measurement under the limit (the estimate can be off by
-        # more than one overshoot says, e.g. a GPU's library workspaces): the least-peak set
-        # is the last one to try before refusing.
-        minimum = choice.minimum_peak
-        choice, after = _least_peak_within(limit, minimum, items, base, measured)
-        searched = minimum
-    low, high = searched, None  # nothing cheaper fits at or below `low`; `high`'s set measured over
-    last = (choice.estimated_peak, after)  # the set measured last: its estimate and its measured peak
-    for _ in range(MAX_REFINEMENTS if after <= limit else 0):
-        trial = last[0] + (limit - last[1])  # the estimate's limit if the last set's error holds
-        if high is not None and not low < trial < high:
-            trial = (low + high) // 2
-        if trial <= low:
-            break
-        retry = found_at(trial)
-        if retry.ok and retry.recompute_seconds < choice.recompute_seconds:
-            last = (retry.estimated_peak, measured(retry))
-            if last[1] <= limit:
-                choice, searched, after, low = retry, trial, last[1], trial
-            else:
-                high = trial
-        elif high is None:
-            break  # the room the measurement leaves buys nothing cheaper
-        else:
-            low = trial
-    if searched != limit:
-        note = (
-            f"searched with the estimate's limit at {searched} B, where measured peaks meet the limit "
-            f"{limit} B with the least recompute found"
-        )
-        reason = "; ".join(r for r in dict.fromkeys((first_reason, choice.reason, note)) if r)
-        choice = replace(choice, budget=budget, limit=limit, reason=reason)
-    return choice, after
-
-
-def _remembered(planner: Search, items, base: int, first: tuple[int, search.Choice]):
-    """``planner``'s search at an estimate's limit, remembered: the set a search at ``L`` found,
-    whose estimate is ``e``, is what a search at any limit from ``e`` to ``L`` finds (the least
-    recompute within ``L`` is within the smaller limit too), so that search is not run again.
-    ``first``: (limit, set) found already."""
-    solved = [first]
-
-    def found_at(at: int) -> search.Choice:
-        for wider, choice in solved:
-            if choice.ok and choice.proven_optimal and choice.estimated_peak <= at <= wider:
-                return choice
-        choice = planner(items, search.Bytes(at), base)
-        solved.append((at, choice))
-        return choice
-
-    return found_at
-
-
-def _least_peak_if_it_fits(
-    model, example, items, choice: search.Choice, planner: Search, base: int
-) -> tuple[search.Choice, int]:
-    """The estimate says no set fits: measure the least-peak set before refusing (MP601).
-
-    The cost model's estimates can run high (allocator rounding, gradients freed early).
-    When the least-peak set measures within the limit, search again with the limit widened
-    by that overshoot, and take the least-peak set itself if the wider search still fails;
-    the caller's measurement then checks the budget as usual.  Returns the choice and the
-    estimate's limit it was found with.
-    """
-    limit = choice.limit
-    assert limit is not None, "a hard budget in bytes has a limit"
-    least, measured = _least_peak_within(
-        limit,
-        choice.minimum_peak,
-        items,
-        base,
-        lambda c: _measure(model, example, _draft(c, items, model, {}, planner)),
-    )
-    wider = limit + max(0, least.estimated_peak - measured)
-    retry = planner(items, search.Bytes(wider), base)
-    found, searched = (retry, wider) if retry.ok else (least, choice.minimum_peak)
-    note = f"the estimated least peak {least.estimated_peak} B is over the limit {limit} B, but measures {measured} B"
-    return replace(found, budget=choice.budget, limit=limit, status=search.Status.OK, reason=note), searched
-
-
-def _least_peak_within(limit: int, minimum: int, items, base: int, measure) -> tuple[search.Choice, int]:
-    """The least-peak set and its peak by ``measure``; MP601 with that measurement when it is over ``limit``."""
-    least = Search(Planner.OPTIMAL)(items, search.Bytes(minimum), base)
-    peak = measure(least)
-    if peak > limit:
-        raise _missed(limit, peak, minimum, least_measured=True)
-    return least, peak
 
 
 def _draft(
