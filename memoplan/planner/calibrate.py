@@ -19,6 +19,10 @@ from memoplan.planner.chain import Item
 #: Searches each way (tightening, then loosening) before a set is settled.
 MAX_REFINEMENTS = 4
 
+#: Bounds on the estimate's limit this close (a share of the limit) end the loosening: what a set
+#: between them could save in recompute is worth less than the trial that would measure it.
+NARROW = 1 / 128
+
 
 @dataclass(frozen=True)
 class Trials:
@@ -61,8 +65,9 @@ def _calibrated(
     estimate needs if it is off by as much for the next set), and the wider search's set is kept
     when it costs less recompute and still measures within the limit.  A set that measures over
     it bounds the search from above; the next limit is then that set's estimate less its
-    overshoot, or halfway between the bounds where that is outside them.  At most
-    ``MAX_REFINEMENTS`` searches each way, each set measured once.
+    overshoot, or halfway between the bounds where that is outside them, until the bounds are
+    within ``NARROW`` of the limit.  At most ``MAX_REFINEMENTS`` searches each way, each set
+    measured once.
     When the estimate's limit moved, the choice keeps the user's budget and limit and says so
     in its note.  ``searched`` is the estimate's limit ``choice`` was found with; ``after`` its measured
     peak.
@@ -96,6 +101,8 @@ def _calibrated(
     last = (choice.estimated_peak, after)  # the set measured last: its estimate and its measured peak
     for _ in range(MAX_REFINEMENTS if after <= limit else 0):
         trial = last[0] + (limit - last[1])  # the estimate's limit if the last set's error holds
+        if high is not None and high - low <= limit * NARROW:
+            break  # sets between the bounds estimate within a sliver of each other: no trial pays
         if high is not None and not low < trial < high:
             trial = (low + high) // 2
         if trial <= low:
