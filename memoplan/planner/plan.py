@@ -432,8 +432,8 @@ def _segmented(
         "budget mode": hard_mode(model),
         **search.describe(choice),
         "widened": widened,
-        "measured peak before": f"{prof.peak_bytes} B",
-        "measured peak after": f"{peak} B",
+        unplanned_peak_name(prof): f"{prof.peak_bytes} B",  # as _make_plan names them: measured, or on fake tensors
+        planned_peak_name(model): f"{peak} B",
         **({"budget limit": f"{limit} B"} if limit is not None else {}),
     }
     plan = _draft(None, [], model, header, how, rules=(rule,))

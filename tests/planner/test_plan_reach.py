@@ -222,6 +222,26 @@ def test_least_peak_on_the_cnn_is_no_higher_than_whole_blocks_and_its_header_hol
     assert format_plan(hint.plan).count("# recommendation:") == 1 and not hint.met
 
 
+@pytest.mark.slow
+def test_runs_of_a_chain_name_their_peaks_as_the_step_found_them_and_what_was_checkpointed():
+    """A chain without blocks built on the meta device: no real step runs, so the segmented plan's
+    header says its peaks are on fake tensors (not measured), and its `widened` line says what the
+    search before it checkpointed, in the user's terms."""
+    from memoplan.planner.estimate import estimate
+
+    with torch.device("meta"):
+        model = nn.Sequential(*[m for _ in range(16) for m in (nn.Linear(256, 256), nn.GELU())])
+    example = Example((torch.randn(4096, 256, device="meta"),))
+    prof = estimate(model, example, progress=False)
+    result = make_plan(model, example, search.FractionOfPeak.percent(40), prof=prof, progress=False, whole=True)
+    text = format_plan(result.plan)
+    assert result.met
+    assert 'module "" { checkpoint segments = ' in text or 'module "" { checkpoint split' in text
+    assert "# unplanned peak on fake tensors: " in text and "# planned peak on fake tensors: " in text
+    assert "measured peak" not in text
+    assert "offered: checkpointing its children one region each measures " in text
+
+
 # ---------------------------------------------------------------- --coverage: a share or a count of candidates
 
 
