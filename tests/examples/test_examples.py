@@ -233,8 +233,12 @@ def test_spiking_benchmark_runs_small(tmp_path) -> None:
 
     bench = runpy.run_path(str(ROOT / "benchmarks" / "spiking_memory.py"))
     out = tmp_path / "results.json"
-    assert bench["main"](["--batch", "1", "--steps", "1", "--warmup", "0", "--top", "3", "--json", str(out)]) == 0
+    # `--also` with no plan: the bundled plans besides the chosen one are verified by
+    # test_spiking_plans_train_identically_with_less_memory above; here only the chosen one is.
+    argv = ["--batch", "1", "--steps", "1", "--warmup", "0", "--top", "3", "--also", "--json", str(out)]
+    assert bench["main"](argv) == 0
     results = json.loads(out.read_text())
+    assert list(results["plans"]) == ["plans/spiking.memplan"]
     assert results["plans"]["plans/spiking.memplan"]["equivalent"]
     assert results["spikingjelly"]["compressors"] == ["BitSpikeCompressor"] * 4
     assert results["spikingjelly"]["twin_equals_model"]
