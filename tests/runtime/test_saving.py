@@ -91,12 +91,19 @@ def test_every_family_names_real_aten_ops():
         saved_ops(("relu",))
 
 
-@pytest.mark.parametrize("ops", ["matmul", "matmul, attention", "conv", "attention, conv, matmul"])
-@pytest.mark.slow
-def test_saving_is_bit_equal_and_keeps_more_than_a_plain_checkpoint(ops):
+@pytest.fixture(scope="module")
+def plain_checkpoint():
+    """The model, its example and the verification of a plain checkpoint of its blocks, which every
+    ``save`` list below is compared with (verified once: the tests only read it)."""
     torch.manual_seed(0)
     model, example = _Net(), Example((torch.randn(512, 64),))
-    plain = verify(model, _plan("checkpoint"), example)
+    return model, example, verify(model, _plan("checkpoint"), example)
+
+
+@pytest.mark.parametrize("ops", ["matmul", "matmul, attention", "conv", "attention, conv, matmul"])
+@pytest.mark.slow
+def test_saving_is_bit_equal_and_keeps_more_than_a_plain_checkpoint(ops, plain_checkpoint):
+    model, example, plain = plain_checkpoint
     saving = verify(model, _plan(f"checkpoint save = [{ops}]"), example)
     assert saving.equivalent and saving.exact, saving.checks
     # It keeps the saved ops' outputs: between a plain checkpoint and no plan at all.
