@@ -71,3 +71,19 @@ def _progress_as_a_library_caller_gets_it():
     from memoplan.progress import REPORTER
 
     REPORTER.configure()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _long_lived_objects_out_of_the_collectors_way():
+    """memoplan collects garbage before every metered step (memoplan.measure.gc_paused); in a test
+    process that has imported torch, Dynamo, Inductor and transformers, a full collection walks
+    millions of long-lived objects (about 0.1 s each time) that are never garbage.  Each test
+    module starts by collecting once and freezing what is left (all of it reachable, so nothing
+    is kept that was garbage), and unfreezes it at its end: the collections in between walk only
+    what the module's tests created, which is every object a test's step could leave behind."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
