@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memoplan.progress import REPORTER, size
 
-# The two splits of a chain (memoplan.planner.plan._segmented), in plain words.
+# The two splits of a chain (memoplan.planner.chainruns.segmented), in plain words.
 _RUNS = {
     "least-peak split": "the split with the least estimated peak",
     "Chen et al.'s sqrt(n) segments": "runs of equal length",

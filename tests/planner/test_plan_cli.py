@@ -282,7 +282,7 @@ def test_profiles_from_several_ranks_are_merged_before_planning(tmp_path, capsys
 
 def _fake_meter(monkeypatch, items, base: int, offset: int) -> list[tuple[str, ...]]:
     """Replace the planner's measurement by the cost model's estimate plus ``offset`` bytes."""
-    from memoplan.planner import plan as plan_module
+    from memoplan.planner import trial as trial_module
     from memoplan.syntax.formatter import format_plan
 
     seen: list[tuple[str, ...]] = []
@@ -293,7 +293,7 @@ def _fake_meter(monkeypatch, items, base: int, offset: int) -> list[tuple[str, .
         chosen = [i for i, item in enumerate(items) if item.name in names]
         return search.estimate(items, chosen, base_bytes=base).peak + offset
 
-    monkeypatch.setattr(plan_module, "_measure", fake)
+    monkeypatch.setattr(trial_module, "measure", fake)
     return seen
 
 
@@ -334,7 +334,7 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
     library workspaces can): the tightened searches run out, and the least-peak set, which
     measures within the limit, is the plan, not an MP601."""
     from memoplan.examples import transformer
-    from memoplan.planner import plan as plan_module
+    from memoplan.planner import trial as trial_module
     from memoplan.planner.plan import make_plan
     from memoplan.planner.profile import chain, profile
     from memoplan.syntax.formatter import format_plan
@@ -357,14 +357,14 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
         estimate = search.estimate(items, chosen, base_bytes=base).peak
         return estimate if set(names) == set(least.names) else estimate + prof.peak_bytes
 
-    monkeypatch.setattr(plan_module, "_measure", fake)
+    monkeypatch.setattr(trial_module, "measure", fake)
     result = make_plan(model, example, budget, prof=prof, progress=False, whole=True)  # the meter knows whole blocks
     assert set(result.choice.names) == set(least.names)
     assert result.measured_after <= result.limit
     assert len(seen) == len(set(seen))  # each set measured once
 
     # And when the least-peak set measures over the limit too, MP601 gives its measurement.
-    monkeypatch.setattr(plan_module, "_measure", lambda model, example, plan: prof.peak_bytes * 2)
+    monkeypatch.setattr(trial_module, "measure", lambda model, example, plan: prof.peak_bytes * 2)
     with pytest.raises(memoplan.PlanError) as caught:
         make_plan(model, example, budget, prof=prof, progress=False, whole=True)
     assert caught.value.codes == ["MP601"] and "the least-peak plan checkpointing reaches measures" in str(caught.value)
