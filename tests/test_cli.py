@@ -18,7 +18,7 @@ import torch
 from _cli import TRACEBACK, run, write
 from _paths import ROOT
 
-from memoplan import cli
+from memoplan import cli, cli_load
 
 PLANS = sorted((ROOT / "plans").glob("*.memplan"))
 assert PLANS, "plans/ holds the bundled example plans"
@@ -391,8 +391,8 @@ def test_models_are_built_from_the_seed_so_every_run_agrees(capsys) -> None:
     built = []
     for before, seed in ((123, 4), (456, 4), (123, 5)):
         torch.manual_seed(before)
-        model = cli._model(None, None, "memoplan.examples.spiking:build", required=True, seed=seed)
-        example = cli._example(None, None, "memoplan.examples.spiking:example", required=True)
+        model = cli_load.load_model(None, None, "memoplan.examples.spiking:build", required=True, seed=seed)
+        example = cli_load.load_example(None, None, "memoplan.examples.spiking:example", required=True)
         built.append((next(model.parameters()).detach(), example.args[0]))
     assert torch.equal(built[0][0], built[1][0]) and torch.equal(built[0][1], built[1][1])
     assert not torch.equal(built[0][0], built[2][0])

@@ -1,0 +1,315 @@
+"""``memoplan profile`` and ``memoplan plan``: the step, model and example of a planning run, the
+profile, the search (a preset under the options, or a `dtr` block) and the plan written."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+from memoplan import cli_output, cli_target
+from memoplan.cli_load import cache_warnings, load_example, load_model, progress, show
+from memoplan.cli_output import load_plan, write_output
+from memoplan.cli_parser import SUBLINEAR_OPTIONS
+from memoplan.cli_step import checked, first_step, present, sharded_step, stepping
+from memoplan.cli_sublinear import sublinear_config
+from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
+
+
+def _start_model_and_example(start, args):
+    """The model and example of ``memoplan plan PLAN``: the options', else the plan's, on ``--device``."""
+    device = cli_target.device(args.device, estimating=args.method != "measured")
+    model = load_model(start, args.start, args.model, required=True)
+    example = load_example(start, args.start, args.example, required=True)
+    return cli_target.on_target(model, example, device, args)
+
+
+def _model_and_example(args):
+    """The model and example named by --model and --example (no plan involved), on ``--device``.
+
+    The model is this command's own, loaded for it, so it is moved there rather than copied.
+    """
+    device = cli_target.device(args.device, estimating=args.method != "measured")  # refused before the model is built
+    model, example = (
+        load_model(None, None, args.model, required=True),
+        load_example(None, None, args.example, required=True),
+    )
+    return cli_target.on_target(model, example, device, args)
+
+
+def profile_command(args) -> int:
+    from memoplan.planner.estimate import take_profile
+    from memoplan.planner.report import profile_table
+
+    check_output(args.output, model_file(args.model))
+    step = _sharded_step(args)
+    model, example = _model_and_example(args)
+    checked(step, model, cli_target.device(args.device, estimating=True))
+    with stepping(step):
+        result = first_step(
+            lambda: take_profile(
+                model,
+                example,
+                method=args.method,
+                note=progress,
+                repeats=args.repeats,
+                shards=step.config.shards,
+                optimizer=step.config.optimizer,
+            ),
+            "profile",
+        )
+    if cli_output.to_stdout(args.output):  # `-o -`: the JSON on stdout, the table on stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            show(profile_table(result))
+        return _save_to_stdout(result)
+    with writing(args.output):
+        result.save(args.output)
+    show(profile_table(result))
+    print(f"wrote {args.output}: {len(result.modules)} modules, unplanned peak {result.peak_bytes} B ({result.method})")
+    return 0
+
+
+def _shards(args) -> int:
+    """``--shards``, else ``WORLD_SIZE`` (torchrun), else 1."""
+    from memoplan.planner.shard import default_shards
+
+    shards = args.shards if args.shards is not None else default_shards()
+    if args.shards is None and shards > 1:
+        progress(
+            f"note: WORLD_SIZE={shards}: planning the step of one of {shards} FSDP2 ranks (--shards 1 for an unsharded one)"
+        )
+    return shards
+
+
+def _sharded_step(args, plan=None, path=None):
+    return sharded_step(args, plan, path, shards=_shards(args))
+
+
+def _save_to_stdout(result) -> int:
+    """A profile's JSON (as ``Profile.save`` writes it) on standard output."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "profile.json"
+        result.save(path)
+        write_output(Path("-"), path.read_text(encoding="utf-8"))
+    return 0
+
+
+def plan_command(args) -> int:
+    """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
+    from memoplan.planner.device_budget import device_budget_refused, device_budget_text
+    from memoplan.planner.presets import parse_budget
+    from memoplan.planner.request import PlanRequestError
+
+    start = load_plan(args.start) if args.start is not None else None
+    request = _plan_request(args, start)
+    try:
+        request.check()
+        device_budget = device_budget_text(args.budget)
+        parsed = None
+        if device_budget is not None:  # bytes once the model is on the device: a placeholder until then
+            device_budget_refused(
+                cli_target.device(args.device, estimating=True), args.budget, cli_target.device_memory(args)
+            )
+            parsed = parse_budget("1 B" + device_budget[1])
+        preset = request.make_preset(parsed)
+        sublinear = sublinear_config(args, request.sublinear_block())
+        request.check_preset(preset, sublinear=sublinear is not None)
+    except PlanRequestError as exc:
+        print(f"memoplan plan: error: {exc}", file=sys.stderr)
+        return 2
+    check_output(
+        args.output,
+        *(plan_inputs(start, args.start, args.model) if start is not None else ()),
+        model_file(args.model),
+        *(args.profile or ()),
+    )
+    step = _sharded_step(args, start, args.start)
+    model, example = _model_and_example(args) if start is None else _start_model_and_example(start, args)
+    cli_target.refuse_dtr(args, model)  # MP413: the dtr threshold is measured by real steps
+    checked(step, model, cli_target.device(args.device, estimating=True), start)
+    with stepping(step, start):
+        return _plan_with(args, start, request, preset, sublinear, device_budget, step, model, example)
+
+
+def _plan_with(args, start, request, preset, sublinear, device_budget, step, model, example) -> int:
+    """`memoplan plan` once its step, model and example are known: profile, search, write."""
+    from memoplan.planner.profile import Profile, merge
+    from memoplan.planner.request import PlanRequestError
+
+    try:
+        prof = merge([Profile.load(path) for path in args.profile]) if args.profile else None
+    except ValueError as exc:  # profiles of different models
+        print(f"memoplan plan: error: {exc}", file=sys.stderr)
+        return 1
+    if args.preset:
+        levels = ", ".join(level.value for level in preset.levels) or "none"
+        progress(f"preset {preset.name}: {_preset_how(preset)}, refinement levels: {levels}")
+    try:
+        request.check_nested(preset)
+    except PlanRequestError as exc:
+        print(f"memoplan plan: error: {exc}", file=sys.stderr)
+        return 2
+    shards = step.config.shards
+    if device_budget is not None:
+        limit = cli_target.device_budget_limit(args, model, shards, step.config.optimizer, device_budget, progress)
+        preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
+    if args.dtr and shards > 1:
+        print(
+            "memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1",
+            file=sys.stderr,
+        )
+        return 2
+    prof = _plan_profile(args, model, example, prof, step)
+    if prof is None:
+        return 2
+    if args.dtr:
+        return _plan_dtr(args, model, example, prof, preset, step)
+    result = first_step(
+        lambda: preset.run(
+            model,
+            example,
+            prof=prof,
+            named=args.preset is not None,
+            nested=args.nested,
+            sublinear=sublinear,
+            start=start,
+            trials="measured" if args.method == "measured" else "estimated",
+        ),
+        "planned",
+        only_oom=True,
+    )
+    _write_plan(args, start, preset, result, model, example, prof, step)
+    return 0
+
+
+def _plan_profile(args, model, example, prof, step):
+    """The profile ``plan`` searches over: the one given (``--profile``) or one taken now (with
+    ``--method``); None, with the error said, when ``--method measured`` got an estimated one."""
+    from memoplan.planner.estimate import take_profile
+
+    if prof is None:
+        # Planning from estimated trials needs the profile's times only roughly: one timed step.
+        repeats = 3 if args.method == "measured" else 1
+        prof = first_step(
+            lambda: take_profile(
+                model,
+                example,
+                method=args.method,
+                note=progress,
+                repeats=repeats,
+                fake_peak=args.method == "auto",
+                shards=step.config.shards,
+                optimizer=step.config.optimizer,
+            ),
+            "profile",
+        )
+    if args.method == "measured" and prof.method == "estimated":
+        print(
+            "memoplan plan: error: --method measured needs a measured profile; --profile gave an estimated one",
+            file=sys.stderr,
+        )
+        return None
+    return prof
+
+
+def _plan_request(args, start):
+    """The options of `memoplan plan` as a PlanRequest (memoplan.planner.request)."""
+    from memoplan.planner.request import PlanRequest
+
+    given = tuple(f"--{k.replace('_', '-')}" for k in SUBLINEAR_OPTIONS if getattr(args, k) is not None)
+    return PlanRequest(
+        budget=args.budget,
+        coverage=args.coverage,
+        preset=args.preset,
+        planner=args.planner,
+        hint=args.hint,
+        nested=args.nested,
+        dtr=args.dtr,
+        sublinear_options=given,
+        start=start,
+        start_name=None if args.start is None else str(args.start),
+        sources=args.model is not None and args.example is not None,
+    )
+
+
+def _preset_how(preset) -> str:
+    """How a named preset plans, for its progress line."""
+    from memoplan.planner import search
+
+    if isinstance(preset.budget, search.Preset):
+        return f"coverage budget {preset.budget.word}"  # takes its share; no planner search
+    if isinstance(preset.budget, search.Coverage):
+        return "a coverage budget"
+    if isinstance(preset.budget, search.LeastPeak):
+        return "the least peak (every search measured)"
+    return f"planner {preset.planner.value}"
+
+
+def _write_plan(args, start, preset, result, model, example, prof, step) -> None:
+    """Write the plan ``memoplan plan`` made (its sources and budget stated) and say what it did."""
+    from memoplan.planner.write import rebased, with_budget, with_sources, with_step
+    from memoplan.resolver import resolve
+    from memoplan.syntax import format_plan, parse_example_spec
+
+    plan = result.plan
+    if start is not None and args.model is None and args.example is None and start.model is not None:
+        plan = rebased(plan, args.start.parent, args.output.parent)  # its specs, seen from where it is written
+    else:
+        # The specs as given (a completed plan's own, seen from here), so `explain` and `verify`
+        # of the written plan need no flags.
+        own = rebased(start, args.start.parent, ".") if start is not None else None
+        plan = with_sources(
+            plan,
+            args.model or present(present(own).model).spec,
+            parse_example_spec(args.example, "--example") if args.example else present(present(own).example),
+            args.output.parent,
+        )
+    plan = with_step(with_budget(plan, preset.budget, preset.hard), step.config, args.output.parent)
+    shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
+    cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
+    verdict = "met" if result.met else "NOT met (hint)"
+    if prof.shards > 1:  # no sharded step runs here: both are one rank's, on fake tensors
+        peaks = (
+            f"per rank of {prof.shards}, on fake tensors: unplanned peak {result.measured_before} B "
+            f"-> planned peak {result.measured_after} B"
+        )
+    elif cli_target.runs_nowhere(model):  # a meta model, a GPU not here: nothing ran for real
+        peaks = f"on fake tensors: unplanned peak {result.measured_before} B -> planned peak {result.measured_after} B"
+    elif prof.method == "estimated":
+        peaks = (
+            f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
+        )
+    elif prof.peak_method == "fake-tensor":
+        peaks = f"unplanned peak {result.measured_before} B (on fake tensors) -> measured planned peak {result.measured_after} B"
+    else:
+        peaks = f"measured peak {result.measured_before} B -> {result.measured_after} B"
+    refined = ""
+    if result.refinement is not None:
+        refined = f" ({len(result.refinement.kept)} of {len(result.refinement.trials)} refinement trials kept)"
+    print(
+        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, {peaks}, "
+        f"budget {verdict}{refined}",
+        file=sys.stderr if shown else sys.stdout,
+    )
+
+
+def _plan_dtr(args, model, example, prof, preset, step) -> int:
+    """`memoplan plan --budget B --dtr`: a plan with one `dtr` block (memoplan.planner.dtr_plan)."""
+    from memoplan.planner.dtr_plan import make_dtr_plan
+    from memoplan.planner.write import with_sources, with_step
+    from memoplan.syntax import format_plan, parse_example_spec
+
+    result = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=prof)
+    plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
+    plan = with_step(plan, step.config, args.output.parent)
+    with writing(args.output):
+        replace_file(args.output, format_plan(plan))
+    sim = result.simulation
+    print(
+        f"wrote {args.output}: dtr threshold {result.threshold} B, predicted peak {result.predicted_after} B "
+        f"({sim.evictions} evictions, {sim.recomputes} recomputes), measured peak {result.measured_before} B -> "
+        f"{result.measured_after} B, budget {'met' if result.met else 'NOT met (hint)'}"
+    )
+    return 0
