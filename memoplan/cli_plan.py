@@ -143,6 +143,12 @@ def _plan_with(args, start, request, preset, sublinear, device_budget, step, mod
     except ValueError as exc:  # profiles of different models
         print(f"memoplan plan: error: {exc}", file=sys.stderr)
         return 1
+    if prof is not None:  # MP604: a profile of another step (loss, precision, shards, optimizer, device)
+        from memoplan.planner.stamp import check_same_step
+        from memoplan.planner.target import target_for
+
+        named = ", ".join(str(path) for path in args.profile)
+        check_same_step(prof, model, step.config, example, target_for(model).device, named)
     if args.preset:
         levels = ", ".join(level.value for level in preset.levels) or "none"
         progress(f"preset {preset.name}: {_preset_how(preset)}, refinement levels: {levels}")

@@ -234,6 +234,7 @@ _TABLE: tuple[tuple[str, Stage, Severity, str, str], ...] = (
     ("MP601", _S.PLANNER, E, "`memoplan plan`: no plan of the search meets a `hard` budget", "raise the budget (the message gives the least reachable peak) or write it as `hint`"),
     ("MP602", _S.PLANNER, E, "`memoplan plan --dtr`: a budget that is not in bytes, or that eviction cannot meet", "give the budget in bytes, above the least the message gives"),
     ("MP603", _S.PLANNER, E, "`memoplan profile` or `plan`: `--method measured` with `--shards N` (or WORLD_SIZE) above 1: a sharded FSDP2 step runs only under torch.distributed, so memoplan cannot measure it", "leave out `--method measured` (one rank's step is estimated on fake tensors), or profile and plan one unsharded rank with `--shards 1`"),
+    ("MP604", _S.PLANNER, E, "`memoplan plan --profile FILE` (or `memoplan.plan(profile=...)`): the profile was taken for another step than the one planned (its loss, autocast, optimizer, master weights, shards or mixed precision, the parameters' or the example's dtypes, or the device type)", "profile the step you plan (`memoplan profile` with the same step options and --device), or plan without --profile"),
 )
 # fmt: on
 

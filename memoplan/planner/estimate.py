@@ -73,7 +73,31 @@ def take_profile(
     an out-of-memory error switched ``auto`` to the estimate.  ``fake_peak`` (``auto`` only):
     every byte figure is found on fake tensors (exact on every model tested, one fake step)
     instead of by the real peak and probe steps; one timed step runs for real.
+
+    The profile records the step it was taken for (:mod:`memoplan.planner.stamp`).
     """
+    from memoplan.planner.stamp import stamped
+    from memoplan.step import current
+
+    prof = _by_method(
+        model, example, method=method, note=note, fake_peak=fake_peak, shards=shards, optimizer=optimizer, **options
+    )
+    step = current()
+    return stamped(prof, model, step.config if step is not None else None)
+
+
+def _by_method(
+    model: nn.Module,
+    example: Example | torch.Tensor | Sequence[Any],
+    *,
+    method: str = "auto",
+    note: Callable[[str], None] | None = None,
+    fake_peak: bool = False,
+    shards: int = 1,
+    optimizer: str = "none",
+    **options: Any,
+) -> Profile:
+    """:func:`take_profile` before the step is recorded."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     aim = TARGET.get()

@@ -211,6 +211,11 @@ def _search(chosen, model, example, profile, method: str, progress: bool, config
         profile = take_profile(
             model, example, method=method, progress=progress, shards=config.shards, optimizer=config.optimizer
         )
+    else:  # MP604: a profile of another step than the one planned
+        from memoplan.planner.stamp import check_same_step
+        from memoplan.planner.target import target_for
+
+        check_same_step(profile, model, config, example, target_for(model).device, "the profile")
     return chosen.run(model, example, prof=profile, progress=progress, **options)
 
 

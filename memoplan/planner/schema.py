@@ -127,6 +127,8 @@ class Profile:
     kernels: str = ""  # the device whose kernels ran the estimate when not ``device``'s (cpu standing in for cuda)
     model_device: str = ""  # "meta": the model was built on the meta device (estimated only)
     reserved_bytes: int = 0  # CUDA: what the caching allocator would reserve at the peak (0: not simulated)
+    step: str = ""  # the step it was taken for, every key (memoplan.planner.stamp); "": not recorded
+    parameter_dtypes: str = ""  # the model's parameter dtypes, sorted, comma-separated; "": not recorded
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -205,6 +207,8 @@ class Profile:
         body.setdefault("kernels", "")  # ... and before target devices and meta models
         body.setdefault("model_device", "")
         body.setdefault("reserved_bytes", 0)
+        body.setdefault("step", "")  # ... and before the step a profile was taken for was recorded
+        body.setdefault("parameter_dtypes", "")
         _check_keys("profile", body, [f.name for f in fields(cls) if f.init])
         body["modules"] = tuple(_module_from_dict(m) for m in body["modules"])
         body["inputs"] = tuple(_tensor_meta_from_dict(t) for t in body["inputs"])
@@ -289,6 +293,8 @@ def merge(profiles: Iterable[Profile]) -> Profile:
         kernels=_joined(p.kernels for p in items),
         model_device=_joined(p.model_device for p in items),
         reserved_bytes=max(p.reserved_bytes for p in items),
+        step="; ".join(sorted({p.step for p in items})),  # several: checked as differing from any one
+        parameter_dtypes=_joined(p.parameter_dtypes for p in items),
     )
 
 
