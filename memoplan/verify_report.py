@@ -14,7 +14,7 @@ from memoplan.graphs import Capture
 from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory
 from memoplan.memonger.measure import Allocations
-from memoplan.planner.budgets import budget_from_ast
+from memoplan.planner.budgets import budget_from_ast, is_hard, mode_word
 from memoplan.runtime.dtr import DtrStats
 from memoplan.syntax import ast
 
@@ -208,8 +208,8 @@ def budget_check(budget: ast.Budget, report: VerifyReport) -> tuple[str, Diagnos
     # The planner's reading of a budget (exact shares: 60% of the peak is 3/5 of it, floored).
     limit = budget_from_ast(budget).limit(report.unplanned.peak_bytes)
     peak = report.planned.peak_bytes
-    hard = budget.mode is not ast.BudgetMode.HINT
-    mode = "hard" if hard else "hint"
+    hard = is_hard(budget)
+    mode = mode_word(hard)
     line = f"budget {mib(limit)} ({limit} B, {mode}): planned peak {mib(peak)} ({peak} B), "
     if peak <= limit:
         return line + "met", None

@@ -26,6 +26,10 @@ __all__ = [
     "byte_limit",
     "format_duration",
     "format_size",
+    "is_hard",
+    "mode_line",
+    "mode_of",
+    "mode_word",
     "parse_coverage",
 ]
 
@@ -207,6 +211,32 @@ def budget_from_ast(budget: ast.Budget) -> ByteBudget:
     if isinstance(amount, ast.Percent):
         return FractionOfPeak.percent(amount.value)
     return FractionOfPeak(amount)  # type: ignore[arg-type]  # __post_init__ reads any finite number exactly
+
+
+# ---------------------------------------------------------------- hard or hint: one reading, one wording
+
+
+def is_hard(budget: ast.Budget) -> bool:
+    """Whether a plan's ``budget`` statement is hard: ``hard``, or no mode written (the default)."""
+    return budget.mode is not ast.BudgetMode.HINT
+
+
+def mode_of(hard: bool) -> ast.BudgetMode:
+    """The statement's mode for ``hard``, as a written plan states it."""
+    return ast.BudgetMode.HARD if hard else ast.BudgetMode.HINT
+
+
+def mode_word(hard: bool) -> str:
+    """``hard`` or ``hint``, the language's words (what ``verify`` prints beside a budget)."""
+    return mode_of(hard).value
+
+
+def mode_line(hard: bool, *, estimated: bool = False) -> str:
+    """The plan header's ``budget mode``: a hint, or a hard budget verified by measurement (by the
+    estimate on fake tensors, ``estimated``, where no real step of the planned model runs here)."""
+    if not hard:
+        return mode_word(False)
+    return f"{mode_word(True)} (verified {'on fake tensors' if estimated else 'by measurement'})"
 
 
 def parse_coverage(text: str) -> Coverage:

@@ -19,7 +19,15 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.planner.budgets import ByteBudget, Bytes, FractionOfPeak, byte_limit, format_duration, format_size
+from memoplan.planner.budgets import (
+    ByteBudget,
+    Bytes,
+    FractionOfPeak,
+    byte_limit,
+    format_duration,
+    format_size,
+    mode_line,
+)
 from memoplan.planner.dtr_sim import Simulation, candidates_from_chain, parameter_bytes, simulate, threshold_for
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
@@ -168,7 +176,7 @@ def _plan(
 ) -> ast.Plan:
     header = {
         **provenance("memoplan plan --dtr", prof),
-        "budget mode": "hard (verified by measurement)" if hard else "hint",
+        "budget mode": mode_line(hard),
         "budget limit": f"{format_size(limit)} ({limit} B)",
         "margin": (
             f"planned {format_size(margin)} ({margin} B) below the limit: the largest candidate's own activations "

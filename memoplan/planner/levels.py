@@ -15,6 +15,7 @@ from dataclasses import replace
 from torch import nn
 
 from memoplan.planner import anatomy, opsave
+from memoplan.planner.budgets import mode_line
 from memoplan.planner.chain import Item
 from memoplan.planner.config import Level, RefineOptions
 from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
@@ -57,7 +58,7 @@ def as_hint(result, hard: bool):
     if hard:
         return result
     lines = tuple(
-        comment_line("budget mode: hint") if line.startswith("# budget mode:") else line
+        comment_line(f"budget mode: {mode_line(False)}") if line.startswith("# budget mode:") else line
         for line in result.plan.header_comments.leading
     )
     plan = replace(result.plan, header_comments=replace(result.plan.header_comments, leading=lines))
@@ -72,7 +73,7 @@ def over_budget(best, budget, limit: int, hard: bool, advice: str | None = None)
         if line.startswith("# recommendation:"):
             continue  # said of another limit (the least-peak search's): ``advice`` replaces it
         if line.startswith("# budget:"):
-            lines.append(comment_line("budget mode: " + ("hard (verified by measurement)" if hard else "hint")))
+            lines.append(comment_line(f"budget mode: {mode_line(hard)}"))
             line = comment_line(f"budget: {budget.describe(best.measured_before)}; the least-peak plan of every level")
         lines.append(line)
     lines.append(comment_line(f"budget limit: {limit} B"))

@@ -10,6 +10,7 @@ from torch import nn
 
 from memoplan.planner import calibrate, levels, search, trial
 from memoplan.planner.advice import recommendation
+from memoplan.planner.budgets import mode_line
 from memoplan.planner.config import Planner, RefineOptions
 from memoplan.planner.refine import refine as refine_plan
 from memoplan.planner.schema import Profile
@@ -88,7 +89,7 @@ def plan_level(
     header = {
         **provenance("memoplan plan", prof),
         **({"preset": preset} if preset else {}),
-        "budget mode": hard_mode(model) if hard else "hint",
+        "budget mode": hard_mode(model) if hard else mode_line(False),
         **search.describe(choice),
         **({"widened": widened} if widened else {}),
         **(_refined_recompute(draft, choice, prof) if refined is not None else {}),

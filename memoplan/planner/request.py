@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memoplan.planner.budgets import budget_from_ast, parse_coverage
+from memoplan.planner.budgets import budget_from_ast, is_hard, parse_coverage
 from memoplan.planner.config import Planner
 from memoplan.planner.presets import DEFAULT, PRESETS, PlannerPreset, parse_budget
 
@@ -89,9 +89,7 @@ class PlanRequest:
             except ValueError as exc:
                 raise PlanRequestError(str(exc)) from None
         if self.budget is None and self.coverage is None and self.start is not None and self.start.budget is not None:
-            from memoplan.syntax import ast
-
-            budget, hard = budget_from_ast(self.start.budget), self.start.budget.mode is not ast.BudgetMode.HINT
+            budget, hard = budget_from_ast(self.start.budget), is_hard(self.start.budget)
         return budget, (False if self.hint else hard)
 
     def make_preset(self, parsed: tuple[BudgetLike | None, bool | None] | None = None) -> PlannerPreset:

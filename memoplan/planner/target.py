@@ -254,7 +254,9 @@ def no_real_step(model: nn.Module) -> str | None:
 
 def hard_mode(model: nn.Module) -> str:
     """The header's ``budget mode`` of a hard budget: by measurement, or where no step runs here by the estimate."""
-    return "hard (verified by measurement)" if no_real_step(model) is None else "hard (verified on fake tensors)"
+    from memoplan.planner.budgets import mode_line
+
+    return mode_line(True, estimated=no_real_step(model) is not None)
 
 
 def planned_peak_name(model: nn.Module) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from memoplan.planner.budgets import format_duration, format_size
+from memoplan.planner.budgets import format_duration, format_size, mode_of
 from memoplan.planner.chain import Item
 from memoplan.planner.choice import BudgetError, Choice, Status
 from memoplan.planner.report import target_lines
@@ -151,7 +151,7 @@ def with_budget(plan, budget, hard: bool):
     else:
         percent = budget.fraction * 100
         amount = ast.Percent(int(percent) if percent.denominator == 1 else float(percent))
-    stmt = ast.Budget(amount, ast.BudgetMode.HARD if hard else ast.BudgetMode.HINT)
+    stmt = ast.Budget(amount, mode_of(hard))
     head = [s for s in plan.statements if isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
     rest = [s for s in plan.statements if not isinstance(s, (ast.ModelStmt, ast.ExampleStmt))]
     return replace(plan, statements=(*head, stmt, *rest))

@@ -1,0 +1,26 @@
+"""Hard or hint is read from a plan's `budget` statement and worded in one place
+(memoplan.planner.budgets): the plan header's `budget mode`, `verify`'s line and the statement a
+written plan carries agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from memoplan.planner.budgets import is_hard, mode_line, mode_of, mode_word
+from memoplan.syntax import ast, parse
+
+
+@pytest.mark.parametrize(
+    "text, hard", [("budget 4 GiB", True), ("budget 4 GiB hard", True), ("budget 50% hint", False)]
+)
+def test_a_statement_reads_hard_or_hint_and_is_written_back_the_same(text, hard):
+    stmt = parse(f"memplan 1\n{text}\n", "p.memplan").budget
+    assert stmt is not None and is_hard(stmt) is hard
+    assert mode_word(hard) == ("hard" if hard else "hint") == mode_of(hard).value
+    assert mode_of(hard) is (ast.BudgetMode.HARD if hard else ast.BudgetMode.HINT)
+
+
+def test_the_headers_budget_mode():
+    assert mode_line(True) == "hard (verified by measurement)"
+    assert mode_line(True, estimated=True) == "hard (verified on fake tensors)"
+    assert mode_line(False) == mode_line(False, estimated=True) == "hint"
