@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from memoplan import cli_output, cli_target
@@ -98,22 +99,19 @@ def _save_to_stdout(result) -> int:
 
 def plan_command(args) -> int:
     """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
-    from memoplan.planner.device_budget import device_budget_refused, device_budget_text
-    from memoplan.planner.presets import parse_budget
+    from memoplan.planner.budgets import DeviceBudget
+    from memoplan.planner.device_budget import device_budget_refused
     from memoplan.planner.request import PlanRequestError
 
     start = load_plan(args.start) if args.start is not None else None
     request = _plan_request(args, start)
     try:
         request.check()
-        device_budget = device_budget_text(args.budget)
-        parsed = None
-        if device_budget is not None:  # bytes once the model is on the device: a placeholder until then
+        preset = request.make_preset()
+        if isinstance(preset.budget, DeviceBudget):  # bytes once the model is on the device
             device_budget_refused(
                 cli_target.device(args.device, estimating=True), args.budget, cli_target.device_memory(args)
             )
-            parsed = parse_budget("1 B" + device_budget[1])
-        preset = request.make_preset(parsed)
         sublinear = sublinear_config(args, request.sublinear_block())
         request.check_preset(preset, sublinear=sublinear is not None)
     except PlanRequestError as exc:
@@ -130,11 +128,12 @@ def plan_command(args) -> int:
     cli_target.refuse_dtr(args, model)  # MP413: the dtr threshold is measured by real steps
     checked(step, model, cli_target.device(args.device, estimating=True), start)
     with stepping(step, start):
-        return _plan_with(args, start, request, preset, sublinear, device_budget, step, model, example)
+        return _plan_with(args, start, request, preset, sublinear, step, model, example)
 
 
-def _plan_with(args, start, request, preset, sublinear, device_budget, step, model, example) -> int:
+def _plan_with(args, start, request, preset, sublinear, step, model, example) -> int:
     """`memoplan plan` once its step, model and example are known: profile, search, write."""
+    from memoplan.planner.budgets import DeviceBudget
     from memoplan.planner.profile import Profile, merge
     from memoplan.planner.request import PlanRequestError
 
@@ -158,9 +157,9 @@ def _plan_with(args, start, request, preset, sublinear, device_budget, step, mod
         print(f"memoplan plan: error: {exc}", file=sys.stderr)
         return 2
     shards = step.config.shards
-    if device_budget is not None:
-        limit = cli_target.device_budget_limit(args, model, shards, step.config.optimizer, device_budget, progress)
-        preset = preset.with_overrides(planner=None, budget=limit, hard=preset.hard)
+    if isinstance(preset.budget, DeviceBudget):
+        limit = cli_target.device_budget_limit(args, model, shards, step.config.optimizer, preset.budget, progress)
+        preset = replace(preset, budget=limit)
     if args.dtr and shards > 1:
         print(
             "memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1",
@@ -237,6 +236,7 @@ def _plan_request(args, start):
         start=start,
         start_name=None if args.start is None else str(args.start),
         sources=args.model is not None and args.example is not None,
+        device=True,
     )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "Bytes",
     "COVERAGE_WORDS",
     "Coverage",
+    "DeviceBudget",
     "FractionOfPeak",
     "LeastPeak",
     "Preset",
@@ -197,6 +198,16 @@ class LeastPeak:
 
     def describe(self, unplanned_peak: int) -> str:
         return "the least peak the planner reaches (every search measured, the lowest kept)"
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """``device [- SIZE]`` (``memoplan plan --budget``): what the CUDA device can give one step,
+    less ``margin`` bytes (SIZE).  It is bytes only once the model is on the device
+    (:func:`memoplan.planner.device_budget.device_budget_bytes`); ``text``: as written, for messages."""
+
+    text: str
+    margin: int = 0
 
 
 ByteBudget = Bytes | FractionOfPeak

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.planner.budgets import Bytes
+from memoplan.planner.budgets import Bytes, DeviceBudget
 
 _DEVICE_BUDGET = re.compile(
     r"^\s*device\s*(?:-\s*([0-9][^a-z]*\s*[a-z]*?))?\s*((?:\s+(?:hard|hint))?)\s*$", re.IGNORECASE
@@ -26,6 +26,25 @@ def device_budget_text(text: str | None):
             )
         )
     return match.group(1), match.group(2)
+
+
+def device_budget_of(text: str) -> tuple[DeviceBudget, bool | None] | None:
+    """``--budget device [- SIZE] [hard|hint]`` as (budget, hard: None where neither is written);
+    None for other budgets; MP509 when SIZE is not a size."""
+    found = device_budget_text(text)
+    if found is None:
+        return None
+    size, mode = found
+    margin = 0
+    if size:
+        from memoplan.planner.presets import parse_budget
+
+        amount, _ = parse_budget(size)
+        if not isinstance(amount, Bytes):
+            raise PlanError((Diagnostic("MP509", f"`--budget {text}`: the margin is a size, such as `2GiB`"),))
+        margin = amount.amount
+    hard = {"hard": True, "hint": False}.get(mode.strip().lower())
+    return DeviceBudget(text, margin), hard
 
 
 def device_budget_refused(device, budget: str, memory: int | None = None) -> None:
@@ -57,7 +76,7 @@ def device_budget_refused(device, budget: str, memory: int | None = None) -> Non
         )
 
 
-def device_budget_bytes(device, budget: str, parsed, note, memory: int | None = None, held=None) -> Bytes:
+def device_budget_bytes(device, wanted: DeviceBudget, note, memory: int | None = None, held=None) -> Bytes:
     """The bytes `--budget device [- SIZE]` stands for, the model on its CUDA device.
 
     What the caching allocator may hold (the device's total memory times the process's memory
@@ -71,14 +90,8 @@ def device_budget_bytes(device, budget: str, parsed, note, memory: int | None = 
     import torch
 
     from memoplan.measure import indexed_device
-    from memoplan.planner.presets import parse_budget
 
-    margin = 0
-    if parsed[0]:
-        size, _ = parse_budget(parsed[0])
-        if not isinstance(size, Bytes):
-            raise PlanError((Diagnostic("MP509", f"`--budget {budget}`: the margin is a size, such as `2GiB`"),))
-        margin = size.amount
+    budget, margin = wanted.text, wanted.margin
     if memory is not None:
         return _sized_budget(device, budget, memory, held, margin, note)
     index = indexed_device(device).index

@@ -56,6 +56,7 @@ from memoplan.planner.budgets import (
     Budget,
     Bytes,
     Coverage,
+    DeviceBudget,
     FractionOfPeak,
     LeastPeak,
     Preset,
@@ -79,7 +80,7 @@ __all__ = [
 ]
 
 
-BudgetLike = Budget | Preset | LeastPeak
+BudgetLike = Budget | Preset | LeastPeak | DeviceBudget  # a device budget: bytes before a run
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class PlannerPreset:
     def __post_init__(self) -> None:
         if not isinstance(self.planner, Planner):
             raise TypeError(f"planner must be a Planner, got {self.planner!r}")
-        if not isinstance(self.budget, (Bytes, FractionOfPeak, Coverage, Preset, LeastPeak)):
+        if not isinstance(self.budget, (Bytes, FractionOfPeak, Coverage, Preset, LeastPeak, DeviceBudget)):
             raise TypeError(
                 f"budget must be search.Bytes, FractionOfPeak, Coverage, Preset or LeastPeak, got {self.budget!r}"
             )
@@ -149,6 +150,7 @@ class PlannerPreset:
         """
         from memoplan.planner.plan import make_plan
 
+        assert not isinstance(self.budget, DeviceBudget), "a device budget is bytes once the model is on the device"
         return make_plan(
             model,
             example,
@@ -198,14 +200,23 @@ PRESETS: dict[str, PlannerPreset] = {p.name: p for p in (SAFE, BALANCED, MEMORY,
 DEFAULT = SAFE
 
 
-def parse_budget(text: str) -> tuple[BudgetLike, bool | None]:
+def parse_budget(text: str, *, device: bool = False) -> tuple[BudgetLike, bool | None]:
     """A ``--budget`` value as (typed budget, hard): ``4 GiB``, ``50% hint``, ``0.5``, a coverage word
     (:data:`~memoplan.planner.budgets.COVERAGE_WORDS`; an old one with a DeprecationWarning).
 
     ``hard`` is True or False where the text says ``hard`` or ``hint``, None where it says
-    neither.  Raises :class:`memoplan.PlanError` for text that is not a budget.
+    neither.  ``device``: ``device [- SIZE] [hard|hint]`` is read too (the command line's
+    :class:`~memoplan.planner.budgets.DeviceBudget`; MP509 when it is malformed).  Raises
+    :class:`memoplan.PlanError` for text that is not a budget.
     """
     from memoplan.syntax import ast, parse
+
+    if device:
+        from memoplan.planner.device_budget import device_budget_of
+
+        found = device_budget_of(text)
+        if found is not None:
+            return found
 
     text = budget_word(text)
     coverage = COVERAGE_WORDS.get(text.strip().lower())

@@ -56,6 +56,7 @@ class PlanRequest:
     start: ast.Plan | None = None
     start_name: str | None = None
     sources: bool = True
+    device: bool = False  # the budget may be the device's, `device [- SIZE]` (the command line's)
 
     def check(self) -> None:
         """Refuse, before any work, a request that cannot plan (:class:`PlanRequestError`)."""
@@ -81,7 +82,7 @@ class PlanRequest:
         """(budget, hard): ``parsed`` (default: :attr:`budget` parsed), else the completed plan's
         own budget statement; ``hint`` makes it a hint."""
         if parsed is None:
-            parsed = parse_budget(self.budget) if self.budget is not None else (None, None)
+            parsed = parse_budget(self.budget, device=self.device) if self.budget is not None else (None, None)
         budget, hard = parsed
         if self.coverage is not None:
             try:

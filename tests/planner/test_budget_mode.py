@@ -24,3 +24,19 @@ def test_the_headers_budget_mode():
     assert mode_line(True) == "hard (verified by measurement)"
     assert mode_line(True, estimated=True) == "hard (verified on fake tensors)"
     assert mode_line(False) == mode_line(False, estimated=True) == "hint"
+
+
+def test_the_device_budget_is_read_once_into_a_typed_value():
+    from memoplan.diagnostics import PlanError
+    from memoplan.planner.budgets import DeviceBudget
+    from memoplan.planner.presets import parse_budget
+
+    assert parse_budget("device", device=True) == (DeviceBudget("device", 0), None)
+    assert parse_budget("device - 2GiB hint", device=True) == (DeviceBudget("device - 2GiB hint", 2 * 2**30), False)
+    assert parse_budget("device hard", device=True)[1] is True
+    assert parse_budget("4 GiB", device=True) == parse_budget("4 GiB")
+    with pytest.raises(PlanError) as caught:  # the margin is a size
+        parse_budget("device - 50%", device=True)
+    assert caught.value.codes == ["MP509"] and "the margin is a size" in str(caught.value)
+    with pytest.raises(PlanError):  # only the command line's budget may be the device's
+        parse_budget("device")
