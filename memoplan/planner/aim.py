@@ -16,7 +16,7 @@ from torch import nn
 
 from memoplan.diagnostics import PlanError
 
-__all__ = ["aimed", "device_budget", "device_budget_limit", "profile"]
+__all__ = ["aimed", "device_budget_limit", "device_budget_refused", "profile"]
 
 
 @contextlib.contextmanager
@@ -57,32 +57,24 @@ def aimed(
         TARGET.reset(token)
 
 
-def device_budget(budget: str | None, device: Any, device_memory: Any):
-    """``(budget, found, parsed)`` of a ``budget="device [- SIZE]"`` (as ``--budget device``: MP509
-    where the step's device cannot say its size and ``device_memory`` is not given): ``found`` its
-    parts (``device_budget_text``), ``parsed`` a placeholder until the model is on the device;
-    None for any other budget."""
-    from memoplan.planner.device_budget import device_budget_refused, device_budget_text
-    from memoplan.planner.presets import parse_budget
+def device_budget_refused(budget, device: Any, device_memory: Any) -> None:
+    """MP509 for ``budget`` (a :class:`~memoplan.planner.budgets.DeviceBudget`, as ``--budget device``)
+    where the step's device cannot say its size and ``device_memory`` is not given."""
+    from memoplan.planner.device_budget import device_budget_refused as refused
     from memoplan.planner.target import memory_size, parse_device
 
-    found = device_budget_text(budget)
-    if found is None or budget is None:
-        return None
     where = None if device is None else parse_device(str(device), estimating=True)
-    device_budget_refused(where, budget, memory_size(device_memory))
-    return budget, found, parse_budget("1 B" + found[1])
+    refused(where, budget.text, memory_size(device_memory))
 
 
-def device_budget_limit(found, model: nn.Module, device: Any, device_memory: Any, config, note):
-    """The bytes ``found`` (:func:`device_budget`) stands for, ``model`` on ``device``."""
+def device_budget_limit(budget, model: nn.Module, device: Any, device_memory: Any, config, note):
+    """The bytes ``budget`` (a :class:`~memoplan.planner.budgets.DeviceBudget`) stands for, ``model`` on ``device``."""
     from memoplan.planner.device_budget import device_budget_bytes
     from memoplan.planner.target import memory_size, parse_device
 
-    budget, text, _ = found
     where = None if device is None else parse_device(str(device), estimating=True)
     held = (model, config.optimizer, config.shards)
-    return device_budget_bytes(where, budget, text, note, memory_size(device_memory), held)
+    return device_budget_bytes(where, budget, note, memory_size(device_memory), held)
 
 
 def profile(

@@ -28,25 +28,6 @@ def device_budget_text(text: str | None):
     return match.group(1), match.group(2)
 
 
-def device_budget_of(text: str) -> tuple[DeviceBudget, bool | None] | None:
-    """``--budget device [- SIZE] [hard|hint]`` as (budget, hard: None where neither is written);
-    None for other budgets; MP509 when SIZE is not a size."""
-    found = device_budget_text(text)
-    if found is None:
-        return None
-    size, mode = found
-    margin = 0
-    if size:
-        from memoplan.planner.presets import parse_budget
-
-        amount, _ = parse_budget(size)
-        if not isinstance(amount, Bytes):
-            raise PlanError((Diagnostic("MP509", f"`--budget {text}`: the margin is a size, such as `2GiB`"),))
-        margin = amount.amount
-    hard = {"hard": True, "hint": False}.get(mode.strip().lower())
-    return DeviceBudget(text, margin), hard
-
-
 def device_budget_refused(device, budget: str, memory: int | None = None) -> None:
     """MP509 for `--budget device` where the step does not run on CUDA, or on a CUDA device this
     machine lacks without its size (``--device-memory``)."""

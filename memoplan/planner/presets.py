@@ -212,8 +212,6 @@ def parse_budget(text: str, *, device: bool = False) -> tuple[BudgetLike, bool |
     from memoplan.syntax import ast, parse
 
     if device:
-        from memoplan.planner.device_budget import device_budget_of
-
         found = device_budget_of(text)
         if found is not None:
             return found
@@ -226,3 +224,23 @@ def parse_budget(text: str, *, device: bool = False) -> tuple[BudgetLike, bool |
     assert stmt is not None, "parse raises PlanError on a budget it cannot read"
     hard = None if stmt.mode is None else stmt.mode is ast.BudgetMode.HARD
     return budget_from_ast(stmt), hard
+
+
+def device_budget_of(text: str) -> tuple[DeviceBudget, bool | None] | None:
+    """``--budget device [- SIZE] [hard|hint]`` as (budget, hard: None where neither is written);
+    None for other budgets; MP509 when SIZE is not a size."""
+    from memoplan.diagnostics import Diagnostic, PlanError
+    from memoplan.planner.device_budget import device_budget_text
+
+    found = device_budget_text(text)
+    if found is None:
+        return None
+    size, mode = found
+    margin = 0
+    if size:
+        amount, _ = parse_budget(size)
+        if not isinstance(amount, Bytes):
+            raise PlanError((Diagnostic("MP509", f"`--budget {text}`: the margin is a size, such as `2GiB`"),))
+        margin = amount.amount
+    hard = {"hard": True, "hint": False}.get(mode.strip().lower())
+    return DeviceBudget(text, margin), hard

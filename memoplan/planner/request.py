@@ -164,7 +164,8 @@ def plan(
     from dataclasses import replace
 
     from memoplan.api import as_plan
-    from memoplan.planner.aim import aimed, device_budget, device_budget_limit
+    from memoplan.planner.aim import aimed, device_budget_refused
+    from memoplan.planner.budgets import DeviceBudget
     from memoplan.planner.profile import as_example
     from memoplan.planner.write import with_budget
 
@@ -179,10 +180,12 @@ def plan(
         sublinear_options=("`sublinear`",) if sublinear is not None else (),
         start=parsed_start,
         start_name=None if parsed_start is None else parsed_start.file,
+        device=True,
     )
     request.check()
-    found = device_budget(budget, device, device_memory)  # `device [- SIZE]`: bytes once on the device
-    chosen = request.make_preset(None if found is None else found[2])
+    chosen = request.make_preset()
+    if isinstance(chosen.budget, DeviceBudget):  # `device [- SIZE]`: bytes once on the device
+        device_budget_refused(chosen.budget, device, device_memory)
     request.check_preset(chosen, sublinear=sublinear is not None or request.sublinear_block() is not None)
     request.check_nested(chosen)
     if sublinear is None and request.sublinear_block() is not None:
@@ -194,12 +197,23 @@ def plan(
     ran = make_step(config)
     aim = aimed(model, as_example(example), device, device_memory, ran, method=method, plan=parsed_start)
     with aim as (model, example), running(ran):
-        if found is not None:  # the device's bytes less what the model holds there
-            limit = device_budget_limit(found, model, device, device_memory, config, lambda line: None)
-            chosen = chosen.with_overrides(planner=None, budget=limit, hard=chosen.hard)
+        chosen = _on_device(chosen, model, device, device_memory, config)
         options = {"named": preset is not None, "nested": nested, "sublinear": sublinear, "start": parsed_start}
         result = _search(chosen, model, example, profile, method, progress, config, options)
     return replace(result, plan=with_step(with_budget(result.plan, chosen.budget, chosen.hard), config, "."))
+
+
+def _on_device(chosen: PlannerPreset, model, device, device_memory, config) -> PlannerPreset:
+    """``chosen`` with a device budget turned into its bytes: the device's less what the model holds there."""
+    from dataclasses import replace
+
+    from memoplan.planner.aim import device_budget_limit
+    from memoplan.planner.budgets import DeviceBudget
+
+    if not isinstance(chosen.budget, DeviceBudget):
+        return chosen
+    limit = device_budget_limit(chosen.budget, model, device, device_memory, config, lambda line: None)
+    return replace(chosen, budget=limit)
 
 
 def _search(chosen, model, example, profile, method: str, progress: bool, config, options) -> PlanResult:
