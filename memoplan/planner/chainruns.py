@@ -64,20 +64,7 @@ def segmented(
     limit = limit_of(budget, prof.peak_bytes)
     seconds = prof[parent].forward_seconds
     shown = parent or "the model itself"
-    best = None
-    for split, policy, what in options:
-        term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in parent.split("."))))
-        why = comment_line(
-            f"{what}: {split.runs} regions over {len(children)} children, estimated {rest + split.cost} B"
-        )
-        rule = ast.ModuleRule(ast.Selector(term), (policy,), comments=ast.Comments(leading=(why,)))
-        plan = draft_plan(None, [], model, {}, how, rules=(rule,))
-        peak = trial.measure(model, example, plan)
-        if progress:
-            tell.split_measured(what, shown, split.runs, peak)
-        if best is None or peak < best[0]:
-            best = (peak, split, rule, what)
-    assert best is not None, "options holds the least-peak split at least"
+    best = _least_measured(model, example, how, parent, options, rest, len(children), progress)
     peak, split, rule, what = best
     if (
         _ESTIMATING.get() and no_real_step(model) is None
@@ -117,3 +104,22 @@ def segmented(
     if not result.met:
         raise replace(missed_budget(limit, peak, rest + least.cost, least_measured=True), result=result)
     return result
+
+
+def _least_measured(model, example, how: Search, parent: str, options, rest: int, children: int, progress: bool):
+    """(peak, split, rule, what) of the split in ``options`` whose plan measures the least peak (the
+    first among equals)."""
+    shown = parent or "the model itself"
+    best = None
+    for split, policy, what in options:
+        term = ast.SelectorTerm(path=ast.PathPattern(tuple(ast.Name(p) for p in parent.split("."))))
+        why = comment_line(f"{what}: {split.runs} regions over {children} children, estimated {rest + split.cost} B")
+        rule = ast.ModuleRule(ast.Selector(term), (policy,), comments=ast.Comments(leading=(why,)))
+        plan = draft_plan(None, [], model, {}, how, rules=(rule,))
+        peak = trial.measure(model, example, plan)
+        if progress:
+            tell.split_measured(what, shown, split.runs, peak)
+        if best is None or peak < best[0]:
+            best = (peak, split, rule, what)
+    assert best is not None, "options holds the least-peak split at least"
+    return best

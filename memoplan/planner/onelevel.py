@@ -51,18 +51,9 @@ def plan_level(
     """:func:`make_plan` over one level of candidates (``nested``: ``levels.WHOLE``, ``levels.ALL``, ...); ``widened``: why."""
     items, packed = levels.candidates(prof, nested, planner.blocks, planner.uses, model)
     planner = replace(planner, packed=packed)  # inputs seen binary: `compress input = bit`
-    peak = prof.peak_bytes
-    if planner.fixed:  # what the hand-written rules leave is what the search works from
-        fixed = draft_plan(None, items, model, {}, planner)
-        peak = trial.measure(model, example, fixed)
-        if within(budget, peak, prof.peak_bytes) and _ESTIMATING.get() and no_real_step(model) is None:
-            peak = checked(model, example, fixed)  # estimated within: one real step says so
-        if within(budget, peak, prof.peak_bytes):
-            limit = limit_of(budget, prof.peak_bytes)
-            assert planner.start is not None, "fixed rules come from a start plan"
-            return PlanResult(
-                planner.start, empty_choice(budget, peak, prof.peak_bytes), prof.peak_bytes, peak, limit, hard
-            )
+    peak, met = _fixed_rules(model, example, budget, planner, hard, prof, items)
+    if met is not None:
+        return met
     base = search.unplanned_base(peak, items)
     choice = planner(items, budget, base)
     limit = choice.limit
@@ -86,6 +77,38 @@ def plan_level(
         # Verify by measurement: the budget is checked against the plan as written.
         after = trial.measure(model, example, draft)
     estimated, after = _final_check(model, example, draft, after)
+    header = _header(model, prof, preset, hard, choice, widened, draft, refined, estimated, after, limit, nested)
+    plan = under_header(draft, draft_plan(choice, items, model, header, planner), planner.start)
+    result = PlanResult(plan, choice, prof.peak_bytes, after, limit, hard, refined)
+    if hard and not result.met:
+        raise replace(missed_budget(limit, after, choice.minimum_peak, least_measured=least_set), result=result)
+    return result
+
+
+def _fixed_rules(
+    model, example, budget, planner: Search, hard: bool, prof: Profile, items
+) -> tuple[int, PlanResult | None]:
+    """The peak the search works from: the unplanned one, or what the hand-written rules leave
+    (measured); and the result when those rules alone meet the budget (None otherwise)."""
+    peak = prof.peak_bytes
+    if not planner.fixed:
+        return peak, None
+    fixed = draft_plan(None, items, model, {}, planner)
+    peak = trial.measure(model, example, fixed)
+    if within(budget, peak, prof.peak_bytes) and _ESTIMATING.get() and no_real_step(model) is None:
+        peak = checked(model, example, fixed)  # estimated within: one real step says so
+    if not within(budget, peak, prof.peak_bytes):
+        return peak, None
+    limit = limit_of(budget, prof.peak_bytes)
+    assert planner.start is not None, "fixed rules come from a start plan"
+    choice = empty_choice(budget, peak, prof.peak_bytes)
+    return peak, PlanResult(planner.start, choice, prof.peak_bytes, peak, limit, hard)
+
+
+def _header(
+    model, prof: Profile, preset, hard: bool, choice, widened, draft: ast.Plan, refined, estimated, after, limit, nested
+) -> dict[str, str]:
+    """The plan header of one level's plan: provenance, budget mode, the search, the peaks, advice."""
     header = {
         **provenance("memoplan plan", prof),
         **({"preset": preset} if preset else {}),
@@ -104,11 +127,7 @@ def plan_level(
     advice = recommendation(prof, model, regions, limit, after, nested=nested != levels.WHOLE)
     if advice:
         header["recommendation"] = advice
-    plan = under_header(draft, draft_plan(choice, items, model, header, planner), planner.start)
-    result = PlanResult(plan, choice, prof.peak_bytes, after, limit, hard, refined)
-    if hard and not result.met:
-        raise replace(missed_budget(limit, after, choice.minimum_peak, least_measured=least_set), result=result)
-    return result
+    return header
 
 
 def _final_check(model: nn.Module, example: Example, draft: ast.Plan, after: int) -> tuple[dict[str, str], int]:
