@@ -294,8 +294,7 @@ def _profile(sub: Any, run: Runner) -> None:
 
 
 def _plan(sub: Any, run: Runner) -> None:
-    from memoplan.planner.budgets import COVERAGE_WORDS
-    from memoplan.planner.presets import PRESETS, Planner  # pure Python: no torch for the parser
+    from memoplan.planner.knobs import KNOBS, PLAN_METHOD_HELP  # pure Python: no torch for the parser
 
     plan = sub.add_parser("plan", help="write a plan that meets a memory budget")
     plan.add_argument(
@@ -307,44 +306,9 @@ def _plan(sub: Any, run: Runner) -> None:
         "defaults of the options, its rules stay as written and the planner adds rules for the rest",
     )
     spec_options(plan, required=False)
-    plan.add_argument(
-        "--budget",
-        metavar="B",
-        action=_BudgetWord,
-        help="bytes (`4 GiB`), share of the unplanned peak (`50%%`, `0.5`; of the estimated peak when the "
-        "step does not fit), `device` or `device - 2GiB` (CUDA: what the allocator can use, less what the "
-        "model holds before the step), optionally `hard` or `hint` (`4 GiB hint`), or a coverage budget "
-        f"({', '.join(COVERAGE_WORDS)}: that share of the candidates checkpointed); default: the preset's",
-    )
-    plan.add_argument(
-        "--coverage",
-        metavar="C",
-        help="checkpoint a share (`60%%`, `0.6`) or a count (`5`) of the candidate modules, largest "
-        "activations first (SpikingJelly's gc_target_budget_ratio / max_gc_wrapped_modules): how many "
-        "modules, not a share of the peak; instead of --budget",
-    )
-    plan.add_argument(
-        "--preset",
-        choices=list(PRESETS),
-        help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())
-        + " (explicit --budget, --planner, --hint override its fields)",
-    )
-    plan.add_argument(
-        "--planner", choices=[p.value for p in Planner], help="search for byte budgets (default: the preset's, optimal)"
-    )
-    plan.add_argument("--hint", action="store_true", help="the budget is a hint: report, do not fail, when missed")
-    plan.add_argument(
-        "--nested",
-        action="store_true",
-        help="require the parts of each block among the candidates (the optimal planner offers them, with their "
-        "save variants, for every byte budget; an error with another planner or a coverage budget)",
-    )
-    plan.add_argument(
-        "--dtr",
-        action="store_true",
-        help="write a `dtr` block (dynamic eviction at run time) whose threshold meets the byte budget, "
-        "instead of checkpoint rules; the simulator's prediction goes in the plan's comments",
-    )
+    for row in KNOBS:
+        if row.name != "method":  # --method comes after the output, as on the other commands
+            _knob_option(plan, row)
     plan.add_argument(
         "--profile",
         type=Path,
@@ -362,6 +326,17 @@ def _plan(sub: Any, run: Runner) -> None:
     shard_options(plan)
     device_option(plan, estimating=True)
     plan.set_defaults(run=run)
+
+
+def _knob_option(parser: argparse.ArgumentParser, row: Any) -> None:
+    """The option of a planner knob (a row of ``memoplan.planner.knobs.KNOBS``)."""
+    if row.kind == "flag":
+        parser.add_argument(row.flag, action="store_true", help=row.help)
+    elif row.kind == "choice":
+        parser.add_argument(row.flag, choices=list(row.allowed()), default=row.default, help=row.help)
+    else:
+        action = _BudgetWord if row.renames else "store"
+        parser.add_argument(row.flag, metavar=row.metavar, action=action, help=row.help)
 
 
 def _report(sub: Any, run: Runner) -> None:
@@ -421,19 +396,14 @@ def model_options(parser: argparse.ArgumentParser, example: bool = True) -> None
         )
 
 
-PLAN_METHOD_HELP = (
-    "auto (default): profile by measuring (estimating if the step runs out of memory, one timed step), "
-    "estimate every trial of the search on fake tensors and check the written plan with one real planned "
-    "step (searching again with real steps if it misses a hard budget); measured: real steps for the profile "
-    "(3 timed) and for every trial; estimated: the profile estimated too, even when the step fits"
-)
-
-
 def method_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    from memoplan.planner.knobs import knob  # the planner's table: pure Python
+
+    method = knob("method")
     parser.add_argument(
-        "--method",
-        choices=("auto", "measured", "estimated"),
-        default="auto",
+        method.flag,
+        choices=method.allowed(),
+        default=method.default,
         help=help
         or "measured: real training steps; estimated: the full-size step on fake tensors (nothing allocated) "
         "with times from a smaller real run; auto (default): measure, estimate if the step runs out of memory",

@@ -221,17 +221,13 @@ def _plan_profile(args, model, example, prof, step):
 
 def _plan_request(args, start):
     """The options of `memoplan plan` as a PlanRequest (memoplan.planner.request)."""
+    from memoplan.planner.knobs import KNOBS
     from memoplan.planner.request import PlanRequest
 
     given = tuple(f"--{k.replace('_', '-')}" for k in SUBLINEAR_OPTIONS if getattr(args, k) is not None)
+    knobs = {row.name: getattr(args, row.name) for row in KNOBS if row.request}  # budget, preset, hint, ...
     return PlanRequest(
-        budget=args.budget,
-        coverage=args.coverage,
-        preset=args.preset,
-        planner=args.planner,
-        hint=args.hint,
-        nested=args.nested,
-        dtr=args.dtr,
+        **knobs,
         sublinear_options=given,
         start=start,
         start_name=None if args.start is None else str(args.start),

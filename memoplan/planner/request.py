@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from memoplan.planner.budgets import budget_from_ast, is_hard, parse_coverage
 from memoplan.planner.config import Planner
+from memoplan.planner.knobs import KNOBS, refused_choice
 from memoplan.planner.presets import DEFAULT, PRESETS, PlannerPreset, parse_budget
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,6 +25,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.syntax import ast
 
 __all__ = ["PlanRequest", "PlanRequestError", "plan"]
+
+
+# the knobs of the table with a word to check that the request holds (preset, planner)
+CHOICE_KNOBS = tuple(k.name for k in KNOBS if k.request and k.kind == "choice")
 
 
 class PlanRequestError(ValueError):
@@ -67,10 +72,10 @@ class PlanRequest:
         given = self.budget is not None or self.coverage is not None or self.preset is not None
         if not given and (self.start is None or self.start.budget is None):
             raise PlanRequestError("give --budget B or --preset NAME (or both)")
-        if self.preset is not None and self.preset not in PRESETS:
-            raise PlanRequestError(f"no preset `{self.preset}`: one of {', '.join(PRESETS)}")
-        if self.planner is not None and self.planner not in {p.value for p in Planner}:
-            raise PlanRequestError(f"no planner `{self.planner}`: one of {', '.join(p.value for p in Planner)}")
+        for name in CHOICE_KNOBS:  # the words of memoplan.planner.knobs' table
+            refused = refused_choice(name, getattr(self, name))
+            if refused:
+                raise PlanRequestError(refused)
 
     def sublinear_block(self):
         """The ``sublinear`` block of the plan completed (None: none)."""
