@@ -39,7 +39,7 @@ class Parser(argparse.ArgumentParser):
 
 # `--help` lists a command's options in these groups, in this order: the basics first.  An option
 # is placed by its dest; one not named here (a new option) goes to "other options", before the
-# sublinear search's knobs, which are their own group (SUBLINEAR_OPTIONS).
+# sublinear search's knobs, which are their own group (memoplan.planner.knobs.SUBLINEAR_KNOBS).
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "basic options": tuple("model example budget output preset check syntax_only stdio".split()),
     "advanced options": tuple(
@@ -107,15 +107,6 @@ def group_options(parser: argparse.ArgumentParser) -> None:
 
 
 # The sublinear search's settings on the command line: the `sublinear` block's keys.
-SUBLINEAR_OPTIONS = {
-    "thresh_nr_try": "N",
-    "genetic_nr_iter": "N",
-    "genetic_pool_size": "N",
-    "lb_memory": "SIZE",
-    "num_worker": "N",
-}
-
-
 def build_parser(run: Mapping[str, Runner], report: Callable[[Any], None]) -> argparse.ArgumentParser:
     """Every command and its options; ``run[name]`` runs command ``name``, ``report`` prints a PlanError."""
     parser = Parser(
@@ -294,7 +285,7 @@ def _profile(sub: Any, run: Runner) -> None:
 
 
 def _plan(sub: Any, run: Runner) -> None:
-    from memoplan.planner.knobs import KNOBS, PLAN_METHOD_HELP  # pure Python: no torch for the parser
+    from memoplan.planner.knobs import KNOBS, PLAN_METHOD_HELP, SUBLINEAR_KNOBS  # pure Python: no torch
 
     plan = sub.add_parser("plan", help="write a plan that meets a memory budget")
     plan.add_argument(
@@ -319,8 +310,8 @@ def _plan(sub: Any, run: Runner) -> None:
     knobs = plan.add_argument_group(
         "sublinear search (with --planner sublinear; ranges and defaults as the `sublinear` block's keys)"
     )
-    for key, metavar in SUBLINEAR_OPTIONS.items():
-        knobs.add_argument(f"--{key.replace('_', '-')}", dest=key, metavar=metavar)
+    for row in SUBLINEAR_KNOBS:
+        _knob_option(knobs, row)
     plan.add_argument("-o", "--output", type=Path, required=True, metavar="PATH", help="the .memplan to write")
     method_option(plan, PLAN_METHOD_HELP)
     shard_options(plan)

@@ -11,7 +11,6 @@ from pathlib import Path
 from memoplan import cli_output, cli_target
 from memoplan.cli_load import cache_warnings, load_example, load_model, progress, show
 from memoplan.cli_output import load_plan, write_output
-from memoplan.cli_parser import SUBLINEAR_OPTIONS
 from memoplan.cli_step import checked, first_step, present, sharded_step, stepping
 from memoplan.cli_sublinear import sublinear_config
 from memoplan.targets import check_output, model_file, plan_inputs, replace_file, writing
@@ -221,10 +220,10 @@ def _plan_profile(args, model, example, prof, step):
 
 def _plan_request(args, start):
     """The options of `memoplan plan` as a PlanRequest (memoplan.planner.request)."""
-    from memoplan.planner.knobs import KNOBS
+    from memoplan.planner.knobs import KNOBS, SUBLINEAR_KNOBS
     from memoplan.planner.request import PlanRequest
 
-    given = tuple(f"--{k.replace('_', '-')}" for k in SUBLINEAR_OPTIONS if getattr(args, k) is not None)
+    given = tuple(row.flag for row in SUBLINEAR_KNOBS if getattr(args, row.name) is not None)
     knobs = {row.name: getattr(args, row.name) for row in KNOBS if row.request}  # budget, preset, hint, ...
     return PlanRequest(
         **knobs,

@@ -4,7 +4,6 @@ plan's `sublinear` block, over ``MGB_SUBLINEAR_MEMORY_*`` variables (for users c
 from __future__ import annotations
 
 from memoplan.cli_output import progress as _progress
-from memoplan.cli_parser import SUBLINEAR_OPTIONS
 from memoplan.diagnostics import Diagnostic, PlanError
 
 __all__ = ["sublinear_config", "sublinear_env_config"]
@@ -32,10 +31,11 @@ def sublinear_config(args, block=None):
     """
     from dataclasses import replace
 
+    from memoplan.planner.knobs import SUBLINEAR_KNOBS
     from memoplan.syntax.blocks import config_of
 
     base = None if block is None else config_of(block)
-    given = {key: getattr(args, key) for key in SUBLINEAR_OPTIONS if getattr(args, key) is not None}
+    given = {row.name: getattr(args, row.name) for row in SUBLINEAR_KNOBS if getattr(args, row.name) is not None}
     env = sublinear_env_config(args, block)
     if env is not None:  # the environment's keys, under the block's and the options'
         written = () if block is None else tuple(e.key for e in block.entries)

@@ -4,7 +4,8 @@ Each :class:`Knob` says once what a planning option is: its name (the keyword of
 :func:`memoplan.plan` and the field of :class:`~memoplan.planner.request.PlanRequest`), its
 command-line flag, its kind (text, a word among choices, a flag), default, choices and help.
 The readers: ``memoplan/cli_parser.py`` builds the ``plan`` command's options from
-:data:`KNOBS`, :class:`~memoplan.planner.request.PlanRequest` checks the choices with
+:data:`KNOBS` (and the sublinear search's group from :data:`SUBLINEAR_KNOBS`), ``cli_plan``
+copies them into a :class:`~memoplan.planner.request.PlanRequest`, which checks the choices with
 :func:`refused_choice`, and ``tests/planner/test_knobs.py`` checks that the parser, the
 signature of :func:`memoplan.plan` and the request's fields agree with the table.  Pure
 Python: no torch (the parser reads it).
@@ -20,7 +21,7 @@ from memoplan.planner.budgets import COVERAGE_WORDS
 from memoplan.planner.config import Planner
 from memoplan.planner.presets import PRESETS
 
-__all__ = ["KNOBS", "Knob", "knob", "refused_choice"]
+__all__ = ["KNOBS", "SUBLINEAR_KNOBS", "Knob", "knob", "refused_choice"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Knob:
 
     name: str
     kind: str
-    help: str
+    help: str | None
     metavar: str | None = None
     choices: Callable[[], tuple[str, ...]] | None = None
     renames: Mapping[str, str] = field(default_factory=dict)
@@ -115,10 +116,23 @@ KNOBS: tuple[Knob, ...] = (
     Knob("method", "choice", PLAN_METHOD_HELP, choices=lambda: METHODS, default="auto", request=False),
 )
 
+# The sublinear search's knobs (with --planner sublinear): text read as the `sublinear` block's
+# entries, so their types, ranges and defaults are the language's; the command line's alone.
+SUBLINEAR_KNOBS: tuple[Knob, ...] = tuple(
+    Knob(key, "text", None, metavar=metavar, api=False, request=False)
+    for key, metavar in (
+        ("thresh_nr_try", "N"),
+        ("genetic_nr_iter", "N"),
+        ("genetic_pool_size", "N"),
+        ("lb_memory", "SIZE"),
+        ("num_worker", "N"),
+    )
+)
+
 
 def knob(name: str) -> Knob:
     """The row of ``name`` (KeyError: no such knob)."""
-    for row in KNOBS:
+    for row in KNOBS + SUBLINEAR_KNOBS:
         if row.name == name:
             return row
     raise KeyError(name)

@@ -13,7 +13,7 @@ import pytest
 
 import memoplan
 from memoplan.cli_parser import build_parser
-from memoplan.planner.knobs import KNOBS, knob, refused_choice
+from memoplan.planner.knobs import KNOBS, SUBLINEAR_KNOBS, knob, refused_choice
 from memoplan.planner.request import PlanRequest, PlanRequestError
 
 # what memoplan.plan and PlanRequest take besides the knobs: the model, the run and the plan completed
@@ -21,15 +21,15 @@ NOT_KNOBS_API = {"model", "example", "start", "sublinear", "profile", "progress"
 NOT_KNOBS_REQUEST = {"sublinear_options", "start", "start_name", "sources", "device"}
 
 
-def _plan_options() -> dict[str, argparse.Action]:
+def _plan_parser() -> argparse.ArgumentParser:
     parser = build_parser(defaultdict(lambda: lambda args: 0), lambda error: None)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {flag: action for action in sub.choices["plan"]._actions for flag in action.option_strings}
+    return sub.choices["plan"]
 
 
 def test_every_knob_is_an_option_of_plan_as_the_table_says():
-    options = _plan_options()
-    for row in KNOBS:
+    options = {flag: action for action in _plan_parser()._actions for flag in action.option_strings}
+    for row in KNOBS + SUBLINEAR_KNOBS:
         action = options[row.flag]
         assert action.dest == row.name
         assert action.help == row.help
@@ -40,6 +40,15 @@ def test_every_knob_is_an_option_of_plan_as_the_table_says():
             assert tuple(action.choices) == row.allowed()
         else:
             assert row.kind == "text" and action.choices is None and action.metavar == row.metavar
+
+
+def test_the_sublinear_knobs_are_their_own_group_and_only_the_command_lines():
+    group = next(g for g in _plan_parser()._action_groups if g.title and g.title.startswith("sublinear search"))
+    assert [a.dest for a in group._group_actions] == [row.name for row in SUBLINEAR_KNOBS]
+    parameters = inspect.signature(memoplan.plan).parameters
+    fields = {f.name for f in dataclasses.fields(PlanRequest)}
+    for row in SUBLINEAR_KNOBS:
+        assert not row.api and not row.request and row.name not in parameters and row.name not in fields
 
 
 def test_the_api_takes_the_knobs_and_no_other_planning_option():
