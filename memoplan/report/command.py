@@ -365,14 +365,17 @@ def _saved_section(resolved, plots, svgs) -> page.Section:
             ),
         )
     )
-    saved.add(
-        page.table(
-            ("module", "class", "unplanned (B)", "planned (B)"),
-            [(r["module"] or "(root)", r["class"], f"{r['before']:,}", f"{r['after']:,}") for r in s["rows"]],
-            numeric=(2, 3),
-        )
-    )
+    saved.add(saved_table(s["rows"]))
     return saved
+
+
+def saved_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The saved-bytes section's table: a module's bytes without and with the plan."""
+    return page.table(
+        ("module", "class", "unplanned (B)", "planned (B)"),
+        [(r["module"] or "(root)", r["class"], f"{r['before']:,}", f"{r['after']:,}") for r in rows],
+        numeric=(2, 3),
+    )
 
 
 def _sweep_section(plots, svgs) -> page.Section:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memoplan.report import data, page
-from memoplan.report.command import Progress, ReportOptions, ReportResult, came_from_planner, plan_rows
+from memoplan.report.command import Progress, ReportOptions, ReportResult, came_from_planner, plan_rows, saved_table
 
 __all__ = ["not_checked", "write_estimated_report"]
 
@@ -201,13 +201,7 @@ def _saved_section(plots) -> page.Section:
             f"tensors, largest first: {s['total_before']:,} B unplanned, {s['total_after']:,} B planned.",
         )
     )
-    section.add(
-        page.table(
-            ("module", "class", "unplanned (B)", "planned (B)"),
-            [(r["module"] or "(root)", r["class"], f"{r['before']:,}", f"{r['after']:,}") for r in s["rows"]],
-            numeric=(2, 3),
-        )
-    )
+    section.add(saved_table(s["rows"]))
     return section
 
 
