@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import memoplan  # noqa: E402
+from benchmarks.clock import progress  # noqa: E402
 from memoplan.graphs import CountingBackend  # noqa: E402
 from memoplan.measure import measured_step  # noqa: E402
 from memoplan.planner.budgets import FractionOfPeak  # noqa: E402
@@ -57,11 +58,6 @@ from memoplan.report import peers  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 
 MIB = 2**20
-_T0 = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    print(f"[{time.perf_counter() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def build(args: argparse.Namespace) -> tuple[torch.nn.Module, Example]:

@@ -54,6 +54,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import memoplan  # noqa: E402
+from benchmarks.clock import progress  # noqa: E402
 from memoplan.diagnostics import PlanError  # noqa: E402
 from memoplan.measure import LiveStorageMeter, measured_step  # noqa: E402
 from memoplan.planner.budgets import Bytes, FractionOfPeak  # noqa: E402
@@ -64,13 +65,6 @@ from memoplan.specs import Example  # noqa: E402
 from memoplan.verification import verify  # noqa: E402
 
 MIB = 2**20
-_T0 = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    print(f"[{time.perf_counter() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------- models
 
 

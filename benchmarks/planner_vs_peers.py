@@ -94,6 +94,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import memoplan  # noqa: E402
+from benchmarks.clock import progress  # noqa: E402
 from memoplan.compare import compare as compare_results  # noqa: E402
 from memoplan.diagnostics import PlanError  # noqa: E402
 from memoplan.examples import cnn  # noqa: E402
@@ -111,13 +112,6 @@ MIB = 2**20
 MODELS = ("gpt2", "cnn")
 DEFAULT_BUDGETS = (0.75, 0.5, 0.3)
 GOAL = "at equal (or lower) peak, memoplan step time no worse than the best peer; every hard budget met"
-
-_T0 = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    print(f"[{time.perf_counter() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
-
 
 # ---------------------------------------------------------------- models
 
