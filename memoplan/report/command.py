@@ -270,6 +270,14 @@ def plan_rows(resolved: Any) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def rules_table(resolved: Any) -> str:
+    """The plan section's table of the module rules (:func:`plan_rows`), or a note when there are none."""
+    rows = plan_rows(resolved)
+    if rows:
+        return page.table(("module", "class", "policy", "rule"), rows)
+    return page.paragraph("No module rules: the plan acts through its blocks only.", "note")
+
+
 def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> list[page.Section]:
     sections = [
         _plan_section(resolved, report, verify_text, budget_line),
@@ -284,12 +292,8 @@ def _sections(resolved, report, verify_text, budget_line, plots, svgs, dtr) -> l
 
 
 def _plan_section(resolved, report, verify_text: str, budget_line: str | None) -> page.Section:
-    rows = plan_rows(resolved)
     plan_section = page.Section("plan", "Resolved plan and verification")
-    if rows:
-        plan_section.add(page.table(("module", "class", "policy", "rule"), rows))
-    else:
-        plan_section.add(page.paragraph("No module rules: the plan acts through its blocks only.", "note"))
+    plan_section.add(rules_table(resolved))
     plan_section.add(
         "<p>verdict: "
         + page.verdict("EQUIVALENT" if report.equivalent else "NOT EQUIVALENT", report.equivalent)

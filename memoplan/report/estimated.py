@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memoplan.report import data, page
-from memoplan.report.command import Progress, ReportOptions, ReportResult, came_from_planner, plan_rows, saved_table
+from memoplan.report.command import Progress, ReportOptions, ReportResult, came_from_planner, rules_table, saved_table
 
 __all__ = ["not_checked", "write_estimated_report"]
 
@@ -151,11 +151,7 @@ def _sections(resolved, check, budget_line, before, kernels, plots, *, sweep: bo
 
 def _plan_section(resolved, check, budget_line: str | None) -> page.Section:
     section = page.Section("plan", "Resolved plan and estimate")
-    rows = plan_rows(resolved)
-    if rows:
-        section.add(page.table(("module", "class", "policy", "rule"), rows))
-    else:
-        section.add(page.paragraph("No module rules: the plan acts through its blocks only.", "note"))
+    section.add(rules_table(resolved))
     section.add(
         "<p>verdict: "
         + page.verdict("NOT CHECKED (estimated)", False)
