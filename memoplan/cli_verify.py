@@ -71,12 +71,7 @@ def _verify_with(args, plan, device, step, model, example, resolved) -> int:
     )
     show(render_report(report))
     present(OUTPUT.current).details.update(cli_output.verify_details(report))
-    missed = None
-    if plan.budget is not None:
-        line, missed = budget_check(plan.budget, report)
-        print(line)
-        if missed is not None:
-            OUTPUT.diagnostic(missed, plan.source)
+    missed = _budget_verdict(plan, lambda budget: budget_check(budget, report))
     dtr_block = plan.block(ast.BlockKind.DTR)
     unmet = dtr_check(dtr_block, report) if dtr_block is not None else None
     if unmet is not None:
@@ -94,12 +89,7 @@ def _verify_estimated(args, plan, model, example, device) -> int:
     progress("estimating one training step without and one with the plan on fake tensors")
     check = first_step(lambda: estimated_verify(model, plan, example, device))
     show(check.render())
-    missed = None
-    if plan.budget is not None:
-        line, missed = estimated_budget_check(plan.budget, check)
-        print(line)
-        if missed is not None:
-            OUTPUT.diagnostic(missed, plan.source)
+    missed = _budget_verdict(plan, lambda budget: estimated_budget_check(budget, check))
     OUTPUT.diagnostic(
         Diagnostic(
             "MP414",
@@ -112,3 +102,15 @@ def _verify_estimated(args, plan, model, example, device) -> int:
     passed = missed is None or not missed.is_error
     present(OUTPUT.current).status = "ok" if passed else "error"
     return 0 if passed else 1
+
+
+def _budget_verdict(plan, check) -> Diagnostic | None:
+    """The plan's budget line (``check(budget)``: the line and a missed budget's diagnostic),
+    printed, and that diagnostic reported; None when the plan has no budget or meets it."""
+    if plan.budget is None:
+        return None
+    line, missed = check(plan.budget)
+    print(line)
+    if missed is not None:
+        OUTPUT.diagnostic(missed, plan.source)
+    return missed
