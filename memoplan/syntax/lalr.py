@@ -12,6 +12,15 @@ from memoplan._resources import grammar_text
 from memoplan.syntax import inline
 from memoplan.syntax.build import Builder
 
+# The grammar's Lark options (a test builds a tree-making parser of the same grammar with them).
+OPTIONS = {
+    "parser": "lalr",
+    "lexer": "contextual",
+    "start": ["start", "example_stmt"],
+    "propagate_positions": True,
+    "maybe_placeholders": True,
+}
+
 
 class _Comments:
     """Collects comment tokens through a Lark lexer callback."""
@@ -28,15 +37,7 @@ class _Comments:
 def lark_parser() -> tuple[Lark, _Comments, Builder]:
     """The parser, its comment sink and the Builder it runs as it parses (all shared: :data:`LOCK`)."""
     sink = _Comments()
-    parser = Lark(
-        grammar_text(),
-        parser="lalr",
-        lexer="contextual",
-        start=["start", "example_stmt"],
-        propagate_positions=True,
-        maybe_placeholders=True,
-        lexer_callbacks={"COMMENT": sink},
-    )
+    parser = Lark(grammar_text(), **OPTIONS, lexer_callbacks={"COMMENT": sink})
     builder = Builder("<memory>")
     inline.install(parser, builder)  # the AST is built during the parse: no parse tree
     return parser, sink, builder

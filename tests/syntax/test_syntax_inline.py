@@ -25,14 +25,7 @@ PLANS = sorted(FIXTURES.glob("syntax/**/*.memplan")) + sorted(FIXTURES.glob("hos
 
 
 def _tree_parser() -> Lark:
-    return Lark(
-        grammar_text(),
-        parser="lalr",
-        lexer="contextual",
-        start=["start", "example_stmt"],
-        propagate_positions=True,
-        maybe_placeholders=True,
-    )
+    return Lark(grammar_text(), **lalr.OPTIONS)  # the language's parser's options, making a tree
 
 
 TREE = _tree_parser()
