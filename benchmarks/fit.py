@@ -153,10 +153,10 @@ def _planned_estimate(plan) -> int | None:
 def _estimated_plan(model, example, prof, share: float) -> dict[str, object]:
     """A hint plan for ``share`` from the estimated profile ``prof``, timed; its peak measured after."""
     from memoplan.planner.plan import make_plan
-    from memoplan.planner.presets import parse_budget
+    from memoplan.planner.budgets import read_budget
     from memoplan.planner.refine import measure_plan
 
-    budget, _ = parse_budget(f"{share * 100:g}%")
+    budget = read_budget(f"{share * 100:g}%").amount
     start = time.perf_counter()
     planned = make_plan(model, example, budget, prof=prof, progress=False, hard=False)
     seconds = time.perf_counter() - start
@@ -176,9 +176,10 @@ def _estimated_plan(model, example, prof, share: float) -> dict[str, object]:
 def _default_plan(model, example, share: float, unit: float | None) -> dict[str, object]:
     """What `memoplan plan --budget SHARE` does by default (memoplan.cli._plan), timed end to end."""
     from memoplan.planner.estimate import take_profile
-    from memoplan.planner.presets import DEFAULT, parse_budget
+    from memoplan.planner.budgets import read_budget
+    from memoplan.planner.presets import DEFAULT
 
-    budget, hard = parse_budget(f"{share * 100:g}%")
+    budget = read_budget(f"{share * 100:g}%").amount
     start = time.perf_counter()
     prof = take_profile(model, example, method="auto", repeats=1, progress=False, fake_peak=True)
     profiled = time.perf_counter() - start

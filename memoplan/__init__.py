@@ -30,7 +30,7 @@ _EXPORTS = {
     "format_plan": "memoplan.syntax",
     "load": "memoplan.syntax",
     "parse": "memoplan.syntax",
-    "plan": "memoplan.planner.request",
+    "plan": "memoplan.planner.pipeline",
     "profile": "memoplan.planner.aim",
     "PlanRequestError": "memoplan.planner.request",
     "PlanResult": "memoplan.planner.plan",
@@ -105,8 +105,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.ir import ResolvedPlan
     from memoplan.measure import measure_step
     from memoplan.planner.aim import profile
+    from memoplan.planner.pipeline import plan
     from memoplan.planner.plan import PlanResult
-    from memoplan.planner.request import PlanRequestError, plan
+    from memoplan.planner.request import PlanRequestError
     from memoplan.resolver.bind import resolve
     from memoplan.resolver.explain import explain  # the function, not the module of that name
     from memoplan.runtime.dtr import dtr_stats

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from memoplan import cli_output, cli_target
@@ -97,25 +96,17 @@ def _save_to_stdout(result) -> int:
 
 
 def plan_command(args) -> int:
-    """Pick the preset, apply the explicit options over it, plan, refine, write the plan."""
-    from memoplan.planner.budgets import DeviceBudget
-    from memoplan.planner.device_budget import device_budget_refused
+    """`memoplan plan`: the options as a PlanRequest, checked before any model loads; the model and
+    example on the target, inside the step; one planning run (memoplan.planner.pipeline.run); the plan written."""
     from memoplan.planner.request import PlanRequestError
 
     start = load_plan(args.start) if args.start is not None else None
     request = _plan_request(args, start)
     try:
         request.check()
-        preset = request.make_preset()
-        if isinstance(preset.budget, DeviceBudget):  # bytes once the model is on the device
-            device_budget_refused(
-                cli_target.device(args.device, estimating=True), args.budget, cli_target.device_memory(args)
-            )
         sublinear = sublinear_config(args, request.sublinear_block())
-        request.check_preset(preset, sublinear=sublinear is not None)
     except PlanRequestError as exc:
-        print(f"memoplan plan: error: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     check_output(
         args.output,
         *(plan_inputs(start, args.start, args.model) if start is not None else ()),
@@ -127,12 +118,17 @@ def plan_command(args) -> int:
     cli_target.refuse_dtr(args, model)  # MP413: the dtr threshold is measured by real steps
     checked(step, model, cli_target.device(args.device, estimating=True), start)
     with stepping(step, start):
-        return _plan_with(args, start, request, preset, sublinear, step, model, example)
+        return _plan_with(args, start, request, sublinear, step, model, example)
 
 
-def _plan_with(args, start, request, preset, sublinear, step, model, example) -> int:
-    """`memoplan plan` once its step, model and example are known: profile, search, write."""
-    from memoplan.planner.budgets import DeviceBudget
+def _refused(exc: Exception) -> int:
+    print(f"memoplan plan: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _plan_with(args, start, request, sublinear, step, model, example) -> int:
+    """`memoplan plan` once its step, model and example are known: the profiles given, the run, the plan written."""
+    from memoplan.planner import pipeline
     from memoplan.planner.profile import Profile, merge
     from memoplan.planner.request import PlanRequestError
 
@@ -141,81 +137,26 @@ def _plan_with(args, start, request, preset, sublinear, step, model, example) ->
     except ValueError as exc:  # profiles of different models
         print(f"memoplan plan: error: {exc}", file=sys.stderr)
         return 1
-    if prof is not None:  # MP604: a profile of another step (loss, precision, shards, optimizer, device)
-        from memoplan.planner.stamp import check_same_step
-        from memoplan.planner.target import target_for
-
-        named = ", ".join(str(path) for path in args.profile)
-        check_same_step(prof, model, step.config, example, target_for(model).device, named)
-    if args.preset:
-        levels = ", ".join(level.value for level in preset.levels) or "none"
-        progress(f"preset {preset.name}: {_preset_how(preset)}, refinement levels: {levels}")
     try:
-        request.check_nested(preset)
-    except PlanRequestError as exc:
-        print(f"memoplan plan: error: {exc}", file=sys.stderr)
-        return 2
-    shards = step.config.shards
-    if isinstance(preset.budget, DeviceBudget):
-        limit = cli_target.device_budget_limit(args, model, shards, step.config.optimizer, preset.budget, progress)
-        preset = replace(preset, budget=limit)
-    if args.dtr and shards > 1:
-        print(
-            "memoplan plan: error: --dtr measures its threshold with real steps: not with --shards above 1",
-            file=sys.stderr,
-        )
-        return 2
-    prof = _plan_profile(args, model, example, prof, step)
-    if prof is None:
-        return 2
-    if args.dtr:
-        return _plan_dtr(args, model, example, prof, preset, step)
-    result = first_step(
-        lambda: preset.run(
+        planned = pipeline.run(
+            request,
             model,
             example,
-            prof=prof,
-            named=args.preset is not None,
-            nested=args.nested,
+            step=step.config,
             sublinear=sublinear,
-            start=start,
-            trials="measured" if args.method == "measured" else "estimated",
-        ),
-        "planned",
-        only_oom=True,
-    )
-    _write_plan(args, start, preset, result, model, example, prof, step)
+            profile=prof,
+            profile_name=", ".join(str(path) for path in args.profile or ()),
+            progress=True,
+            note=progress,
+            guard=first_step,
+            folder=args.output.parent,
+        )
+    except PlanRequestError as exc:
+        return _refused(exc)
+    if args.dtr:
+        return _write_dtr(args, planned.result)
+    _write_plan(args, start, planned.result, model, example, planned.profile)
     return 0
-
-
-def _plan_profile(args, model, example, prof, step):
-    """The profile ``plan`` searches over: the one given (``--profile``) or one taken now (with
-    ``--method``); None, with the error said, when ``--method measured`` got an estimated one."""
-    from memoplan.planner.estimate import take_profile
-
-    if prof is None:
-        # Planning from estimated trials needs the profile's times only roughly: one timed step.
-        repeats = 3 if args.method == "measured" else 1
-        prof = first_step(
-            lambda: take_profile(
-                model,
-                example,
-                method=args.method,
-                note=progress,
-                repeats=repeats,
-                fake_peak=args.method == "auto",
-                shards=step.config.shards,
-                optimizer=step.config.optimizer,
-            ),
-            "profile",
-        )
-    if args.method == "measured" and prof.method == "estimated":
-        print(
-            "memoplan plan: error: --method measured needs a measured profile; --profile gave an estimated one",
-            file=sys.stderr,
-        )
-        return None
-    return prof
 
 
 def _plan_request(args, start):
@@ -231,26 +172,14 @@ def _plan_request(args, start):
         start=start,
         start_name=None if args.start is None else str(args.start),
         sources=args.model is not None and args.example is not None,
-        device=True,
+        device=args.device,
+        device_memory=getattr(args, "device_memory", None),
     )
 
 
-def _preset_how(preset) -> str:
-    """How a named preset plans, for its progress line."""
-    from memoplan.planner import search
-
-    if isinstance(preset.budget, search.Preset):
-        return f"coverage budget {preset.budget.word}"  # takes its share; no planner search
-    if isinstance(preset.budget, search.Coverage):
-        return "a coverage budget"
-    if isinstance(preset.budget, search.LeastPeak):
-        return "the least peak (every search measured)"
-    return f"planner {preset.planner.value}"
-
-
-def _write_plan(args, start, preset, result, model, example, prof, step) -> None:
-    """Write the plan ``memoplan plan`` made (its sources and budget stated) and say what it did."""
-    from memoplan.planner.write import rebased, with_budget, with_sources, with_step
+def _write_plan(args, start, result, model, example, prof) -> None:
+    """Write the plan ``memoplan plan`` made (its sources stated) and say what it did."""
+    from memoplan.planner.write import rebased, with_sources
     from memoplan.resolver import resolve
     from memoplan.syntax import format_plan, parse_example_spec
 
@@ -267,7 +196,6 @@ def _write_plan(args, start, preset, result, model, example, prof, step) -> None
             parse_example_spec(args.example, "--example") if args.example else present(present(own).example),
             args.output.parent,
         )
-    plan = with_step(with_budget(plan, preset.budget, preset.hard), step.config, args.output.parent)
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
     verdict = "met" if result.met else "NOT met (hint)"
@@ -296,15 +224,12 @@ def _write_plan(args, start, preset, result, model, example, prof, step) -> None
     )
 
 
-def _plan_dtr(args, model, example, prof, preset, step) -> int:
-    """`memoplan plan --budget B --dtr`: a plan with one `dtr` block (memoplan.planner.dtr_plan)."""
-    from memoplan.planner.dtr_plan import make_dtr_plan
-    from memoplan.planner.write import with_sources, with_step
+def _write_dtr(args, result) -> int:
+    """Write the plan of `memoplan plan --budget B --dtr` (one `dtr` block: memoplan.planner.dtr_plan)."""
+    from memoplan.planner.write import with_sources
     from memoplan.syntax import format_plan, parse_example_spec
 
-    result = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=prof)
     plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
-    plan = with_step(plan, step.config, args.output.parent)
     with writing(args.output):
         replace_file(args.output, format_plan(plan))
     sim = result.simulation

@@ -81,13 +81,3 @@ def refuse_dtr(args, model) -> None:
     why = runs_nowhere(model) if args.dtr else None
     if why is not None:
         raise PlanError((not_measurable(why, "--dtr"),))
-
-
-def device_budget_limit(args, model, shards: int, optimizer: str, wanted, note):
-    """The bytes of `--budget device [- SIZE]`: the CUDA device's, or ``--device-memory``'s less
-    what the model, its optimizer state and its shards hold (memoplan.planner.device_budget)."""
-    from memoplan.planner.device_budget import device_budget_bytes
-
-    held = (model, optimizer, shards)  # what the model holds on the device before the step
-    target = device(args.device, estimating=True)
-    return device_budget_bytes(target, wanted, note, device_memory(args), held)

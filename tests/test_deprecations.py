@@ -10,7 +10,8 @@ import pytest
 
 from memoplan import cli, deprecations, rules
 from memoplan.planner.budgets import COVERAGE_WORDS, Preset
-from memoplan.planner.presets import PRESETS, parse_budget
+from memoplan.planner.budgets import AskedBudget, read_budget
+from memoplan.planner.presets import PRESETS
 
 SMALL = 'memplan 1\nmodel "memoplan.examples.mlp:build"\nmodule layers.0 { checkpoint }\n'
 
@@ -25,7 +26,7 @@ def test_budget_words_and_preset_names_do_not_collide():
 @pytest.mark.parametrize(("old", "new"), sorted(deprecations.BUDGET_WORDS.items()))
 def test_an_old_budget_word_is_its_new_one_with_a_deprecation(old, new):
     with pytest.warns(DeprecationWarning, match=rf"budget word '{old}' is deprecated: write '{new}'"):
-        assert parse_budget(old.upper()) == parse_budget(new)
+        assert read_budget(old.upper()) == read_budget(new)
     args = cli._parser().parse_args(
         ["plan", "--budget", old, "--model", "m:f", "--example", "randn(1)", "-o", "p.memplan"]
     )
@@ -37,8 +38,8 @@ def test_an_old_budget_word_is_its_new_one_with_a_deprecation(old, new):
 def test_a_new_budget_word_warns_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert parse_budget("checkpoint-all") == (Preset.MEMORY, None)
-        assert parse_budget("4 GiB hint")[1] is False
+        assert read_budget("checkpoint-all") == AskedBudget(Preset.MEMORY, None)
+        assert read_budget("4 GiB hint").hard is False
     args = cli._parser().parse_args(
         ["plan", "--budget", "checkpoint-all", "--model", "m:f", "--example", "randn(1)", "-o", "p.memplan"]
     )

@@ -14,6 +14,8 @@ from memoplan.diagnostics import printable
 from memoplan.syntax import ast
 
 __all__ = [
+    "Asked",
+    "AskedBudget",
     "Budget",
     "ByteBudget",
     "Bytes",
@@ -24,6 +26,7 @@ __all__ = [
     "LeastPeak",
     "Preset",
     "budget_from_ast",
+    "budget_statement",
     "byte_limit",
     "format_duration",
     "format_size",
@@ -32,6 +35,7 @@ __all__ = [
     "mode_of",
     "mode_word",
     "parse_coverage",
+    "read_budget",
 ]
 
 
@@ -212,6 +216,18 @@ class DeviceBudget:
 
 ByteBudget = Bytes | FractionOfPeak
 Budget = Bytes | FractionOfPeak | Coverage
+#: What a budget's text can ask for: bytes, a share of the peak, of the candidates, or the device's.
+Asked = Bytes | FractionOfPeak | Coverage | Preset | DeviceBudget
+
+
+@dataclass(frozen=True)
+class AskedBudget:
+    """A budget as a planning run is asked for it (``--budget``, ``--coverage``, ``budget=``, or the
+    ``budget`` statement of the plan completed), read once: the typed ``amount`` and its mode,
+    ``hard`` (True: ``hard``, False: ``hint``, None: neither written, so the preset's)."""
+
+    amount: Asked
+    hard: bool | None = None
 
 
 def budget_from_ast(budget: ast.Budget) -> ByteBudget:
@@ -222,6 +238,64 @@ def budget_from_ast(budget: ast.Budget) -> ByteBudget:
     if isinstance(amount, ast.Percent):
         return FractionOfPeak.percent(amount.value)
     return FractionOfPeak(amount)  # type: ignore[arg-type]  # __post_init__ reads any finite number exactly
+
+
+def budget_statement(text: str, origin: str) -> ast.Budget:
+    """``text`` read as the language reads a ``budget`` statement's value (``4 GiB``, ``50% hint``,
+    ``0.5``), its diagnostics (MP100, MP203, MP204) at ``origin`` (``--budget``, ``--device-memory``):
+    the one place a budget's text meets the grammar."""
+    from memoplan.syntax import parse
+
+    stmt = parse(f"memplan 1\nbudget {text}\n", origin).budget
+    assert stmt is not None, "parse raises PlanError on a budget it cannot read"
+    return stmt
+
+
+def read_budget(text: str) -> AskedBudget:
+    """A budget's text (``--budget``, ``budget=``) as the typed value it asks for: ``4 GiB``,
+    ``50% hint``, ``0.5`` (the language's ``budget`` statement), a coverage word
+    (:data:`COVERAGE_WORDS`; an old one with a DeprecationWarning) or ``device [- SIZE] [hard|hint]``
+    (:class:`DeviceBudget`).  Raises :class:`memoplan.PlanError` for text that is not a budget."""
+    from memoplan.deprecations import budget_word
+
+    device = _device_form(text)
+    if device is not None:
+        return device
+    word = budget_word(text)
+    coverage = COVERAGE_WORDS.get(word.strip().lower())
+    if coverage is not None:
+        return AskedBudget(coverage)
+    stmt = budget_statement(word, "--budget")
+    return AskedBudget(budget_from_ast(stmt), None if stmt.mode is None else is_hard(stmt))
+
+
+def _device_form(text: str) -> AskedBudget | None:
+    """``device [- SIZE] [hard|hint]`` (None for other text): what the CUDA device can give a step,
+    less SIZE (a size, as the language reads one); MP509 when it is malformed."""
+    from memoplan.diagnostics import Diagnostic, PlanError
+
+    head = text.strip()
+    if head[:6].lower() != "device":
+        return None
+    words = head[6:].replace("-", " - ", 1).split()
+    hard = None
+    if words and words[-1].lower() in {mode.value for mode in ast.BudgetMode}:
+        hard = words.pop().lower() == ast.BudgetMode.HARD.value
+    margin = None
+    if words[:1] == ["-"] and len(words) in (2, 3) and words[1][:1].isdigit():
+        margin = budget_statement(" ".join(words[1:]), "--budget")
+    if (words and margin is None) or (margin is not None and margin.mode is not None) or head[6:7].isalnum():
+        raise PlanError(
+            (
+                Diagnostic(
+                    "MP509", f"`--budget {text}` is not a device budget", help="write `device`, or `device - 2GiB`"
+                ),
+            )
+        )
+    amount = budget_from_ast(margin) if margin is not None else Bytes(0)
+    if not isinstance(amount, Bytes):
+        raise PlanError((Diagnostic("MP509", f"`--budget {text}`: the margin is a size, such as `2GiB`"),))
+    return AskedBudget(DeviceBudget(text, amount.amount), hard)
 
 
 # ---------------------------------------------------------------- hard or hint: one reading, one wording

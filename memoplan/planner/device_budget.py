@@ -2,30 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 from memoplan.diagnostics import Diagnostic, PlanError
 from memoplan.planner.budgets import Bytes, DeviceBudget
-
-_DEVICE_BUDGET = re.compile(
-    r"^\s*device\s*(?:-\s*([0-9][^a-z]*\s*[a-z]*?))?\s*((?:\s+(?:hard|hint))?)\s*$", re.IGNORECASE
-)
-
-
-def device_budget_text(text: str | None):
-    """``--budget device [- SIZE] [hard|hint]`` as (SIZE or None, " hard"/" hint"/""); None for other budgets."""
-    if text is None or not text.strip().lower().startswith("device"):
-        return None
-    match = _DEVICE_BUDGET.match(text)
-    if match is None:
-        raise PlanError(
-            (
-                Diagnostic(
-                    "MP509", f"`--budget {text}` is not a device budget", help="write `device`, or `device - 2GiB`"
-                ),
-            )
-        )
-    return match.group(1), match.group(2)
 
 
 def device_budget_refused(device, budget: str, memory: int | None = None) -> None:

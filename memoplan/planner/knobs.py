@@ -4,11 +4,11 @@ Each :class:`Knob` says once what a planning option is: its name (the keyword of
 :func:`memoplan.plan` and the field of :class:`~memoplan.planner.request.PlanRequest`), its
 command-line flag, its kind (text, a word among choices, a flag), default, choices and help.
 The readers: ``memoplan/cli_parser.py`` builds the ``plan`` command's options from
-:data:`KNOBS` (and the sublinear search's group from :data:`SUBLINEAR_KNOBS`), ``cli_plan``
-copies them into a :class:`~memoplan.planner.request.PlanRequest`, which checks the choices with
-:func:`refused_choice`, and ``tests/planner/test_knobs.py`` checks that the parser, the
-signature of :func:`memoplan.plan` and the request's fields agree with the table.  Pure
-Python: no torch (the parser reads it).
+:data:`KNOBS` (and the sublinear search's group from :data:`SUBLINEAR_KNOBS`), ``cli_plan`` and
+:func:`memoplan.plan` copy them into a :class:`~memoplan.planner.request.PlanRequest`, which checks
+the choices with :func:`refused_choice` and which :func:`memoplan.planner.pipeline.run` plans, and
+``tests/planner/test_knobs.py`` checks that the parser, the signature of :func:`memoplan.plan` and
+the request's fields agree with the table.  Pure Python: no torch (the parser reads it).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Knob:
     ``kind``: ``text`` (a value, parsed later), ``choice`` (one of ``choices``) or ``flag``
     (true when given); ``renames``: old words the command line turns into new ones (MP540);
     ``api``/``request``: a keyword of :func:`memoplan.plan` / a field of ``PlanRequest``
-    (``dtr`` is the command line's alone, ``method`` goes to the profiler, not the request).
+    (``dtr`` is the command line's alone).
     """
 
     name: str
@@ -113,7 +113,7 @@ KNOBS: tuple[Knob, ...] = (
         default=False,
         api=False,
     ),
-    Knob("method", "choice", PLAN_METHOD_HELP, choices=lambda: METHODS, default="auto", request=False),
+    Knob("method", "choice", PLAN_METHOD_HELP, choices=lambda: METHODS, default="auto"),
 )
 
 # The sublinear search's knobs (with --planner sublinear): text read as the `sublinear` block's

@@ -50,18 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from memoplan.deprecations import budget_word
-from memoplan.planner.budgets import (
-    COVERAGE_WORDS,
-    Budget,
-    Bytes,
-    Coverage,
-    DeviceBudget,
-    FractionOfPeak,
-    LeastPeak,
-    Preset,
-    budget_from_ast,
-)
+from memoplan.planner.budgets import Budget, Bytes, Coverage, DeviceBudget, FractionOfPeak, LeastPeak, Preset
 from memoplan.planner.config import ALL_LEVELS, Level, Planner, RefineOptions
 from memoplan.syntax.blocks import SublinearConfig
 
@@ -76,7 +65,6 @@ __all__ = [
     "Planner",
     "PlannerPreset",
     "RefineOptions",
-    "parse_budget",
 ]
 
 
@@ -198,49 +186,3 @@ PRESETS: dict[str, PlannerPreset] = {p.name: p for p in (SAFE, BALANCED, MEMORY,
 
 #: What ``memoplan plan`` starts from without ``--preset``: the given budget, no refinement.
 DEFAULT = SAFE
-
-
-def parse_budget(text: str, *, device: bool = False) -> tuple[BudgetLike, bool | None]:
-    """A ``--budget`` value as (typed budget, hard): ``4 GiB``, ``50% hint``, ``0.5``, a coverage word
-    (:data:`~memoplan.planner.budgets.COVERAGE_WORDS`; an old one with a DeprecationWarning).
-
-    ``hard`` is True or False where the text says ``hard`` or ``hint``, None where it says
-    neither.  ``device``: ``device [- SIZE] [hard|hint]`` is read too (the command line's
-    :class:`~memoplan.planner.budgets.DeviceBudget`; MP509 when it is malformed).  Raises
-    :class:`memoplan.PlanError` for text that is not a budget.
-    """
-    from memoplan.syntax import ast, parse
-
-    if device:
-        found = device_budget_of(text)
-        if found is not None:
-            return found
-
-    text = budget_word(text)
-    coverage = COVERAGE_WORDS.get(text.strip().lower())
-    if coverage is not None:
-        return coverage, None
-    stmt = parse(f"memplan 1\nbudget {text}\n", "--budget").budget
-    assert stmt is not None, "parse raises PlanError on a budget it cannot read"
-    hard = None if stmt.mode is None else stmt.mode is ast.BudgetMode.HARD
-    return budget_from_ast(stmt), hard
-
-
-def device_budget_of(text: str) -> tuple[DeviceBudget, bool | None] | None:
-    """``--budget device [- SIZE] [hard|hint]`` as (budget, hard: None where neither is written);
-    None for other budgets; MP509 when SIZE is not a size."""
-    from memoplan.diagnostics import Diagnostic, PlanError
-    from memoplan.planner.device_budget import device_budget_text
-
-    found = device_budget_text(text)
-    if found is None:
-        return None
-    size, mode = found
-    margin = 0
-    if size:
-        amount, _ = parse_budget(size)
-        if not isinstance(amount, Bytes):
-            raise PlanError((Diagnostic("MP509", f"`--budget {text}`: the margin is a size, such as `2GiB`"),))
-        margin = amount.amount
-    hard = {"hard": True, "hint": False}.get(mode.strip().lower())
-    return DeviceBudget(text, margin), hard

@@ -205,12 +205,11 @@ def memory_size(text: str | int | None) -> int | None:
     if isinstance(text, int) and not isinstance(text, bool) and text > 0:
         return text
     text = str(text)
-    from memoplan.planner.budgets import Bytes, budget_from_ast
-    from memoplan.syntax import parse
+    from memoplan.planner.budgets import Bytes, budget_from_ast, budget_statement
 
-    try:  # read as a budget statement reads a size (not presets.parse_budget: it imports the planner)
-        stmt = parse(f"memplan 1\nbudget {text}\n", "--device-memory").budget
-        size = None if stmt is None or stmt.mode is not None else budget_from_ast(stmt)
+    try:  # read as a budget statement reads a size
+        stmt = budget_statement(text, "--device-memory")
+        size = None if stmt.mode is not None else budget_from_ast(stmt)
     except (ValueError, PlanError):
         size = None
     if not isinstance(size, Bytes) or size.amount <= 0:

@@ -28,15 +28,19 @@ def test_the_headers_budget_mode():
 
 def test_the_device_budget_is_read_once_into_a_typed_value():
     from memoplan.diagnostics import PlanError
-    from memoplan.planner.budgets import DeviceBudget
-    from memoplan.planner.presets import parse_budget
+    from memoplan.planner.budgets import AskedBudget, DeviceBudget, read_budget
 
-    assert parse_budget("device", device=True) == (DeviceBudget("device", 0), None)
-    assert parse_budget("device - 2GiB hint", device=True) == (DeviceBudget("device - 2GiB hint", 2 * 2**30), False)
-    assert parse_budget("device hard", device=True)[1] is True
-    assert parse_budget("4 GiB", device=True) == parse_budget("4 GiB")
+    assert read_budget("device") == AskedBudget(DeviceBudget("device", 0), None)
+    assert read_budget("device - 2GiB hint") == AskedBudget(DeviceBudget("device - 2GiB hint", 2 * 2**30), False)
+    assert read_budget(" Device-2 GiB ") == AskedBudget(DeviceBudget(" Device-2 GiB ", 2 * 2**30), None)
+    assert read_budget("device hard").hard is True
     with pytest.raises(PlanError) as caught:  # the margin is a size
-        parse_budget("device - 50%", device=True)
+        read_budget("device - 50%")
     assert caught.value.codes == ["MP509"] and "the margin is a size" in str(caught.value)
-    with pytest.raises(PlanError):  # only the command line's budget may be the device's
-        parse_budget("device")
+    for text in ("devices", "device x", "device 2GiB", "device - 2GiB hard hint", "device minus lots", "device -"):
+        with pytest.raises(PlanError) as caught:
+            read_budget(text)
+        assert caught.value.codes == ["MP509"] and "is not a device budget" in str(caught.value), text
+    with pytest.raises(PlanError) as caught:  # the margin read as the language reads a size
+        read_budget("device - 0 B")
+    assert caught.value.codes == ["MP203"]

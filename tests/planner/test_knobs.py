@@ -18,7 +18,7 @@ from memoplan.planner.request import PlanRequest, PlanRequestError
 
 # what memoplan.plan and PlanRequest take besides the knobs: the model, the run and the plan completed
 NOT_KNOBS_API = {"model", "example", "start", "sublinear", "profile", "progress", "step", "device", "device_memory"}
-NOT_KNOBS_REQUEST = {"sublinear_options", "start", "start_name", "sources", "device"}
+NOT_KNOBS_REQUEST = {"sublinear_options", "start", "start_name", "sources", "device", "device_memory"}
 
 
 def _plan_parser() -> argparse.ArgumentParser:

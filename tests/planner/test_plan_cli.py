@@ -14,7 +14,8 @@ from memoplan import specs
 from memoplan.cli import _parser, main
 from memoplan.planner import search
 from memoplan.planner.plan import make_plan
-from memoplan.planner.presets import PRESETS, Planner, PlannerPreset, parse_budget
+from memoplan.planner.budgets import read_budget
+from memoplan.planner.presets import PRESETS, Planner, PlannerPreset
 from memoplan.planner.profile import Profile
 from memoplan.syntax import parse_example_spec
 from memoplan.verification import verify
@@ -198,7 +199,7 @@ def test_nested_candidates_meet_the_budget_with_less_recompute_and_stay_equivale
     flat, nested = tmp_path / "flat.memplan", tmp_path / "nested.memplan"
     model = specs.load_model("memoplan.examples.transformer:build")
     example = specs.make_example(parse_example_spec("randint(4, 32, high=100)"))
-    whole = make_plan(model, example, parse_budget("50%")[0], prof=Profile.load(prof), progress=False, whole=True)
+    whole = make_plan(model, example, read_budget("50%").amount, prof=Profile.load(prof), progress=False, whole=True)
     assert whole.met and "# planner: optimal" in memoplan.format_plan(whole.plan)
     assert not re.search(r"^module blocks\.\d\.", memoplan.format_plan(whole.plan), re.M)  # whole blocks only
     flat.write_text(memoplan.format_plan(whole.plan))
@@ -235,7 +236,7 @@ def test_a_budget_the_estimate_calls_unreachable_but_a_measurement_meets_is_plan
     cnn = ["--model", "memoplan.examples.cnn:build", "--example", "memoplan.examples.cnn:example"]
     model = specs.load_model("memoplan.examples.cnn:build")
     example = specs.make_example(parse_example_spec("memoplan.examples.cnn:example"))
-    result = make_plan(model, example, parse_budget("80%")[0], progress=False, whole=True)
+    result = make_plan(model, example, read_budget("80%").amount, progress=False, whole=True)
     text = memoplan.format_plan(result.plan)
     assert "# note: the estimated least peak" in text and "but measures" in text
     limit = int(text.split("# budget limit: ")[1].split(" B")[0])
@@ -476,7 +477,7 @@ def test_a_hard_budget_whole_blocks_cannot_meet_widens_the_search_to_their_parts
     (``whole=True``) widens itself to them when whole blocks cannot meet the budget."""
     model = specs.load_model("memoplan.examples.transformer:build")
     example = specs.make_example(parse_example_spec("randint(4, 32, high=100)"))
-    result = make_plan(model, example, parse_budget("46%")[0], whole=True)
+    result = make_plan(model, example, read_budget("46%").amount, whole=True)
     err = capsys.readouterr().err
     assert "memoplan: no plan of whole blocks fits the budget (" in err
     assert "trying parts of blocks, their op-level saves and split regions" in err

@@ -13,12 +13,12 @@ from memoplan.planner.request import PlanRequest, PlanRequestError
 from memoplan.syntax import parse
 
 
-def _refused(request: PlanRequest, preset=None, **kwargs) -> str:
+def _refused(request: PlanRequest, preset=None) -> str:
     with pytest.raises(PlanRequestError) as error:
         if preset is None:
             request.check()
         else:
-            request.check_preset(preset, **kwargs)
+            request.check_preset(preset)
     assert isinstance(error.value, ValueError)
     return str(error.value)
 
@@ -58,10 +58,11 @@ def test_options_override_the_preset():
 
 def test_sublinear_options_need_the_sublinear_planner():
     request = PlanRequest(budget="50%", sublinear_options=("--thresh-nr-try",))
-    message = _refused(request, request.make_preset(), sublinear=True)
+    message = _refused(request, request.make_preset())
     assert message == "--thresh-nr-try set the sublinear search: add --planner sublinear"
+    assert _refused(request) == message  # check() refuses it too
     ok = dataclasses.replace(request, planner="sublinear")
-    ok.check_preset(ok.make_preset(), sublinear=True)
+    ok.check_preset(ok.make_preset())
 
 
 def test_a_plan_with_a_sublinear_block_plans_with_the_sublinear_search():
@@ -69,16 +70,16 @@ def test_a_plan_with_a_sublinear_block_plans_with_the_sublinear_search():
     request = PlanRequest(start=start, start_name="s.memplan", sources=False)
     assert request.make_preset().planner is Planner.SUBLINEAR
     optimal = dataclasses.replace(request, planner="optimal")
-    message = _refused(optimal, optimal.make_preset(), sublinear=True)
+    message = _refused(optimal, optimal.make_preset())
     assert message == "the `sublinear` block of s.memplan set the sublinear search: add --planner sublinear"
 
 
 def test_completing_a_plan_refuses_refinement_and_dtr():
     start = parse("memplan 1\n")
     request = PlanRequest(preset="memory", start=start, start_name="p.memplan", sources=False)
-    assert "preset memory refines by measurement" in _refused(request, request.make_preset(), sublinear=False)
+    assert "preset memory refines by measurement" in _refused(request, request.make_preset())
     dtr = PlanRequest(budget="50%", dtr=True, start=start, start_name="p.memplan", sources=False)
-    assert _refused(dtr, dtr.make_preset(), sublinear=False) == "--dtr writes a new plan; it does not complete one"
+    assert _refused(dtr, dtr.make_preset()) == "--dtr writes a new plan; it does not complete one"
 
 
 def test_nested_needs_the_optimal_planner_and_a_byte_budget():

@@ -11,7 +11,7 @@ from memoplan.cli import main
 from memoplan.examples.transformer import build
 from memoplan.planner import estimate as estimate_module
 from memoplan.planner.plan import make_plan
-from memoplan.planner.presets import parse_budget
+from memoplan.planner.budgets import read_budget
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
 from memoplan.specs import Example
@@ -76,7 +76,7 @@ def test_a_missed_check_searches_again_with_real_steps(capsys, monkeypatch):
     model, example = _model_and_example()
     prof = profile(model, example, repeats=1, progress=False)
     monkeypatch.setattr(estimate_module, "estimate_plan", lambda *a, **k: 1)  # an estimate far too low
-    result = make_plan(model, example, parse_budget("50%")[0], prof=prof, trials="estimated")
+    result = make_plan(model, example, read_budget("50%").amount, prof=prof, trials="estimated")
     assert "searching again with real steps" in capsys.readouterr().err
     assert result.met and measure_plan(model, example, result.plan) == result.measured_after
     assert "planned peak on fake tensors" not in "\n".join(result.plan.header_comments.leading)
@@ -89,6 +89,6 @@ def test_measured_trials_need_a_measured_profile():
         **{**{f: getattr(prof, f) for f in prof.__dataclass_fields__ if f != "_index"}, "method": "estimated"}
     )
     with pytest.raises(ValueError, match="measured trials need a measured profile"):
-        make_plan(model, example, parse_budget("50%")[0], prof=estimated, trials="measured")
+        make_plan(model, example, read_budget("50%").amount, prof=estimated, trials="measured")
     with pytest.raises(ValueError, match="trials must be one of"):
-        make_plan(model, example, parse_budget("50%")[0], prof=prof, trials="fake")
+        make_plan(model, example, read_budget("50%").amount, prof=prof, trials="fake")

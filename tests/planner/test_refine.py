@@ -28,7 +28,6 @@ from memoplan.planner.presets import (
     Planner,
     PlannerPreset,
     RefineOptions,
-    parse_budget,
 )
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan, refine
@@ -338,12 +337,14 @@ def test_explicit_options_override_preset_fields():
 
 
 def test_budget_text_is_parsed_to_typed_budgets():
-    assert parse_budget("4 GiB hard") == (search.Bytes(4 * 2**30), True)
-    assert parse_budget("50% hint") == (search.FractionOfPeak.percent(50), False)
-    assert parse_budget("0.5") == (search.FractionOfPeak(0.5), None)
-    assert parse_budget("Memory") == (search.Preset.MEMORY, None)
+    from memoplan.planner.budgets import AskedBudget, read_budget
+
+    assert read_budget("4 GiB hard") == AskedBudget(search.Bytes(4 * 2**30), True)
+    assert read_budget("50% hint") == AskedBudget(search.FractionOfPeak.percent(50), False)
+    assert read_budget("0.5") == AskedBudget(search.FractionOfPeak(0.5), None)
+    assert read_budget("Memory") == AskedBudget(search.Preset.MEMORY, None)
     with pytest.raises(memoplan.PlanError):
-        parse_budget("lots")
+        read_budget("lots")
 
 
 def test_a_trial_whose_step_raises_is_reverted_and_its_message_printed(monkeypatch, capsys):
