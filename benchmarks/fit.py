@@ -152,8 +152,8 @@ def _planned_estimate(plan) -> int | None:
 
 def _estimated_plan(model, example, prof, share: float) -> dict[str, object]:
     """A hint plan for ``share`` from the estimated profile ``prof``, timed; its peak measured after."""
-    from memoplan.planner.plan import make_plan
     from memoplan.planner.budgets import read_budget
+    from memoplan.planner.plan import make_plan
     from memoplan.planner.refine import measure_plan
 
     budget = read_budget(f"{share * 100:g}%").amount
@@ -175,8 +175,8 @@ def _estimated_plan(model, example, prof, share: float) -> dict[str, object]:
 
 def _default_plan(model, example, share: float, unit: float | None) -> dict[str, object]:
     """What `memoplan plan --budget SHARE` does by default (memoplan.cli._plan), timed end to end."""
-    from memoplan.planner.estimate import take_profile
     from memoplan.planner.budgets import read_budget
+    from memoplan.planner.estimate import take_profile
     from memoplan.planner.presets import DEFAULT
 
     budget = read_budget(f"{share * 100:g}%").amount

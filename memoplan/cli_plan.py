@@ -154,8 +154,8 @@ def _plan_with(args, start, request, sublinear, step, model, example) -> int:
     except PlanRequestError as exc:
         return _refused(exc)
     if args.dtr:
-        return _write_dtr(args, planned.result)
-    _write_plan(args, start, planned.result, model, example, planned.profile)
+        return _write_dtr(args, planned.result, planned.plan)
+    _write_plan(args, start, planned, model, example)
     return 0
 
 
@@ -177,59 +177,65 @@ def _plan_request(args, start):
     )
 
 
-def _write_plan(args, start, result, model, example, prof) -> None:
+def _write_plan(args, start, planned, model, example) -> None:
     """Write the plan ``memoplan plan`` made (its sources stated) and say what it did."""
-    from memoplan.planner.write import rebased, with_sources
     from memoplan.resolver import resolve
-    from memoplan.syntax import format_plan, parse_example_spec
+    from memoplan.syntax import format_plan
 
-    plan = result.plan
-    if start is not None and args.model is None and args.example is None and start.model is not None:
-        plan = rebased(plan, args.start.parent, args.output.parent)  # its specs, seen from where it is written
-    else:
-        # The specs as given (a completed plan's own, seen from here), so `explain` and `verify`
-        # of the written plan need no flags.
-        own = rebased(start, args.start.parent, ".") if start is not None else None
-        plan = with_sources(
-            plan,
-            args.model or present(present(own).model).spec,
-            parse_example_spec(args.example, "--example") if args.example else present(present(own).example),
-            args.output.parent,
-        )
+    plan = _with_sources(args, start, planned.plan)
     shown = write_output(args.output, format_plan(plan))  # `-o -`: the plan on stdout, this line on stderr
     cache_warnings(resolve(plan, model), model, example, None)  # MP327, for the plan written
+    result = planned.result
     verdict = "met" if result.met else "NOT met (hint)"
-    if prof.shards > 1:  # no sharded step runs here: both are one rank's, on fake tensors
-        peaks = (
-            f"per rank of {prof.shards}, on fake tensors: unplanned peak {result.measured_before} B "
-            f"-> planned peak {result.measured_after} B"
-        )
-    elif cli_target.runs_nowhere(model):  # a meta model, a GPU not here: nothing ran for real
-        peaks = f"on fake tensors: unplanned peak {result.measured_before} B -> planned peak {result.measured_after} B"
-    elif prof.method == "estimated":
-        peaks = (
-            f"estimated unplanned peak {result.measured_before} B -> measured planned peak {result.measured_after} B"
-        )
-    elif prof.peak_method == "fake-tensor":
-        peaks = f"unplanned peak {result.measured_before} B (on fake tensors) -> measured planned peak {result.measured_after} B"
-    else:
-        peaks = f"measured peak {result.measured_before} B -> {result.measured_after} B"
     refined = ""
     if result.refinement is not None:
         refined = f" ({len(result.refinement.kept)} of {len(result.refinement.trials)} refinement trials kept)"
     print(
-        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, {peaks}, "
-        f"budget {verdict}{refined}",
+        f"wrote {args.output}: {result.regions} checkpoint{'s' if result.regions != 1 else ''}, "
+        f"{_peaks(result, planned.profile, model)}, budget {verdict}{refined}",
         file=sys.stderr if shown else sys.stdout,
     )
 
 
-def _write_dtr(args, result) -> int:
+def _with_sources(args, start, plan):
+    """``plan`` with its model and example as the options or the completed plan name them, seen from
+    the folder it is written to."""
+    from memoplan.planner.write import rebased, with_sources
+    from memoplan.syntax import parse_example_spec
+
+    if start is not None and args.model is None and args.example is None and start.model is not None:
+        return rebased(plan, args.start.parent, args.output.parent)  # its specs, seen from where it is written
+    # The specs as given (a completed plan's own, seen from here), so `explain` and `verify`
+    # of the written plan need no flags.
+    own = rebased(start, args.start.parent, ".") if start is not None else None
+    return with_sources(
+        plan,
+        args.model or present(present(own).model).spec,
+        parse_example_spec(args.example, "--example") if args.example else present(present(own).example),
+        args.output.parent,
+    )
+
+
+def _peaks(result, prof, model) -> str:
+    """The peaks before and after, as they were found (measured, estimated, on fake tensors)."""
+    before, after = result.measured_before, result.measured_after
+    if prof.shards > 1:  # no sharded step runs here: both are one rank's, on fake tensors
+        return f"per rank of {prof.shards}, on fake tensors: unplanned peak {before} B -> planned peak {after} B"
+    if cli_target.runs_nowhere(model):  # a meta model, a GPU not here: nothing ran for real
+        return f"on fake tensors: unplanned peak {before} B -> planned peak {after} B"
+    if prof.method == "estimated":
+        return f"estimated unplanned peak {before} B -> measured planned peak {after} B"
+    if prof.peak_method == "fake-tensor":
+        return f"unplanned peak {before} B (on fake tensors) -> measured planned peak {after} B"
+    return f"measured peak {before} B -> {after} B"
+
+
+def _write_dtr(args, result, plan) -> int:
     """Write the plan of `memoplan plan --budget B --dtr` (one `dtr` block: memoplan.planner.dtr_plan)."""
     from memoplan.planner.write import with_sources
     from memoplan.syntax import format_plan, parse_example_spec
 
-    plan = with_sources(result.plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
+    plan = with_sources(plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)
     with writing(args.output):
         replace_file(args.output, format_plan(plan))
     sim = result.simulation

@@ -9,8 +9,7 @@ import warnings
 import pytest
 
 from memoplan import cli, deprecations, rules
-from memoplan.planner.budgets import COVERAGE_WORDS, Preset
-from memoplan.planner.budgets import AskedBudget, read_budget
+from memoplan.planner.budgets import COVERAGE_WORDS, AskedBudget, Preset, read_budget
 from memoplan.planner.presets import PRESETS
 
 SMALL = 'memplan 1\nmodel "memoplan.examples.mlp:build"\nmodule layers.0 { checkpoint }\n'

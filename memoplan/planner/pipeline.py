@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.planner.presets import PlannerPreset
     from memoplan.planner.profile import Profile
     from memoplan.planner.trial import PlanResult
+    from memoplan.syntax import ast
     from memoplan.syntax.blocks import StepConfig, SublinearConfig
 
 __all__ = ["Planned", "plan", "run"]
@@ -35,10 +36,11 @@ def _unguarded(run: Callable[[], Any], step: str, *, only_oom: bool = False) -> 
 
 @dataclass(frozen=True)
 class Planned:
-    """What :func:`run` made: the search's ``result`` (its ``plan`` with its budget and `step`
-    block) and the ``profile`` it searched over."""
+    """What :func:`run` made: the search's ``result``, the ``plan`` to write (the result's, with its
+    budget statement and the `step` block of the step planned for) and the ``profile`` searched over."""
 
     result: PlanResult | DtrPlanResult
+    plan: ast.Plan
     profile: Profile
 
 
@@ -85,11 +87,11 @@ def run(
         from memoplan.planner.dtr_plan import make_dtr_plan
 
         made = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=profile)  # type: ignore[arg-type]
-        return Planned(replace(made, plan=_with_step(made.plan, step, folder)), profile)
+        return Planned(made, _with_step(made.plan, step, folder), profile)
     result = guard(
         lambda: _search(request, preset, model, example, profile, sublinear, progress), "planned", only_oom=True
     )
-    return Planned(replace(result, plan=_written(result.plan, preset, step, folder)), profile)
+    return Planned(result, _written(result.plan, preset, step, folder), profile)
 
 
 def _search(request: PlanRequest, preset: PlannerPreset, model, example, profile, sublinear, progress: bool):
@@ -239,7 +241,7 @@ def plan(
     aim = aimed(model, as_example(example), device, device_memory, ran, method=method, plan=parsed_start)
     with aim as (model, example), running(ran):
         planned = run(request, model, example, step=config, sublinear=sublinear, profile=profile, progress=progress)
-    return planned.result  # type: ignore[return-value]  # no `dtr` here: a PlanResult
+    return replace(planned.result, plan=planned.plan)  # type: ignore[return-value]  # no `dtr` here: a PlanResult
 
 
 def _step_config(step, start):

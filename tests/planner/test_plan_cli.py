@@ -13,8 +13,8 @@ import memoplan
 from memoplan import specs
 from memoplan.cli import _parser, main
 from memoplan.planner import search
-from memoplan.planner.plan import make_plan
 from memoplan.planner.budgets import read_budget
+from memoplan.planner.plan import make_plan
 from memoplan.planner.presets import PRESETS, Planner, PlannerPreset
 from memoplan.planner.profile import Profile
 from memoplan.syntax import parse_example_spec

@@ -10,8 +10,8 @@ import torch
 from memoplan.cli import main
 from memoplan.examples.transformer import build
 from memoplan.planner import estimate as estimate_module
-from memoplan.planner.plan import make_plan
 from memoplan.planner.budgets import read_budget
+from memoplan.planner.plan import make_plan
 from memoplan.planner.profile import profile
 from memoplan.planner.refine import measure_plan
 from memoplan.specs import Example
