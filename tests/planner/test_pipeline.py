@@ -83,3 +83,30 @@ def test_a_request_the_run_refuses_is_the_same_refusal_on_both_sides(monkeypatch
     with pytest.raises(PlanRequestError, match=message):
         memoplan.plan(mlp.build(), torch.randn(2, 512), budget="50%", method="measured")
     assert not (tmp_path / "p").exists()
+
+
+def _sample(row) -> tuple[list[str], dict]:
+    """One value of knob ``row``: its command-line options and its keyword of memoplan.plan."""
+    value = {"flag": True, "choice": row.allowed()[0] if row.kind == "choice" else None}.get(row.kind)
+    if row.kind == "text":
+        value = "3" if row.name == "coverage" else "60% hint"
+    options = [row.flag] if row.kind == "flag" else [row.flag, str(value)]
+    budget = [] if row.name in ("budget", "coverage") else ["--budget", "50%"]
+    return [*budget, *options], {**({} if budget == [] else {"budget": "50%"}), row.name: value}
+
+
+def test_every_knob_reaches_the_run_the_same_from_both_sides(monkeypatch, tmp_path):
+    """A knob added to the table (memoplan.planner.knobs.KNOBS) that the API and the request take
+    arrives in the run's request alike from `memoplan plan` and from memoplan.plan."""
+    from memoplan.planner.knobs import KNOBS
+
+    rows = [row for row in KNOBS if row.api and row.request]
+    assert {row.name for row in rows} >= {"budget", "coverage", "preset", "planner", "hint", "nested", "method"}
+    for row in rows:
+        seen: list = []
+        monkeypatch.setattr(pipeline, "run", _recording(seen))
+        options, keywords = _sample(row)
+        assert main(["plan", *SOURCES, *options, "-o", str(tmp_path / "p.memplan")]) == 0, row.name
+        memoplan.plan(mlp.build(), torch.randn(2, 512), **keywords)
+        (cli, _), (api, _) = seen
+        assert cli == api and getattr(cli, row.name) == keywords[row.name], row.name
