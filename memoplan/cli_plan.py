@@ -1,5 +1,6 @@
 """``memoplan profile`` and ``memoplan plan``: the step, model and example of a planning run, the
-profile, the search (a preset under the options, or a `dtr` block) and the plan written."""
+options as a :class:`~memoplan.planner.request.PlanRequest`, the one planning run
+(:func:`memoplan.planner.pipeline.run`, which ``memoplan.plan`` calls too) and the plan written."""
 
 from __future__ import annotations
 
