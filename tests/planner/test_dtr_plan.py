@@ -129,7 +129,9 @@ def test_dtr_plans_need_a_byte_budget_and_a_reachable_one():
 def test_plan_dtr_cli_writes_a_plan_that_verifies(tmp_path, capsys):
     out = tmp_path / "dtr.memplan"
     spec = ["--model", "memoplan.examples.transformer:build", "--example", "memoplan.examples.transformer:example"]
-    assert cli.main(["plan", *spec, "--budget", "60%", "--dtr", "-o", str(out)]) == 0
+    # 75%, not nearer the least this model meets: which tensors the tracker evicts depends on the
+    # ops' measured times, and on a loaded machine the least met budget moves (66% was seen)
+    assert cli.main(["plan", *spec, "--budget", "75%", "--dtr", "-o", str(out)]) == 0
     said = capsys.readouterr().out
     assert "dtr threshold" in said and "budget met" in said
     text = out.read_text()
