@@ -24,6 +24,10 @@ class Item:
     recomputes the rest (``forward_seconds``), and its recompute brings back only
     ``transient_bytes`` (what the kept outputs do not already hold).  A chain holding a variant
     holds the module's plain item too.
+
+    ``region_seconds`` is the fixed time its checkpoint region costs beyond the recompute (the
+    region's call, its saved-tensor hooks, the replay's setup: :mod:`memoplan.planner.regioncost`);
+    the search charges ``forward_seconds + region_seconds`` for checkpointing it.
     """
 
     name: str  # its path in ``model.named_modules()``
@@ -32,6 +36,7 @@ class Item:
     forward_seconds: float  # recompute cost
     transient_bytes: int | None = None  # live again while backward recomputes it; None: saved_bytes
     save: tuple[str, ...] = ()  # the op families a variant keeps (``checkpoint save = [...]``)
+    region_seconds: float = 0.0  # the fixed cost of its checkpoint region, beyond the recompute
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "" in self.name.split("."):
@@ -44,9 +49,10 @@ class Item:
                 raise ValueError(f"{self.name}: {field_name} must be an integer >= 0, got {value!r}")
         if not isinstance(self.save, tuple) or not all(isinstance(f, str) and f for f in self.save):
             raise ValueError(f"{self.name}: save must be a tuple of op family names, got {self.save!r}")
-        t = self.forward_seconds
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"{self.name}: forward_seconds must be a finite number >= 0, got {t!r}")
+        for field_name in ("forward_seconds", "region_seconds"):
+            t = getattr(self, field_name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+                raise ValueError(f"{self.name}: {field_name} must be a finite number >= 0, got {t!r}")
 
     @property
     def transient(self) -> int:
@@ -108,7 +114,8 @@ class Chain:
         self.x = [i.input_bytes for i in items]
         self.d = [i.saved_bytes - i.input_bytes for i in items]
         self.r = [i.transient for i in items]  # the transient of each (saved_bytes but for variants)
-        self.t = [float(i.forward_seconds) for i in items]
+        # What checkpointing each costs: its recompute, and its region's fixed cost (0 unless measured).
+        self.t = [float(i.forward_seconds) + float(i.region_seconds) for i in items]
         # A parent's bytes already hold its children's: only the roots add up.
         self.unplanned = base_bytes + sum(s for s, p in zip(self.s, self.parent) if p < 0)
 

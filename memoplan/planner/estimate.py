@@ -333,6 +333,7 @@ def _assemble(
         kernels=str(aim.kernels) if aim.stand_in else "",
         model_device="meta" if is_meta(model) else "",
         reserved_bytes=full.reserved_bytes,
+        region_seconds=small.region_seconds if small is not None else 0.0,
     )
 
 

@@ -176,10 +176,13 @@ def kept_input(link, packed: frozenset[str]) -> int:
 def candidates(prof: Profile, level: str, blocked, uses, model: nn.Module) -> tuple[list[Item], frozenset[str]]:
     """The items of one ``level`` but those ``blocked`` (fixed by a completed plan), each module's
     save variants right after it (so the plan's rules stay in order), and the candidates whose
-    inputs the profile proves binary (checkpointed with ``compress input = bit``)."""
+    inputs the profile proves binary (checkpointed with ``compress input = bit``).  Every item
+    carries the profile's fixed cost of a region (``region_seconds``)."""
     found = [link for link in links(prof, level) if not blocked(link.name)]
     packed = frozenset(link.name for link in found if link.input_binary and link.packed_input_bytes < link.input_bytes)
     items = [Item(link.name, link.saved_bytes, kept_input(link, packed), link.forward_seconds) for link in found]
     if level in (SAVES, ALL):
         items = [v for item in items for v in (item, *save_variants([item], uses, packed, model))]
+    if prof.region_seconds:  # each region's fixed cost, measured with the profile (memoplan.planner.regioncost)
+        items = [replace(item, region_seconds=prof.region_seconds) for item in items]
     return items, packed

@@ -69,6 +69,7 @@ from torch import nn
 
 from memoplan.measure import LossFn, gc_frozen, indexed_device, measure_step, step_device, training_step
 from memoplan.planner.module_hooks import Probe, Record, Timer, module_profile, tensor_bytes, unique_storages
+from memoplan.planner.regioncost import region_seconds
 from memoplan.planner.schema import (
     FORMAT_VERSION,
     ChainLink,
@@ -225,6 +226,7 @@ def profile(
         torch_version=torch.__version__,
         memoplan_version=__version__,
         repeats=repeats,
+        region_seconds=region_seconds(target),
     )
 
 

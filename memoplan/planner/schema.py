@@ -107,6 +107,9 @@ class Profile:
     standing in for ``cuda`` on a machine without a GPU, :mod:`memoplan.planner.target`);
     ``model_device`` is ``meta`` for a model built on the meta device; ``reserved_bytes`` (CUDA)
     what the caching allocator would reserve at the peak (:mod:`memoplan.planner.cuda_allocator`).
+    ``region_seconds``: the fixed time one checkpoint region costs on the device beyond its
+    recompute (:mod:`memoplan.planner.regioncost`), which the search charges per region; 0 where
+    not measured (profiles written before it, or estimated with no real step).
     """
 
     modules: tuple[ModuleProfile, ...]
@@ -129,6 +132,7 @@ class Profile:
     reserved_bytes: int = 0  # CUDA: what the caching allocator would reserve at the peak (0: not simulated)
     step: str = ""  # the step it was taken for, every key (memoplan.planner.stamp); "": not recorded
     parameter_dtypes: str = ""  # the model's parameter dtypes, sorted, comma-separated; "": not recorded
+    region_seconds: float = 0.0  # the fixed cost of one checkpoint region (memoplan.planner.regioncost); 0: not measured
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -209,10 +213,12 @@ class Profile:
         body.setdefault("reserved_bytes", 0)
         body.setdefault("step", "")  # ... and before the step a profile was taken for was recorded
         body.setdefault("parameter_dtypes", "")
+        body.setdefault("region_seconds", 0.0)  # ... and before the fixed cost of a region was measured
         _check_keys("profile", body, [f.name for f in fields(cls) if f.init])
         body["modules"] = tuple(_module_from_dict(m) for m in body["modules"])
         body["inputs"] = tuple(_tensor_meta_from_dict(t) for t in body["inputs"])
         body["step_seconds"] = float(body["step_seconds"])
+        body["region_seconds"] = float(body["region_seconds"])
         return cls(**body)
 
     @classmethod
@@ -295,6 +301,7 @@ def merge(profiles: Iterable[Profile]) -> Profile:
         reserved_bytes=max(p.reserved_bytes for p in items),
         step="; ".join(sorted({p.step for p in items})),  # several: checked as differing from any one
         parameter_dtypes=_joined(p.parameter_dtypes for p in items),
+        region_seconds=max(p.region_seconds for p in items),
     )
 
 

@@ -1,0 +1,79 @@
+"""Planner stage: the fixed time one checkpoint region costs on a device, measured.
+
+Checkpointing a module costs, besides recomputing it, a fixed amount per region: its call goes
+through :func:`memoplan.runtime.checkpoint.run_checkpointed` (the buffer and argument guards, the
+saved RNG state, ``torch.utils.checkpoint``'s frame and saved-tensor hooks) in forward, and in
+backward the first unpacked tensor sets up and runs the replay.  The recompute figure of a
+candidate (its forward time in the profile) does not hold that, so without it twenty small
+regions look as cheap as four large ones of the same recompute.  :func:`region_seconds` measures
+it once per profile: a chain of ``REGIONS`` tiny modules (an elementwise product of 8 numbers,
+whose own forward is a few microseconds) stepped forward and backward, each module once as its
+own checkpoint region and once plain, interleaved over ``ROUNDS`` rounds; the median difference
+per region is the figure (the tiny forward it replays is in it).  On the 2-core CPU machine of
+``docs/benchmarks.md`` it was about 0.2 ms a region, some 0.05% of the Llama step there.
+
+The profile keeps the figure (``Profile.region_seconds``) and every candidate of the search carries
+it (:attr:`memoplan.planner.chain.Item.region_seconds`): the search's time for a set is its
+recompute plus this cost once per region (see "The cost model" in :mod:`memoplan.planner.search`).
+Nothing here uses the global random state: the tiny modules are filled with constants.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from memoplan.runtime.checkpoint import run_checkpointed
+
+__all__ = ["REGIONS", "ROUNDS", "region_seconds"]
+
+#: Tiny regions in the measured chain, and the rounds whose median is taken.
+REGIONS = 16
+ROUNDS = 7
+
+
+class _Tiny(nn.Module):
+    """An elementwise product with 8 weights: a region whose own recompute is next to nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((8,), 1.0, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def region_seconds(device: torch.device | str) -> float:
+    """Seconds one checkpoint region costs on ``device`` beyond its recompute (>= 0; see the module)."""
+    device = torch.device(device)
+    if device.type == "meta":
+        return 0.0
+    chain = [_Tiny(device) for _ in range(REGIONS)]
+    x = torch.full((2, 8), 0.5, device=device)
+
+    def step(checkpointed: bool) -> float:
+        _synchronized(device)
+        start = time.perf_counter()
+        y = x
+        for tiny in chain:
+            y = run_checkpointed(tiny, _Tiny.forward, (y,), {}) if checkpointed else tiny(y)
+        y.sum().backward()
+        _synchronized(device)
+        return time.perf_counter() - start
+
+    with torch.enable_grad():
+        step(False), step(True)  # warm: the first calls import and allocate
+        differences = []
+        for r in range(ROUNDS):
+            order = (False, True) if r % 2 else (True, False)
+            took = {c: step(c) for c in order}
+            differences.append(took[True] - took[False])
+    return max(0.0, statistics.median(differences) / REGIONS)
+
+
+def _synchronized(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
