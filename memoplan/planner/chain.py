@@ -180,7 +180,7 @@ class Estimate:
     """What the cost model expects of one set of checkpoints."""
 
     peak: int  # bytes
-    seconds: float  # recompute time
+    seconds: float  # recompute time, with each region's fixed cost (``Item.region_seconds``)
 
 
 def estimate(items: Sequence[Item], checkpointed: Sequence[int], *, base_bytes: int = 0) -> Estimate:
