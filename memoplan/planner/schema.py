@@ -132,7 +132,7 @@ class Profile:
     reserved_bytes: int = 0  # CUDA: what the caching allocator would reserve at the peak (0: not simulated)
     step: str = ""  # the step it was taken for, every key (memoplan.planner.stamp); "": not recorded
     parameter_dtypes: str = ""  # the model's parameter dtypes, sorted, comma-separated; "": not recorded
-    region_seconds: float = 0.0  # the fixed cost of one checkpoint region (memoplan.planner.regioncost); 0: not measured
+    region_seconds: float = 0.0  # one checkpoint region's fixed cost (memoplan.planner.regioncost); 0: unmeasured
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
