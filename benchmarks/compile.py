@@ -53,7 +53,7 @@ from memoplan.measure import measured_step  # noqa: E402
 from memoplan.planner.budgets import FractionOfPeak  # noqa: E402
 from memoplan.planner.config import Planner  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
-from memoplan.planner.profile import profile  # noqa: E402
+from memoplan.planner.profiling.profile import profile  # noqa: E402
 from memoplan.report import peers  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 
@@ -174,7 +174,7 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, float, Any]]:
 def _dtr_compiled(model: torch.nn.Module, example: Example, share: float) -> list[str]:
     """Apply the ``dtr`` plan for ``share``, run one eager step (the tracker measures the
     candidates); the candidates its compile choice checkpoints."""
-    from memoplan.planner.dtr_plan import make_dtr_plan
+    from memoplan.planner.dtr.plan import make_dtr_plan
     from memoplan.runtime.dtr import DTR_ATTR
     from memoplan.runtime.evictable import compile_choice
 

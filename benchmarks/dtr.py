@@ -51,9 +51,9 @@ import memoplan  # noqa: E402
 from memoplan.measure import measured_step, training_step  # noqa: E402
 from memoplan.planner.budgets import Bytes, FractionOfPeak  # noqa: E402
 from memoplan.planner.config import Planner  # noqa: E402
-from memoplan.planner.dtr_plan import make_dtr_plan  # noqa: E402
+from memoplan.planner.dtr.plan import make_dtr_plan  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
-from memoplan.planner.profile import profile  # noqa: E402
+from memoplan.planner.profiling.profile import profile  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 from memoplan.verification import verify  # noqa: E402
 

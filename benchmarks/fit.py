@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from memoplan.measure import measure_step, training_step
-    from memoplan.planner.estimate import estimate, fake_step
+    from memoplan.planner.profiling.estimate import estimate, fake_step
     from memoplan.specs import Example
 
     if args.limited:
@@ -154,7 +154,7 @@ def _estimated_plan(model, example, prof, share: float) -> dict[str, object]:
     """A hint plan for ``share`` from the estimated profile ``prof``, timed; its peak measured after."""
     from memoplan.planner.budgets import read_budget
     from memoplan.planner.plan import make_plan
-    from memoplan.planner.refine import measure_plan
+    from memoplan.planner.search.refine import measure_plan
 
     budget = read_budget(f"{share * 100:g}%").amount
     start = time.perf_counter()
@@ -176,8 +176,8 @@ def _estimated_plan(model, example, prof, share: float) -> dict[str, object]:
 def _default_plan(model, example, share: float, unit: float | None) -> dict[str, object]:
     """What `memoplan plan --budget SHARE` does by default (memoplan.cli._plan), timed end to end."""
     from memoplan.planner.budgets import read_budget
-    from memoplan.planner.estimate import take_profile
     from memoplan.planner.presets import DEFAULT
+    from memoplan.planner.profiling.estimate import take_profile
 
     budget = read_budget(f"{share * 100:g}%").amount
     start = time.perf_counter()

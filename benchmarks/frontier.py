@@ -59,7 +59,7 @@ from memoplan.diagnostics import PlanError  # noqa: E402
 from memoplan.measure import LiveStorageMeter, measured_step  # noqa: E402
 from memoplan.planner.budgets import Bytes, FractionOfPeak  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
-from memoplan.planner.profile import profile  # noqa: E402
+from memoplan.planner.profiling.profile import profile  # noqa: E402
 from memoplan.report.peers import compile_step, compiled_peak, compiled_step, eager_step  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 from memoplan.verification import verify  # noqa: E402

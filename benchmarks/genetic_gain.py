@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planner_speed import CHAINS  # noqa: E402
 
 from memoplan.planner.budgets import Bytes  # noqa: E402
-from memoplan.planner.chain import Item, minimum_peak, unplanned_base  # noqa: E402
-from memoplan.planner.sublinear import sublinear  # noqa: E402
+from memoplan.planner.search.chain import Item, minimum_peak, unplanned_base  # noqa: E402
+from memoplan.planner.search.sublinear import sublinear  # noqa: E402
 from memoplan.syntax.blocks import SublinearConfig  # noqa: E402
 
 BUNDLED = {
@@ -37,7 +37,7 @@ def bundled(name: str) -> tuple[list[Item], int]:
     import torch
 
     from memoplan import specs
-    from memoplan.planner.profile import chain, profile
+    from memoplan.planner.profiling.profile import chain, profile
     from memoplan.syntax import parse_example_spec
 
     model_spec, example_spec = BUNDLED[name]

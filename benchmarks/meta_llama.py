@@ -118,7 +118,7 @@ def run(shape: str, seq: int, shards: int, budget: str, device: str | None) -> d
 
 def kernels(shape: str, seq: int) -> dict:
     """The unplanned peak on fake tensors of the meta device and of the CPU."""
-    from memoplan.planner.estimate import fake_step
+    from memoplan.planner.profiling.estimate import fake_step
     from memoplan.specs import Example
 
     model = _meta(shape, seq)

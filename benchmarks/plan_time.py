@@ -37,8 +37,8 @@ from benchmarks.frontier import build  # noqa: E402
 from memoplan.planner import plan as plan_module  # noqa: E402
 from memoplan.planner.budgets import FractionOfPeak  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
-from memoplan.planner.profile import profile  # noqa: E402
-from memoplan.planner.schema import Profile  # noqa: E402
+from memoplan.planner.profiling.profile import profile  # noqa: E402
+from memoplan.planner.profiling.schema import Profile  # noqa: E402
 from memoplan.report.peers import eager_step  # noqa: E402
 
 

@@ -23,7 +23,7 @@ Chains (all deterministic, seeded):
 
 Nested candidates (``--nested``, the ``memoplan plan --nested`` case): ``transformer`` blocks
 ``blocks.i`` *and* their four parts, so a plan checkpoints a block or some of its parts; the
-optimal planner hands them to the exact MILP (``memoplan/planner/exact.py``, 10 s limit) and
+optimal planner hands them to the exact MILP (``memoplan/planner/search/exact.py``, 10 s limit) and
 the table shows its slowest time, how many answers it proved least, and its recompute time
 against greedy's at the middle budget.
 
@@ -46,10 +46,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memoplan.planner.budgets import Bytes, Preset  # noqa: E402
-from memoplan.planner.chain import Item, minimum_peak  # noqa: E402
-from memoplan.planner.greedy import greedy_bytes, greedy_coverage  # noqa: E402
-from memoplan.planner.optimal import optimal  # noqa: E402
-from memoplan.planner.sublinear import sublinear  # noqa: E402
+from memoplan.planner.search.chain import Item, minimum_peak  # noqa: E402
+from memoplan.planner.search.greedy import greedy_bytes, greedy_coverage  # noqa: E402
+from memoplan.planner.search.optimal import optimal  # noqa: E402
+from memoplan.planner.search.sublinear import sublinear  # noqa: E402
 from memoplan.syntax.blocks import SublinearConfig  # noqa: E402
 
 MiB = 1024**2

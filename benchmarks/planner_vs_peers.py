@@ -100,11 +100,11 @@ from memoplan.diagnostics import PlanError  # noqa: E402
 from memoplan.examples import cnn  # noqa: E402
 from memoplan.measure import LiveStorageMeter, measured_step, training_step  # noqa: E402
 from memoplan.planner.budgets import FractionOfPeak  # noqa: E402
-from memoplan.planner.chain import Item, minimum_peak, unplanned_base  # noqa: E402
 from memoplan.planner.config import Level, Planner, RefineOptions  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
-from memoplan.planner.profile import profile  # noqa: E402
-from memoplan.planner.schema import chain, nested_candidates  # noqa: E402
+from memoplan.planner.profiling.profile import profile  # noqa: E402
+from memoplan.planner.profiling.schema import chain, nested_candidates  # noqa: E402
+from memoplan.planner.search.chain import Item, minimum_peak, unplanned_base  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 from memoplan.verification import verify  # noqa: E402
 

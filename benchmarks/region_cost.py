@@ -16,7 +16,7 @@ rotated, medians of ``--rounds`` rounds after a warm-up round):
   step less the profile's forward time of the norms, per region, is that cost again);
 * memoplan's default plan at that peak (``make_plan`` as ``memoplan plan --budget B`` runs it)
   from the same profile twice: with the profile's measured fixed cost of a region
-  (``Profile.region_seconds``, :mod:`memoplan.planner.regioncost`) and with it set to 0 (the
+  (``Profile.region_seconds``, :mod:`memoplan.planner.profiling.regioncost`) and with it set to 0 (the
   search before that cost was charged).
 
 For each configuration: its regions, the cost model's estimate of its time (the profile's
@@ -47,7 +47,7 @@ from benchmarks.frontier import build  # noqa: E402
 from memoplan.measure import LiveStorageMeter, measured_step  # noqa: E402
 from memoplan.planner.budgets import Bytes  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
-from memoplan.planner.profile import profile  # noqa: E402
+from memoplan.planner.profiling.profile import profile  # noqa: E402
 from memoplan.report.peers import eager_step  # noqa: E402
 
 HEAD = "memplan 1\n"

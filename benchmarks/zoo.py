@@ -7,8 +7,8 @@
 For each architecture (random weights from a small configuration; nothing downloaded):
 
 * **estimate against measurement**: the profile estimated on fake tensors
-  (:func:`memoplan.planner.estimate.estimate`) and the measured one
-  (:func:`memoplan.planner.profile.profile`): the unplanned peaks, and how many modules' byte
+  (:func:`memoplan.planner.profiling.estimate.estimate`) and the measured one
+  (:func:`memoplan.planner.profiling.profile.profile`): the unplanned peaks, and how many modules' byte
   figures (saved, inputs, outputs, kept) differ; an operator that ran for real on zeros because its
   fake kernel refused the inputs is named;
 * **plan** at each budget (default 50% and 30%), as a user runs it: ``memoplan plan --model M
@@ -72,7 +72,7 @@ def _load(entry: Entry):
 def unit_step(model, example, steps: int) -> float:
     """The median CPU time of ``steps`` plain training steps (after one to warm up)."""
     from memoplan.measure import training_step
-    from memoplan.planner.snapshot import Restored
+    from memoplan.planner.profiling.snapshot import Restored
 
     times = []
     for _ in range(steps + 1):
@@ -85,8 +85,8 @@ def unit_step(model, example, steps: int) -> float:
 
 
 def estimate_against_measurement(model, example) -> dict[str, Any]:
-    from memoplan.planner.estimate import estimate
-    from memoplan.planner.profile import profile
+    from memoplan.planner.profiling.estimate import estimate
+    from memoplan.planner.profiling.profile import profile
 
     notes: list[str] = []
     measured = profile(model, example, repeats=1, progress=False)

@@ -31,7 +31,7 @@ _EXPORTS = {
     "load": "memoplan.syntax",
     "parse": "memoplan.syntax",
     "plan": "memoplan.planner.pipeline",
-    "profile": "memoplan.planner.aim",
+    "profile": "memoplan.planner.profiling.aim",
     "PlanRequestError": "memoplan.planner.request",
     "PlanResult": "memoplan.planner.plan",
     "verify": "memoplan.verification",
@@ -104,9 +104,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from memoplan.diagnostics import Diagnostic, MemoplanWarning, PlanError
     from memoplan.ir import ResolvedPlan
     from memoplan.measure import measure_step
-    from memoplan.planner.aim import profile
     from memoplan.planner.pipeline import plan
     from memoplan.planner.plan import PlanResult
+    from memoplan.planner.profiling.aim import profile
     from memoplan.planner.request import PlanRequestError
     from memoplan.resolver.bind import resolve
     from memoplan.resolver.explain import explain  # the function, not the module of that name

@@ -102,7 +102,7 @@ def _main(argv: list[str] | None) -> int:
         if isolate.requested(args):  # the command, and the model's code, in a child process
             out.begin(str(isolate.plan_path(args) or ""))  # named in --format json if the child crashes
             return isolate.run(sys.argv[1:] if argv is None else list(argv), isolate.plan_path(args))
-        # In a context of its own: the target device a command sets (memoplan.planner.target.TARGET)
+        # In a context of its own: the target device a command sets (memoplan.planner.profiling.target.TARGET)
         # ends with it, also when main() runs several commands in one process.
         # needs_torch.run: MP550 where the command needs torch and there is none.
         return out.finish(contextvars.copy_context().run(needs_torch.run, args))

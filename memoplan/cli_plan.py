@@ -38,8 +38,8 @@ def _model_and_example(args):
 
 
 def profile_command(args) -> int:
-    from memoplan.planner.estimate import take_profile
-    from memoplan.planner.report import profile_table
+    from memoplan.planner.profiling.estimate import take_profile
+    from memoplan.planner.profiling.report import profile_table
 
     check_output(args.output, model_file(args.model))
     step = _sharded_step(args)
@@ -71,7 +71,7 @@ def profile_command(args) -> int:
 
 def _shards(args) -> int:
     """``--shards``, else ``WORLD_SIZE`` (torchrun), else 1."""
-    from memoplan.planner.shard import default_shards
+    from memoplan.planner.profiling.shard import default_shards
 
     shards = args.shards if args.shards is not None else default_shards()
     if args.shards is None and shards > 1:
@@ -130,7 +130,7 @@ def _refused(exc: Exception) -> int:
 def _plan_with(args, start, request, sublinear, step, model, example) -> int:
     """`memoplan plan` once its step, model and example are known: the profiles given, the run, the plan written."""
     from memoplan.planner import pipeline
-    from memoplan.planner.profile import Profile, merge
+    from memoplan.planner.profiling.profile import Profile, merge
     from memoplan.planner.request import PlanRequestError
 
     try:
@@ -201,7 +201,7 @@ def _write_plan(args, start, planned, model, example) -> None:
 def _with_sources(args, start, plan):
     """``plan`` with its model and example as the options or the completed plan name them, seen from
     the folder it is written to."""
-    from memoplan.planner.write import rebased, with_sources
+    from memoplan.planner.search.write import rebased, with_sources
     from memoplan.syntax import parse_example_spec
 
     if start is not None and args.model is None and args.example is None and start.model is not None:
@@ -232,8 +232,8 @@ def _peaks(result, prof, model) -> str:
 
 
 def _write_dtr(args, result, plan) -> int:
-    """Write the plan of `memoplan plan --budget B --dtr` (one `dtr` block: memoplan.planner.dtr_plan)."""
-    from memoplan.planner.write import with_sources
+    """Write the plan of `memoplan plan --budget B --dtr` (one `dtr` block: memoplan.planner.dtr.plan)."""
+    from memoplan.planner.search.write import with_sources
     from memoplan.syntax import format_plan, parse_example_spec
 
     plan = with_sources(plan, args.model, parse_example_spec(args.example, "--example"), args.output.parent)

@@ -49,7 +49,7 @@ def command_step(args: Any, plan=None, path: Path | None = None, *, shards: int 
     if from_plan and path is not None and ":" in config.loss:  # from here on, as if given from here
         from dataclasses import replace
 
-        from memoplan.planner.write import relative_spec
+        from memoplan.planner.search.write import relative_spec
 
         config = replace(config, loss=relative_spec(config.loss, ".", path.parent))
     try:
@@ -118,8 +118,8 @@ def first_step(run, step: str = "unplanned", *, only_oom: bool = False, instead:
     raises anything else but KeyboardInterrupt (``SystemExit`` too); ``only_oom``: other errors
     pass as they are.  A step estimated on fake tensors that failed is MP504 whose help names the
     estimate and ``instead``, what runs the step for real (:func:`_estimate_failed`)."""
-    from memoplan.planner.estimate import FakeStepFailed
-    from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory, wanted_bytes
+    from memoplan.planner.profiling.estimate import FakeStepFailed
+    from memoplan.planner.profiling.shrink import StepOutOfMemory, is_out_of_memory, wanted_bytes
     from memoplan.specs import describe_exception
 
     try:

@@ -58,7 +58,7 @@ def sublinear_env_config(args, block):
     """
     import os
 
-    from memoplan.planner.mgb_env import sublinear_env
+    from memoplan.planner.search.mgb_env import sublinear_env
 
     env = sublinear_env(os.environ)
     if not env:

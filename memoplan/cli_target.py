@@ -1,4 +1,4 @@
-"""The command line's target device and models that cannot run here (memoplan.planner.target).
+"""The command line's target device and models that cannot run here (memoplan.planner.profiling.target).
 
 ``--device`` (a CUDA device this machine lacks is a target for the commands that estimate),
 ``--device-memory``, and what ``verify``, ``report`` and the measured paths do with a model
@@ -13,7 +13,7 @@ from memoplan.diagnostics import Diagnostic, PlanError
 def cannot_run(model, device) -> bool:
     """Whether ``model`` has no storage (on the meta device): `verify` estimates, `report` refuses.
     A real model with ``--device`` not here is refused by :func:`device` itself (MP506)."""
-    from memoplan.planner.target import is_meta
+    from memoplan.planner.profiling.target import is_meta
 
     return is_meta(model)
 
@@ -29,18 +29,18 @@ def estimated_only(model, text: str | None) -> bool:
 
 def device(text: str | None, *, estimating: bool = False):
     """``--device`` as a torch.device, or None when not given; MP506 when it cannot run here
-    (:func:`memoplan.planner.target.parse_device`, which the Python API's ``device`` takes too)."""
-    from memoplan.planner.target import parse_device
+    (:func:`memoplan.planner.profiling.target.parse_device`, which the Python API's ``device`` takes too)."""
+    from memoplan.planner.profiling.target import parse_device
 
     return parse_device(text, estimating=estimating)
 
 
 def on_target(model, example, device, args):
     """``model`` and ``example`` moved to ``device`` when a step can run there; the command's
-    target set (:data:`memoplan.planner.target.TARGET`) either way.  A model that cannot run
+    target set (:data:`memoplan.planner.profiling.target.TARGET`) either way.  A model that cannot run
     here (built on the meta device, or for a GPU this machine lacks) stays as it is, and
     ``--method measured`` is refused for it (MP413): its steps are estimated."""
-    from memoplan.planner.target import TARGET, not_runnable, target_for
+    from memoplan.planner.profiling.target import TARGET, not_runnable, target_for
 
     why = not_runnable(model, device)
     if why is None:
@@ -56,21 +56,21 @@ def on_target(model, example, device, args):
 
 def not_measurable(why: str, what: str) -> Diagnostic:
     """MP413: a measured path given a model no real step of which can run here."""
-    from memoplan.planner.target import not_measurable
+    from memoplan.planner.profiling.target import not_measurable
 
     return not_measurable(why, what)
 
 
 def device_memory(args) -> int | None:
     """``--device-memory SIZE`` in bytes (None when not given); MP509 when it is not a size."""
-    from memoplan.planner.target import memory_size
+    from memoplan.planner.profiling.target import memory_size
 
     return memory_size(getattr(args, "device_memory", None))
 
 
 def runs_nowhere(model) -> str | None:
     """Why no real step of ``model`` runs for this command (its target: ``--device``), or None."""
-    from memoplan.planner.target import TARGET, not_runnable
+    from memoplan.planner.profiling.target import TARGET, not_runnable
 
     aim = TARGET.get()
     return not_runnable(model, aim.device if aim is not None else None)

@@ -46,3 +46,53 @@ def budget_word(text: str, *, stacklevel: int = 3) -> str:
         stacklevel=stacklevel,
     )
     return new
+
+
+#: Planner modules moved into the planner's subpackages (``profiling``, ``search``, ``dtr``):
+#: old dotted path -> new.  ``import`` of an old path still works, with a DeprecationWarning
+#: (:func:`moved_module`, through the finder :mod:`memoplan.planner` installs).
+PLANNER_MODULES = {
+    "memoplan.planner.aim": "memoplan.planner.profiling.aim",
+    "memoplan.planner.anatomy": "memoplan.planner.profiling.anatomy",
+    "memoplan.planner.calibrate": "memoplan.planner.search.calibrate",
+    "memoplan.planner.chain": "memoplan.planner.search.chain",
+    "memoplan.planner.choice": "memoplan.planner.search.choice",
+    "memoplan.planner.copies": "memoplan.planner.profiling.copies",
+    "memoplan.planner.cuda_allocator": "memoplan.planner.profiling.cuda_allocator",
+    "memoplan.planner.device_budget": "memoplan.planner.profiling.device_budget",
+    "memoplan.planner.dtr_plan": "memoplan.planner.dtr.plan",
+    "memoplan.planner.dtr_sim": "memoplan.planner.dtr.sim",
+    "memoplan.planner.estimate": "memoplan.planner.profiling.estimate",
+    "memoplan.planner.exact": "memoplan.planner.search.exact",
+    "memoplan.planner.fake_step": "memoplan.planner.profiling.fake_step",
+    "memoplan.planner.greedy": "memoplan.planner.search.greedy",
+    "memoplan.planner.mgb_env": "memoplan.planner.search.mgb_env",
+    "memoplan.planner.module_hooks": "memoplan.planner.profiling.module_hooks",
+    "memoplan.planner.opsave": "memoplan.planner.search.opsave",
+    "memoplan.planner.optimal": "memoplan.planner.search.optimal",
+    "memoplan.planner.profile": "memoplan.planner.profiling.profile",
+    "memoplan.planner.refine": "memoplan.planner.search.refine",
+    "memoplan.planner.regioncost": "memoplan.planner.profiling.regioncost",
+    "memoplan.planner.report": "memoplan.planner.profiling.report",
+    "memoplan.planner.schema": "memoplan.planner.profiling.schema",
+    "memoplan.planner.segments": "memoplan.planner.search.segments",
+    "memoplan.planner.shard": "memoplan.planner.profiling.shard",
+    "memoplan.planner.shrink": "memoplan.planner.profiling.shrink",
+    "memoplan.planner.snapshot": "memoplan.planner.profiling.snapshot",
+    "memoplan.planner.stamp": "memoplan.planner.profiling.stamp",
+    "memoplan.planner.sublinear": "memoplan.planner.search.sublinear",
+    "memoplan.planner.target": "memoplan.planner.profiling.target",
+    "memoplan.planner.write": "memoplan.planner.search.write",
+}
+
+
+def moved_module(name: str, *, stacklevel: int = 2) -> str | None:
+    """The new path of a moved module ``name`` (a DeprecationWarning says so), else None."""
+    new = PLANNER_MODULES.get(name)
+    if new is not None:
+        warnings.warn(
+            f"{name} moved to {new}: import it from there (the old path is removed in a later release)",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+    return new

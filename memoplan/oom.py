@@ -1,6 +1,6 @@
 """Whether an exception is an allocator running out of memory, and the bytes it asked for.
 
-Used where a training step runs (:mod:`memoplan.planner.shrink`) and where a model's factory
+Used where a training step runs (:mod:`memoplan.planner.profiling.shrink`) and where a model's factory
 runs (:mod:`memoplan.specs`: a model too big to build is ``MP411``).
 """
 

@@ -26,7 +26,7 @@ planner, ``verify`` and ``report`` alike — until the block ends.
 * **FSDP2 mixed precision** (``mixed_precision``, with ``shards``): ``MixedPrecisionPolicy(
   param_dtype=..., reduce_dtype=torch.float32)`` — the gathered parameters, the compute and the
   gradients autograd makes are in that dtype, and each gradient is reduce-scattered into an
-  fp32 shard of the parameter as built (:mod:`memoplan.planner.estimate` counts both).
+  fp32 shard of the parameter as built (:mod:`memoplan.planner.profiling.estimate` counts both).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class _UserLoss:
     span: Span | None
 
     def __call__(self, output: Any) -> torch.Tensor:
-        from memoplan.planner.shrink import is_out_of_memory
+        from memoplan.planner.profiling.shrink import is_out_of_memory
         from memoplan.specs import describe_exception
 
         try:

@@ -40,9 +40,9 @@ from memoplan.ir import ResolvedPlan
 from memoplan.measure import StepMemory, indexed_device, measured_step, step_device, training_step
 from memoplan.memonger.measure import count_allocations
 from memoplan.memonger.probe import allocated_inside
-from memoplan.planner.copies import changed_parameters, parameter_versions, sharing_copy
-from memoplan.planner.shrink import StepOutOfMemory, out_of_memory_as
-from memoplan.planner.target import is_meta, not_runnable, parse_device
+from memoplan.planner.profiling.copies import changed_parameters, parameter_versions, sharing_copy
+from memoplan.planner.profiling.shrink import StepOutOfMemory, out_of_memory_as
+from memoplan.planner.profiling.target import is_meta, not_runnable, parse_device
 from memoplan.resolver import resolve
 from memoplan.runtime.arena import arena_state
 from memoplan.runtime.dtr import dtr_stats
@@ -200,7 +200,7 @@ def _plan_step(plan: api.PlanLike):
     if config is not None and ":" in config.loss and parsed.file and os.path.isfile(parsed.file):
         from dataclasses import replace
 
-        from memoplan.planner.write import relative_spec
+        from memoplan.planner.search.write import relative_spec
 
         config = replace(config, loss=relative_spec(config.loss, ".", os.path.dirname(parsed.file)))  # from its folder
     return config
@@ -210,10 +210,10 @@ def estimated_verify(model: nn.Module, plan: ast.Plan | Path | str, example: Exa
     """What :func:`verify` can say of a model no real step of which runs here (a meta-device
     model, a GPU not on this machine): ``plan`` (a plan, its file or its text) resolved against
     ``model`` (``MP3xx`` when it does not) and the peaks of one step without and one with it, on
-    fake tensors of the target device (:mod:`memoplan.planner.target`), in the plan's ``step``.
+    fake tensors of the target device (:mod:`memoplan.planner.profiling.target`), in the plan's ``step``.
     No equivalence: prove it on a smaller real build with :func:`verify`."""
-    from memoplan.planner.estimate import estimate_plan, fake_step
-    from memoplan.planner.target import TARGET, not_runnable, target_for
+    from memoplan.planner.profiling.estimate import estimate_plan, fake_step
+    from memoplan.planner.profiling.target import TARGET, not_runnable, target_for
 
     step = _plan_step(plan)
     plan = api.as_plan(plan)
@@ -282,8 +282,8 @@ def _verify_smaller(
     unplanned peak estimated on fake tensors, equivalence on ``smaller`` (default: the example's
     batch halved until both steps fit), each on a fresh copy from the same state, one at a time; the
     copies share the model's weights (:func:`sharing_copy`), so the weights are in memory once."""
-    from memoplan.planner.estimate import fake_step
-    from memoplan.planner.shrink import describe_example, shrinking
+    from memoplan.planner.profiling.estimate import fake_step
+    from memoplan.planner.profiling.shrink import describe_example, shrinking
 
     pristine = sharing_copy(model)
     if device is not None:
@@ -408,7 +408,7 @@ def _verify_compiled(model, plan, example, seed, loss_fn, rtol, device, backend:
 @contextlib.contextmanager
 def _compare_example_failures() -> Iterator[None]:
     """MP504 that names the compare example when the steps on it raise: the full-size example ran."""
-    from memoplan.planner.shrink import is_out_of_memory
+    from memoplan.planner.profiling.shrink import is_out_of_memory
     from memoplan.specs import describe_exception
 
     try:

@@ -21,7 +21,7 @@ import torch._subclasses.fake_tensor  # noqa: F401 - imported before the limit, 
 import torch.utils.flop_counter  # noqa: F401
 
 import memoplan.cli
-import memoplan.planner.estimate  # noqa: F401
+import memoplan.planner.profiling.estimate  # noqa: F401
 import memoplan.verification  # noqa: F401
 from memoplan.measure import training_step
 

@@ -1,6 +1,6 @@
 """The Python API plans and profiles for the device and step the command line takes:
 ``memoplan.plan(..., device=, device_memory=, step=)`` and ``memoplan.profile(...)`` with the
-command line's checks and diagnostics (memoplan.planner.aim, memoplan.planner.target)."""
+command line's checks and diagnostics (memoplan.planner.profiling.aim, memoplan.planner.profiling.target)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _codes(call) -> list[str]:
 @NO_GPU
 @pytest.mark.slow
 def test_plan_and_profile_for_a_gpu_not_here_from_a_meta_model(capsys, tmp_path):
-    from memoplan.planner.estimate import estimate
+    from memoplan.planner.profiling.estimate import estimate
 
     model, example = meta_models.meta(), meta_models.example()
     prof = memoplan.profile(model, example, device="cuda")
@@ -45,7 +45,7 @@ def test_plan_and_profile_for_a_gpu_not_here_from_a_meta_model(capsys, tmp_path)
     assert result.limit == size - held and result.met
     text = memoplan.format_plan(result.plan)
     assert "# device: cuda" in text and "# kernels: cpu's standing in for cuda's" in text
-    from memoplan.planner.target import memory_size
+    from memoplan.planner.profiling.target import memory_size
 
     assert memory_size(size) == memory_size("6MiB") == size  # a count of bytes, or a size's text
     # the command line's plan for the same device and capacity: the same budget

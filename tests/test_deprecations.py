@@ -77,3 +77,39 @@ def test_the_old_command_is_not_listed(capsys):
         cli.main(["--help"])
     listed = capsys.readouterr().out
     assert "write-module" in listed and "compile " not in listed.replace("--compile", "")
+
+
+# --- planner modules moved into subpackages --------------------------------------------------
+
+
+def test_every_moved_planner_module_names_a_module_that_exists():
+    import importlib.util
+    from pathlib import Path
+
+    from memoplan.deprecations import PLANNER_MODULES
+
+    assert len(PLANNER_MODULES) == len(set(PLANNER_MODULES.values()))
+    for old, new in PLANNER_MODULES.items():
+        assert importlib.util.find_spec(new) is not None, new
+        assert not (Path(__file__).parents[1] / (old.replace(".", "/") + ".py")).exists(), old
+
+
+def test_an_old_planner_path_imports_the_moved_module_with_a_warning_at_the_import(monkeypatch):
+    import memoplan.planner
+    from memoplan.planner.profiling import estimate as moved
+
+    monkeypatch.delitem(sys.modules, "memoplan.planner.estimate", raising=False)
+    vars(memoplan.planner).pop("estimate", None)  # (hasattr would ask the package's __getattr__)
+    with pytest.warns(
+        DeprecationWarning, match=r"memoplan\.planner\.estimate moved to memoplan\.planner\.profiling\.estimate"
+    ) as caught:
+        import memoplan.planner.estimate as old  # noqa: F401
+    assert old is moved and caught[0].filename == __file__
+    vars(memoplan.planner).pop("estimate", None)
+    with pytest.warns(DeprecationWarning, match="moved to") as caught:
+        from memoplan.planner import estimate
+    assert estimate is moved and len(caught) == 1 and caught[0].filename == __file__
+    with pytest.raises(ImportError):
+        import memoplan.planner.no_such_module  # noqa: F401
+    with pytest.raises(ImportError):
+        from memoplan.planner import no_such_module  # noqa: F401

@@ -149,7 +149,7 @@ def test_no_module_writes_a_user_file_in_place() -> None:
         "memoplan/targets.py": 1,  # replace_file's own temporary file
         "memoplan/isolate.py": 2,  # the --isolate child's status file, in its private temporary folder
         "memoplan/lsp/worker.py": 1,  # the worker's protocol stream (a duplicated descriptor)
-        "memoplan/planner/exact.py": 1,  # os.devnull
+        "memoplan/planner/search/exact.py": 1,  # os.devnull
     }
     found = {}
     for path in sorted((ROOT / "memoplan").rglob("*.py")):

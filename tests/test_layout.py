@@ -471,3 +471,55 @@ def test_the_map_checks_fail_where_they_should():
     assert problems[0].startswith("memoplan.high:5 imports memoplan.other") and "Add `other.py`" in problems[0]
     assert problems[1].startswith("memoplan/leaf.py:3 imports memoplan.low.a") and "(docs/design.md:5," in problems[1]
     assert "memoplan.low.b:4" in problems[2] and "nothing outside its row" in problems[2]
+
+
+# --- inside planner/: the layers ---------------------------------------------------------------
+
+# docs/design.md's "Inside `planner/`" paragraph, in order; the pipeline (the rest of planner/) is last
+PLANNER_LAYERS = (
+    ("memoplan.planner.budgets", "memoplan.planner.config", "memoplan.planner.tell"),  # the planner's data
+    ("memoplan.planner.profiling",),  # the estimate and the measurement
+    ("memoplan.planner.search",),  # what to checkpoint
+    ("memoplan.planner.dtr",),  # the dtr block
+)
+
+
+def planner_layer(module: str) -> int:
+    """The layer of a planner module: its index in PLANNER_LAYERS, else the pipeline's (last)."""
+    for index, members in enumerate(PLANNER_LAYERS):
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return index
+    return len(PLANNER_LAYERS)
+
+
+def planner_layer_problems(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Imports inside planner/ that run down the layers (a layer imports its own and those above)."""
+    problems = []
+    for module, edges in sorted(graph.items()):
+        if not module.startswith("memoplan.planner."):
+            continue
+        for target, line in sorted(edges.items()):
+            if target.startswith("memoplan.planner.") and planner_layer(target) > planner_layer(module):
+                problems.append(
+                    f"{module} (line {line}) imports {target}, a later layer of planner/ "
+                    f"({planner_layer(module) + 1} imports {planner_layer(target) + 1}; docs/design.md, 'Inside `planner/`')"
+                )
+    return problems
+
+
+def test_the_planner_is_layered():
+    problems = planner_layer_problems(_graph())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_planner_layer_check_fails_where_it_should():
+    graph = {
+        "memoplan.planner.search.chain": {"memoplan.planner.profiling.schema": 3, "memoplan.planner.budgets": 4},
+        "memoplan.planner.profiling.profile": {"memoplan.planner.search": 7},
+        "memoplan.planner.budgets": {"memoplan.planner.plan": 9},
+        "memoplan.planner.dtr.plan": {"memoplan.planner.search.write": 2},
+    }
+    problems = planner_layer_problems(graph)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("memoplan.planner.budgets (line 9) imports memoplan.planner.plan")
+    assert problems[1].startswith("memoplan.planner.profiling.profile (line 7) imports memoplan.planner.search")

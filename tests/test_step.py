@@ -23,7 +23,7 @@ import memoplan
 from memoplan.cli import main
 from memoplan.diagnostics import PlanError
 from memoplan.measure import measure_step, training_step
-from memoplan.planner.estimate import fake_step, sharded_estimate
+from memoplan.planner.profiling.estimate import fake_step, sharded_estimate
 from memoplan.step import check_precision, make_step, optimizer_state_bytes, running
 from memoplan.syntax import ast, parse
 from memoplan.syntax.blocks import StepConfig
@@ -162,8 +162,8 @@ def test_a_device_without_the_precision_is_mp253():
 
 @pytest.mark.slow
 def test_every_step_key_changes_the_step():
-    from memoplan.planner.shard import SHARDS
-    from memoplan.planner.shard import optimizer_state_bytes as kept
+    from memoplan.planner.profiling.shard import SHARDS
+    from memoplan.planner.profiling.shard import optimizer_state_bytes as kept
 
     model, example, ns = _net()
     params = sum(p.numel() for p in model.parameters())

@@ -17,9 +17,9 @@ from _clients import require
 from benchmarks.zoo_models import ZOO, Entry, missing
 from memoplan import specs
 from memoplan.measure import measure_step
-from memoplan.planner.estimate import fake_step
-from memoplan.planner.shrink import shrink
-from memoplan.planner.snapshot import Restored
+from memoplan.planner.profiling.estimate import fake_step
+from memoplan.planner.profiling.shrink import shrink
+from memoplan.planner.profiling.snapshot import Restored
 from memoplan.syntax import parse_example_spec
 
 # The examples' batches are halved (the step's cost is mostly its number of operators), not cut to

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from memoplan.planner import search, segments
+from memoplan.planner import search
 from memoplan.planner.budgets import format_size
-from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
+from memoplan.planner.profiling.schema import Profile, chain, default_candidates, nested_candidates
+from memoplan.planner.search import segments
 from memoplan.runtime.state import is_stateful
 
 __all__ = ["MARGIN", "recommendation"]

@@ -208,7 +208,7 @@ class LeastPeak:
 class DeviceBudget:
     """``device [- SIZE]`` (``memoplan plan --budget``): what the CUDA device can give one step,
     less ``margin`` bytes (SIZE).  It is bytes only once the model is on the device
-    (:func:`memoplan.planner.device_budget.device_budget_bytes`); ``text``: as written, for messages."""
+    (:func:`memoplan.planner.profiling.device_budget.device_budget_bytes`); ``text``: as written, for messages."""
 
     text: str
     margin: int = 0

@@ -8,12 +8,13 @@ from dataclasses import replace
 
 from torch import nn
 
-from memoplan.planner import search, segments, tell, trial
-from memoplan.planner.schema import Profile, chain, default_candidates
-from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
-from memoplan.planner.target import hard_mode, no_real_step, planned_peak_name, unplanned_peak_name
+from memoplan.planner import search, tell, trial
+from memoplan.planner.profiling.schema import Profile, chain, default_candidates
+from memoplan.planner.profiling.shrink import ESTIMATING as _ESTIMATING
+from memoplan.planner.profiling.target import hard_mode, no_real_step, planned_peak_name, unplanned_peak_name
+from memoplan.planner.search import segments
+from memoplan.planner.search.write import comment_line, provenance
 from memoplan.planner.trial import BudgetMissed, PlanResult, Search, checked, draft_plan, limit_of, missed_budget
-from memoplan.planner.write import comment_line, provenance
 from memoplan.syntax import ast
 
 
@@ -40,7 +41,7 @@ def chain_container(model: nn.Module, prof: Profile, how: Search) -> str | None:
 def segmented(
     model, example, budget, how: Search, prof: Profile, preset, missed: BudgetMissed, progress: bool, *, parts=False
 ):
-    """A plan of runs of the chain container's children (:mod:`memoplan.planner.segments`), measured.
+    """A plan of runs of the chain container's children (:mod:`memoplan.planner.search.segments`), measured.
 
     Two splits are measured: the least-peak split of the cost model (``split = [...]``) and Chen
     et al.'s sqrt(n) near-equal runs (``segments = k``).  Every split recomputes the container

@@ -1,6 +1,6 @@
 """Planner stage: the planner's typed configs -- which search, which refinement levels, how many trials.
 
-Pure data (no torch): :mod:`memoplan.planner.plan` and :mod:`memoplan.planner.refine` read them,
+Pure data (no torch): :mod:`memoplan.planner.plan` and :mod:`memoplan.planner.search.refine` read them,
 and the named presets of :mod:`memoplan.planner.presets` are built from them.
 """
 
@@ -21,7 +21,7 @@ class Planner(enum.Enum):
 
 
 class Level(enum.Enum):
-    """A measured refinement level (:mod:`memoplan.planner.refine`)."""
+    """A measured refinement level (:mod:`memoplan.planner.search.refine`)."""
 
     SPLIT = "split"  # checkpointed nn.Sequential regions -> `checkpoint segments = N`
     TEMPORAL = "temporal"  # checkpointed regions with stateful modules -> `temporal_chunk N dim 0`

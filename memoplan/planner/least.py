@@ -11,9 +11,9 @@ from memoplan.planner import levels, search
 from memoplan.planner.chainruns import chain_container, segmented
 from memoplan.planner.config import Planner
 from memoplan.planner.onelevel import plan_level
-from memoplan.planner.schema import Profile
+from memoplan.planner.profiling.schema import Profile
+from memoplan.planner.search.write import comment_line, provenance
 from memoplan.planner.trial import BudgetMissed, PlanResult, Search, draft_plan, empty_choice
-from memoplan.planner.write import comment_line, provenance
 from memoplan.progress import REPORTER
 
 

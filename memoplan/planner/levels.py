@@ -3,7 +3,7 @@ the wider searches a missed budget tries, and how a refused budget's plan is wri
 
 Helpers of :mod:`memoplan.planner.plan`, apart so that each module holds one idea: which
 candidates a level offers (:func:`links`, with :func:`save_variants` from
-:mod:`memoplan.planner.opsave`), which searches widen a missed hard budget (:func:`widenings`), and
+:mod:`memoplan.planner.search.opsave`), which searches widen a missed hard budget (:func:`widenings`), and
 the header and help of the least-peak plan a refusal names (:func:`over_budget`, :func:`as_hint`,
 :func:`explained`).
 """
@@ -14,13 +14,14 @@ from dataclasses import replace
 
 from torch import nn
 
-from memoplan.planner import anatomy, opsave
 from memoplan.planner.budgets import mode_line
-from memoplan.planner.chain import Item
 from memoplan.planner.config import Level, RefineOptions
-from memoplan.planner.schema import Profile, chain, default_candidates, nested_candidates
-from memoplan.planner.shrink import is_out_of_memory
-from memoplan.planner.write import comment_line
+from memoplan.planner.profiling import anatomy
+from memoplan.planner.profiling.schema import Profile, chain, default_candidates, nested_candidates
+from memoplan.planner.profiling.shrink import is_out_of_memory
+from memoplan.planner.search import opsave
+from memoplan.planner.search.chain import Item
+from memoplan.planner.search.write import comment_line
 from memoplan.progress import REPORTER
 from memoplan.runtime.state import is_stateful
 from memoplan.specs import Example
@@ -40,7 +41,7 @@ LEVELS = {
 
 def explained(model: nn.Module, example: Example, plan: ast.Plan, least: int, prof: Profile) -> list[str]:
     """MP601's explanation of the least-peak ``plan``, which measures ``least`` bytes
-    (:func:`memoplan.planner.anatomy.explanation`): its peak's composition from two real steps,
+    (:func:`memoplan.planner.profiling.anatomy.explanation`): its peak's composition from two real steps,
     where the step runs for real (a measured profile)."""
     peak = None
     if prof.method == "measured" and prof.shards == 1:
@@ -139,7 +140,7 @@ def links(prof: Profile, level: str):
 
 
 def save_variants(items, uses, packed: frozenset[str], model: nn.Module) -> list[Item]:
-    """The save variants (:mod:`memoplan.planner.opsave`) of ``items`` by ``uses``, where a region
+    """The save variants (:mod:`memoplan.planner.search.opsave`) of ``items`` by ``uses``, where a region
     may save: not with bit-packed inputs (``packed``) or stateful modules inside (MP325)."""
     if not uses:
         return []
@@ -152,7 +153,7 @@ def save_variants(items, uses, packed: frozenset[str], model: nn.Module) -> list
 
 
 def op_uses_of(model: nn.Module, example: Example, prof: Profile, progress: bool):
-    """What each candidate's op families make and cost (:func:`memoplan.planner.opsave.op_uses`),
+    """What each candidate's op families make and cost (:func:`memoplan.planner.search.opsave.op_uses`),
     for the save variants; None where the step cannot run for real (an estimated or sharded
     profile) or the forward fails (the search then offers no variant)."""
     if prof.method != "measured" or prof.shards > 1:
@@ -183,6 +184,8 @@ def candidates(prof: Profile, level: str, blocked, uses, model: nn.Module) -> tu
     items = [Item(link.name, link.saved_bytes, kept_input(link, packed), link.forward_seconds) for link in found]
     if level in (SAVES, ALL):
         items = [v for item in items for v in (item, *save_variants([item], uses, packed, model))]
-    if prof.region_seconds:  # each region's fixed cost, measured with the profile (memoplan.planner.regioncost)
+    if (
+        prof.region_seconds
+    ):  # each region's fixed cost, measured with the profile (memoplan.planner.profiling.regioncost)
         items = [replace(item, region_seconds=prof.region_seconds) for item in items]
     return items, packed

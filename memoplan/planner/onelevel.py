@@ -8,15 +8,17 @@ from dataclasses import replace
 
 from torch import nn
 
-from memoplan.planner import calibrate, levels, search, trial
+from memoplan.planner import levels, search, trial
 from memoplan.planner.advice import recommendation
 from memoplan.planner.budgets import mode_line
 from memoplan.planner.config import Planner, RefineOptions
-from memoplan.planner.refine import refine as refine_plan
-from memoplan.planner.schema import Profile
-from memoplan.planner.shard import SHARDS
-from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
-from memoplan.planner.target import hard_mode, no_real_step, planned_peak_name, unplanned_peak_name
+from memoplan.planner.profiling.schema import Profile
+from memoplan.planner.profiling.shard import SHARDS
+from memoplan.planner.profiling.shrink import ESTIMATING as _ESTIMATING
+from memoplan.planner.profiling.target import hard_mode, no_real_step, planned_peak_name, unplanned_peak_name
+from memoplan.planner.search import calibrate
+from memoplan.planner.search.refine import refine as refine_plan
+from memoplan.planner.search.write import provenance, under_header
 from memoplan.planner.trial import (
     BudgetMissed,
     PlanResult,
@@ -28,7 +30,6 @@ from memoplan.planner.trial import (
     missed_budget,
     within,
 )
-from memoplan.planner.write import provenance, under_header
 from memoplan.specs import Example
 from memoplan.syntax import ast
 from memoplan.syntax.formatter import format_selector
@@ -145,7 +146,7 @@ def _final_check(model: nn.Module, example: Example, draft: ast.Plan, after: int
 
 def settled(model, example, items, choice: search.Choice, planner: Search, base: int, hard: bool):
     """(choice, measured peak): the search's set, settled by measured trials for a hard budget
-    (:func:`memoplan.planner.calibrate.settled`)."""
+    (:func:`memoplan.planner.search.calibrate.settled`)."""
 
     def measure(c: search.Choice) -> int:
         return trial.measure(model, example, draft_plan(c, items, model, {}, planner))

@@ -4,7 +4,7 @@ Both build a :class:`~memoplan.planner.request.PlanRequest` and call :func:`run`
 and example on the device planned for, inside the training step planned for
 (:func:`memoplan.step.running`).  :func:`run` checks the request (its preset), checks a given
 profile against the step (MP604) or takes one, turns ``--budget device`` into bytes, searches
-(:meth:`~memoplan.planner.presets.PlannerPreset.run`, or :func:`~memoplan.planner.dtr_plan.make_dtr_plan`
+(:meth:`~memoplan.planner.presets.PlannerPreset.run`, or :func:`~memoplan.planner.dtr.plan.make_dtr_plan`
 for ``--dtr``) and writes the budget and the step into the plan.  What is left to a caller is its
 own: the command line loads the model and example files, says its progress and writes the file
 with the plan's sources; the API moves a copy of the model to its device.
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from memoplan.planner.request import PlanRequest, PlanRequestError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memoplan.planner.dtr_plan import DtrPlanResult
+    from memoplan.planner.dtr.plan import DtrPlanResult
     from memoplan.planner.presets import PlannerPreset
-    from memoplan.planner.profile import Profile
+    from memoplan.planner.profiling.profile import Profile
     from memoplan.planner.trial import PlanResult
     from memoplan.syntax import ast
     from memoplan.syntax.blocks import StepConfig, SublinearConfig
@@ -72,8 +72,8 @@ def run(
     preset = request.check()
     say = note if note is not None else (lambda line: None)
     if profile is not None:  # MP604: a profile of another step (loss, precision, shards, optimizer, device)
-        from memoplan.planner.stamp import check_same_step
-        from memoplan.planner.target import target_for
+        from memoplan.planner.profiling.stamp import check_same_step
+        from memoplan.planner.profiling.target import target_for
 
         check_same_step(profile, model, step, example, target_for(model).device, profile_name)
     if request.preset is not None:
@@ -84,7 +84,7 @@ def run(
         raise PlanRequestError("--dtr measures its threshold with real steps: not with --shards above 1")
     profile = _profile(request, model, example, profile, step, progress, note, guard)
     if request.dtr:
-        from memoplan.planner.dtr_plan import make_dtr_plan
+        from memoplan.planner.dtr.plan import make_dtr_plan
 
         made = make_dtr_plan(model, example, preset.budget, hard=preset.hard, prof=profile)  # type: ignore[arg-type]
         return Planned(made, _with_step(made.plan, step, folder), profile)
@@ -115,7 +115,7 @@ def _search(request: PlanRequest, preset: PlannerPreset, model, example, profile
 
 def _profile(request: PlanRequest, model, example, profile, step: StepConfig, progress: bool, note, guard) -> Profile:
     """``profile``, else one taken now by ``request.method``; a measured run refuses an estimated one."""
-    from memoplan.planner.estimate import take_profile
+    from memoplan.planner.profiling.estimate import take_profile
 
     if profile is None:
         method = request.method
@@ -140,8 +140,8 @@ def _profile(request: PlanRequest, model, example, profile, step: StepConfig, pr
 
 def _on_device(request: PlanRequest, preset: PlannerPreset, model, step: StepConfig, say) -> PlannerPreset:
     """``preset`` with a device budget turned into its bytes: the device's less what the model holds there."""
-    from memoplan.planner.aim import device_budget_limit
     from memoplan.planner.budgets import DeviceBudget
+    from memoplan.planner.profiling.aim import device_budget_limit
 
     if not isinstance(preset.budget, DeviceBudget):
         return preset
@@ -151,13 +151,13 @@ def _on_device(request: PlanRequest, preset: PlannerPreset, model, step: StepCon
 
 def _written(plan, preset: PlannerPreset, step: StepConfig, folder: Path | str):
     """``plan`` with its budget statement (hard or hint as planned) and the `step` block of ``step``."""
-    from memoplan.planner.write import with_budget
+    from memoplan.planner.search.write import with_budget
 
     return _with_step(with_budget(plan, preset.budget, preset.hard), step, folder)
 
 
 def _with_step(plan, step: StepConfig, folder: Path | str):
-    from memoplan.planner.write import with_step
+    from memoplan.planner.search.write import with_step
 
     return with_step(plan, step, folder)
 
@@ -206,18 +206,18 @@ def plan(
     enforced; ``nested``: offer each block's children too; ``start``: a plan (``Plan``, path or
     text) whose rules are kept and completed; ``sublinear``: a
     :class:`memoplan.syntax.blocks.SublinearConfig` (with ``planner="sublinear"``); ``profile``:
-    a :class:`~memoplan.planner.profile.Profile` already taken, else one is taken by ``method``
+    a :class:`~memoplan.planner.profiling.profile.Profile` already taken, else one is taken by ``method``
     (``auto``, ``measured``, ``estimated``, as ``--method``); ``step``: the training step planned for, a
     :class:`memoplan.syntax.blocks.StepConfig` (default ``start``'s), written as the plan's `step` block;
     ``device`` and ``device_memory``: the device planned for and its capacity (``"cuda"``, ``"80GiB"``
-    or bytes), as ``--device`` and ``--device-memory`` (:func:`memoplan.planner.aim.aimed`; ``budget="device"``
+    or bytes), as ``--device`` and ``--device-memory`` (:func:`memoplan.planner.profiling.aim.aimed`; ``budget="device"``
     is the device's memory less what the model holds).  Impossible combinations raise
     :class:`PlanRequestError` (a :class:`ValueError`) before the model runs; a hard budget
     that no plan meets raises :class:`memoplan.PlanError` (MP601).  ``model`` is not changed.
     """
     from memoplan.api import as_plan
-    from memoplan.planner.aim import aimed
-    from memoplan.planner.profile import as_example
+    from memoplan.planner.profiling.aim import aimed
+    from memoplan.planner.profiling.profile import as_example
     from memoplan.step import make_step, running
 
     parsed_start = None if start is None else as_plan(start)

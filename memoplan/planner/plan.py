@@ -1,7 +1,7 @@
 """Planner stage: a model, an example and a budget in; a reviewed, measured plan out.
 
 profile (measure) -> chain of candidates -> search (pure) -> plan AST -> apply to a copy and
-measure again -> optional measured refinement (:mod:`memoplan.planner.refine`) -> measure
+measure again -> optional measured refinement (:mod:`memoplan.planner.search.refine`) -> measure
 the final plan.  A ``hard`` budget is verified by that last measurement: when the measured
 peak is over the limit the result says so, with the smallest peak the cost model can reach.
 Named presets of these choices are in :mod:`memoplan.planner.presets`.
@@ -21,20 +21,13 @@ from memoplan.planner.chainruns import chain_container, segmented
 from memoplan.planner.config import Planner, RefineOptions
 from memoplan.planner.least import least_peak
 from memoplan.planner.onelevel import plan_level
-from memoplan.planner.profile import profile
-from memoplan.planner.schema import Profile
-from memoplan.planner.shard import SHARDS
-from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
-from memoplan.planner.shrink import StepOutOfMemory, is_out_of_memory
-from memoplan.planner.target import aimed_at
-from memoplan.planner.trial import (  # noqa: F401  (PlanResult, BudgetMissed and Search kept importable from here)
-    BudgetMissed,
-    PlanResult,
-    Search,
-    fixed_by,
-    missed_budget,
-)
-from memoplan.planner.write import (  # noqa: F401  (kept importable from here)
+from memoplan.planner.profiling.profile import profile
+from memoplan.planner.profiling.schema import Profile
+from memoplan.planner.profiling.shard import SHARDS
+from memoplan.planner.profiling.shrink import ESTIMATING as _ESTIMATING
+from memoplan.planner.profiling.shrink import StepOutOfMemory, is_out_of_memory
+from memoplan.planner.profiling.target import aimed_at
+from memoplan.planner.search.write import (  # noqa: F401  (kept importable from here)
     comment_line,
     compressed,
     provenance,
@@ -43,6 +36,13 @@ from memoplan.planner.write import (  # noqa: F401  (kept importable from here)
     under_header,
     with_sources,
     with_state_rules,
+)
+from memoplan.planner.trial import (  # noqa: F401  (PlanResult, BudgetMissed and Search kept importable from here)
+    BudgetMissed,
+    PlanResult,
+    Search,
+    fixed_by,
+    missed_budget,
 )
 from memoplan.progress import REPORTER
 from memoplan.specs import Example
@@ -76,7 +76,7 @@ def make_plan(
     measurement is what the budget is checked against.  ``preset`` names it in the header.
     The optimal planner's search for a byte budget offers, beside whole candidates, every part of
     each that saves memory (:func:`nested_candidates`) and their save variants (``checkpoint
-    save = [...]``, :mod:`memoplan.planner.opsave`), solved exactly (a MILP, with a time limit);
+    save = [...]``, :mod:`memoplan.planner.search.opsave`), solved exactly (a MILP, with a time limit);
     ``whole``: whole candidates only; ``nested``: parts required (an error for another planner or
     a coverage budget).  Every measurement runs on a copy: ``model`` and the RNG are unchanged.
 
@@ -114,7 +114,7 @@ def make_plan(
     estimating = _trials(trials, prof)
 
     def searched(estimate: bool) -> PlanResult:
-        # Estimated trials run on fake tensors (memoplan.planner.estimate.estimate_plan), and one
+        # Estimated trials run on fake tensors (memoplan.planner.profiling.estimate.estimate_plan), and one
         # real planned step checks the result.
         token, shards = _ESTIMATING.set(estimate), SHARDS.set(prof.shards)
         try:

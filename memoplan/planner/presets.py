@@ -3,12 +3,12 @@
 A :class:`PlannerPreset` fixes everything ``memoplan plan`` decides besides the model: which
 :class:`~memoplan.planner.config.Planner` searches, the budget used when none is given, whether
 it is hard, and which measured refinement levels
-(:class:`~memoplan.planner.config.RefineOptions`, run by :mod:`memoplan.planner.refine`) run
+(:class:`~memoplan.planner.config.RefineOptions`, run by :mod:`memoplan.planner.search.refine`) run
 with how many trials.  :data:`PRESETS` is the registry (the CLI's ``--preset`` choices come
 from it); explicit options override fields with :meth:`PlannerPreset.with_overrides`.  This
 module is pure Python (no torch), so the command line can build its parser without importing
 torch.  The typed configs live in :mod:`memoplan.planner.config` (re-exported here), so
-:mod:`memoplan.planner.plan` and :mod:`memoplan.planner.refine` never import this module: the
+:mod:`memoplan.planner.plan` and :mod:`memoplan.planner.search.refine` never import this module: the
 one edge between them is :meth:`PlannerPreset.run`'s call of the planner's entry point.
 
 The presets and the coverage budgets

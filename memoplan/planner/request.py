@@ -92,7 +92,7 @@ class PlanRequest:
         self.check_options()
         preset = self.make_preset()
         if isinstance(preset.budget, DeviceBudget):  # bytes once the model is on the device
-            from memoplan.planner.aim import device_budget_refused
+            from memoplan.planner.profiling.aim import device_budget_refused
 
             device_budget_refused(preset.budget, self.device, self.device_memory)
         self.check_preset(preset)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field, replace
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.planner import opsave, search
+from memoplan.planner import search
 from memoplan.planner.config import Planner
-from memoplan.planner.refine import Refinement, measure_plan
-from memoplan.planner.shrink import ESTIMATING as _ESTIMATING
-from memoplan.planner.write import comment_line, compressed, sublinear_summary, with_state_rules
+from memoplan.planner.profiling.shrink import ESTIMATING as _ESTIMATING
+from memoplan.planner.search import opsave
+from memoplan.planner.search.refine import Refinement, measure_plan
+from memoplan.planner.search.write import comment_line, compressed, sublinear_summary, with_state_rules
 from memoplan.resolver import resolve
 from memoplan.specs import Example
 from memoplan.syntax import ast
@@ -68,7 +69,7 @@ class Search:
     kept: frozenset[str] = frozenset()  # marked `keep` by ``start``: never recomputed, nor any part
     stateful: frozenset[str] = frozenset()  # modules whose state ``start`` already threads
     packed: frozenset[str] = frozenset()  # candidates with binary inputs: checkpointed with `compress input = bit`
-    # What each candidate's op families make and cost (memoplan.planner.opsave), for save variants.
+    # What each candidate's op families make and cost (memoplan.planner.search.opsave), for save variants.
     uses: Mapping[str, opsave.OpUse] | None = field(default=None, compare=False)
 
     @property
@@ -132,7 +133,7 @@ def measure(model: nn.Module, example: Example, plan: ast.Plan) -> int:
 
 def checked(model: nn.Module, example: Example, plan: ast.Plan) -> int:
     """One real planned step of ``plan``: its measured peak (StepOutOfMemory when it does not fit)."""
-    from memoplan.planner.shrink import out_of_memory_as
+    from memoplan.planner.profiling.shrink import out_of_memory_as
 
     token = _ESTIMATING.set(False)
     try:

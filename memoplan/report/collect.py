@@ -39,8 +39,8 @@ from memoplan.measure import measure_step, timeline_step, training_step
 from memoplan.planner.budgets import FractionOfPeak
 from memoplan.planner.config import Planner
 from memoplan.planner.plan import make_plan
-from memoplan.planner.profile import Snapshot, profile
-from memoplan.planner.schema import Profile, default_candidates
+from memoplan.planner.profiling.profile import Snapshot, profile
+from memoplan.planner.profiling.schema import Profile, default_candidates
 from memoplan.report import data
 from memoplan.report import peers as compile_peers
 from memoplan.runtime.dtr import dtr_stats
@@ -194,7 +194,7 @@ def step_seconds(model: nn.Module, example: Example, repeats: int, step: Callabl
     """Median wall time of ``repeats`` unmetered training steps after one warm-up step.
 
     Every step starts from the state the model had before the first (buffers, neuron
-    state, RNG: :class:`memoplan.planner.profile.Snapshot`), as a fresh step would.
+    state, RNG: :class:`memoplan.planner.profiling.profile.Snapshot`), as a fresh step would.
     """
     run = step or (lambda: training_step(model, example.args, example.kwargs))
     device = next((p.device for p in model.parameters()), torch.device("cpu"))

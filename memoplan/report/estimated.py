@@ -6,7 +6,7 @@ runs, so nothing can be measured and equivalence cannot be checked.  What the es
 drawn instead: the peaks of one step without and one with the plan
 (:func:`memoplan.verification.estimated_verify`, what ``memoplan verify`` says of such a model)
 and the saved-activation bytes of each module (the estimated profiles of the model and of a
-planned copy, :func:`memoplan.planner.estimate.estimate`).  The page says on top that its figures
+planned copy, :func:`memoplan.planner.profiling.estimate.estimate`).  The page says on top that its figures
 are estimates and that equivalence was not checked; each section that needs real steps (the
 memory timeline, the budget sweep, the ``dtr`` tracker) is kept as a sentence that says why it
 is not drawn.  As for a real model, nothing is written unless everything succeeds.
@@ -71,7 +71,7 @@ def write_estimated_report(
 def not_checked(plan_path: Any, model: Any):
     """MP414, a warning: the report of ``model`` (``plan_path``'s) is drawn from the estimate."""
     from memoplan.diagnostics import Diagnostic, Severity
-    from memoplan.planner.target import not_runnable
+    from memoplan.planner.profiling.target import not_runnable
 
     why = not_runnable(model) or "no real step runs here"
     return Diagnostic(
@@ -86,9 +86,9 @@ def _estimated_profiles(model: Any, resolved: Any, example: Any, device: Any) ->
     """The estimated profiles of ``model`` and of a planned copy (sharing its parameters), on the
     target device; and what ran the fake steps (``Target.kernels_text``)."""
     from memoplan import api
-    from memoplan.planner.copies import estimate_copy
-    from memoplan.planner.estimate import estimate
-    from memoplan.planner.target import TARGET, target_for
+    from memoplan.planner.profiling.copies import estimate_copy
+    from memoplan.planner.profiling.estimate import estimate
+    from memoplan.planner.profiling.target import TARGET, target_for
 
     aim = target_for(model, device)
     token = TARGET.set(aim)

@@ -15,7 +15,7 @@ the step's peak: the measured unplanned peak, less the same replay's peak withou
 plus the simulated peak (what runs outside the candidates is taken from the measurement).
 
 Two stages use it, so it lives here, below both: the planner
-(:mod:`memoplan.planner.dtr_sim`: candidates from a profile, a threshold for a budget) and the
+(:mod:`memoplan.planner.dtr.sim`: candidates from a profile, a threshold for a budget) and the
 runtime (:mod:`memoplan.runtime.evictable`: the static choice under ``torch.compile``, from
 what the tracker measured).  Pure Python: no torch, nothing of memoplan.
 """

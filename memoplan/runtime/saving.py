@@ -20,7 +20,7 @@ A selector may also name one op of a family by its place in the region's forward
 in the order the ops run: ``matmul_3`` is the third matrix product the region computes,
 ``attention_1`` its first attention kernel (each family counted on its own, afresh in every run of
 the region).  The planner writes such selectors for the save sets it chooses op by op
-(:mod:`memoplan.planner.opsave`): ``save = [attention, matmul_4]`` keeps every attention output
+(:mod:`memoplan.planner.search.opsave`): ``save = [attention, matmul_4]`` keeps every attention output
 and the fourth matmul's.  The recompute replays the same forward, so it meets the same ops in the
 same order and reuses exactly the outputs the forward kept.
 """

@@ -1,4 +1,4 @@
-"""A hard budget's set settled by measured trials (memoplan.planner.calibrate), on synthetic chains."""
+"""A hard budget's set settled by measured trials (memoplan.planner.search.calibrate), on synthetic chains."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memoplan.planner import calibrate, search
+from memoplan.planner import search
+from memoplan.planner.search import calibrate
 
 ITEMS = [
     search.Item(f"blocks.{i}", saved, saved // 8, seconds)

@@ -1,4 +1,4 @@
-"""Planning with the `dtr` block: the simulator (memoplan.planner.dtr_sim) and `memoplan plan --dtr`.
+"""Planning with the `dtr` block: the simulator (memoplan.planner.dtr.sim) and `memoplan plan --dtr`.
 
 The simulator replays a profile under the tracker's rules.  Its predicted step peak is
 compared with the measured peak on the bundled transformer and CNN; the error stated in
@@ -23,11 +23,11 @@ from memoplan.diagnostics import PlanError
 from memoplan.examples import cnn, transformer
 from memoplan.measure import default_loss
 from memoplan.planner.budgets import Bytes, Coverage, FractionOfPeak
-from memoplan.planner.dtr_plan import dtr_candidates, make_dtr_plan
-from memoplan.planner.dtr_sim import Candidate, candidates_from_chain, parameter_bytes, simulate, threshold_for
-from memoplan.planner.profile import profile
-from memoplan.planner.refine import measure_plan
-from memoplan.planner.schema import chain
+from memoplan.planner.dtr.plan import dtr_candidates, make_dtr_plan
+from memoplan.planner.dtr.sim import Candidate, candidates_from_chain, parameter_bytes, simulate, threshold_for
+from memoplan.planner.profiling.profile import profile
+from memoplan.planner.profiling.schema import chain
+from memoplan.planner.search.refine import measure_plan
 from memoplan.runtime import dtr as dtr_runtime
 from memoplan.specs import Example
 
@@ -175,7 +175,7 @@ def _gpt2_4x128():
 @pytest.mark.slow
 @pytest.mark.parametrize("name,share", [("transformer", 70), ("transformer", 50), ("gpt2", 50), ("gpt2", 40)])
 def test_dtr_plans_hold_their_budget_by_the_profilers_memory_events(name, share):
-    from memoplan.planner.dtr_plan import mean_square_loss
+    from memoplan.planner.dtr.plan import mean_square_loss
 
     model, example = (transformer.build(), _example(transformer)) if name == "transformer" else _gpt2_4x128()
     result = make_dtr_plan(model, example, FractionOfPeak.percent(share), progress=False)
@@ -195,7 +195,7 @@ def test_a_loss_larger_than_the_budget_is_refused_not_reported_met():
     alone exceed 70% of the sum-loss peak.  Measured with the sum only, this plan was reported met
     while torch.profiler put the mean-square step at 2.3 x the limit; now it is MP602, and the
     hint's plan says the peak it really reaches."""
-    from memoplan.planner.dtr_plan import mean_square_loss
+    from memoplan.planner.dtr.plan import mean_square_loss
 
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=2, vocab_size=4096, n_positions=128)

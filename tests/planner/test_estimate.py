@@ -16,10 +16,10 @@ import torch
 from _paths import TESTS
 
 from memoplan.examples import cnn, mlp, spiking, transformer
-from memoplan.planner.estimate import estimate, take_profile
-from memoplan.planner.profile import Profile, profile
-from memoplan.planner.report import profile_table
-from memoplan.planner.shrink import (
+from memoplan.planner.profiling.estimate import estimate, take_profile
+from memoplan.planner.profiling.profile import Profile, profile
+from memoplan.planner.profiling.report import profile_table
+from memoplan.planner.profiling.shrink import (
     StepOutOfMemory,
     is_out_of_memory,
     out_of_memory_as,
@@ -172,7 +172,7 @@ def test_shrink_halves_the_batch_of_every_paired_tensor() -> None:
 
 def test_shrinking_tries_the_smallest_batch_it_reaches() -> None:
     """Batch 2 cut "to a quarter" is batch 1, which is tried; batch 1 itself has nothing smaller."""
-    from memoplan.planner.shrink import shrinking
+    from memoplan.planner.profiling.shrink import shrinking
 
     seen: list[int] = []
     used, result = shrinking(

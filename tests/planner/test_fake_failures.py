@@ -23,7 +23,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from memoplan.measure import measure_step
-from memoplan.planner.estimate import FakeStepFailed, fake_step, take_profile
+from memoplan.planner.profiling.estimate import FakeStepFailed, fake_step, take_profile
 from memoplan.specs import Example
 
 CPU = torch.device("cpu")

@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 import memoplan
-from memoplan.planner import anatomy, opsave, search
-from memoplan.planner.chain import Chain
-from memoplan.planner.exact import exact
+from memoplan.planner import search
 from memoplan.planner.plan import make_plan
-from memoplan.planner.profile import as_example, profile
+from memoplan.planner.profiling import anatomy
+from memoplan.planner.profiling.profile import as_example, profile
+from memoplan.planner.search import opsave
+from memoplan.planner.search.chain import Chain
+from memoplan.planner.search.exact import exact
 from memoplan.specs import Example
 
 Item = search.Item
@@ -207,7 +209,7 @@ def test_the_least_peak_of_issue_38s_gpt2_is_at_most_the_hand_plan_of_parts():
     (1,876,488 B) are still above the hand plan of each block's attention and MLP (1,677,832 B), in
     half the search.  The memory preset searches every level now and keeps the lowest."""
     from memoplan.planner.presets import PRESETS
-    from memoplan.planner.refine import measure_plan
+    from memoplan.planner.search.refine import measure_plan
 
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(

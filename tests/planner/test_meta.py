@@ -1,5 +1,5 @@
 """Models built on the meta device, and steps planned for a device that is not here
-(memoplan.planner.target, memoplan.planner.cuda_allocator; docs/meta.md)."""
+(memoplan.planner.profiling.target, memoplan.planner.profiling.cuda_allocator; docs/meta.md)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ sys.path.insert(0, str(TESTS))
 import meta_models  # noqa: E402
 
 from memoplan.measure import measure_step  # noqa: E402
-from memoplan.planner.cuda_allocator import Simulator, block_bytes  # noqa: E402
-from memoplan.planner.estimate import estimate, fake_step  # noqa: E402
-from memoplan.planner.target import Target, is_meta, not_runnable, target_for  # noqa: E402
+from memoplan.planner.profiling.cuda_allocator import Simulator, block_bytes  # noqa: E402
+from memoplan.planner.profiling.estimate import estimate, fake_step  # noqa: E402
+from memoplan.planner.profiling.target import Target, is_meta, not_runnable, target_for  # noqa: E402
 from memoplan.specs import Example  # noqa: E402
 
 MODELS = TESTS / "meta_models.py"
@@ -150,7 +150,7 @@ def test_a_model_built_under_its_own_fake_mode_plans_without_crashing(tmp_path):
 import sys, warnings
 sys.path.insert(0, {str(TESTS)!r})
 import torch, meta_models
-from memoplan.planner.estimate import estimate_plan
+from memoplan.planner.profiling.estimate import estimate_plan
 from memoplan.specs import Example
 from memoplan.syntax import parse
 warnings.simplefilter("error")

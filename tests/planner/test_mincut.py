@@ -16,8 +16,9 @@ from torch.utils.checkpoint import checkpoint
 
 import memoplan
 from memoplan.diagnostics import PlanError
-from memoplan.planner import levels, opsave, search
-from memoplan.planner.profile import profile
+from memoplan.planner import levels, search
+from memoplan.planner.profiling.profile import profile
+from memoplan.planner.search import opsave
 from memoplan.runtime.saving import parse_selector, saving_contexts, selectors
 from memoplan.specs import Example
 from memoplan.syntax import format_plan, parse

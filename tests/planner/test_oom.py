@@ -22,7 +22,7 @@ import torch
 from _paths import TESTS
 
 from memoplan.measure import measure_step
-from memoplan.planner.refine import measure_plan
+from memoplan.planner.search.refine import measure_plan
 from memoplan.specs import Example
 from memoplan.syntax import parse
 

@@ -76,7 +76,7 @@ def test_a_request_the_run_refuses_is_the_same_refusal_on_both_sides(monkeypatch
     def estimated(*args, **kwargs):
         return SimpleNamespace(method="estimated", shards=1, peak_method="fake-tensor")
 
-    monkeypatch.setattr("memoplan.planner.estimate.take_profile", estimated)
+    monkeypatch.setattr("memoplan.planner.profiling.estimate.take_profile", estimated)
     message = "--method measured needs a measured profile; --profile gave an estimated one"
     assert main(["plan", *SOURCES, "--budget", "50%", "--method", "measured", "-o", str(tmp_path / "p")]) == 2
     assert f"memoplan plan: error: {message}" in capsys.readouterr().err

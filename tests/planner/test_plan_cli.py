@@ -17,7 +17,7 @@ from memoplan.planner import search
 from memoplan.planner.budgets import read_budget
 from memoplan.planner.plan import make_plan
 from memoplan.planner.presets import PRESETS, Planner, PlannerPreset
-from memoplan.planner.profile import Profile
+from memoplan.planner.profiling.profile import Profile
 from memoplan.syntax import parse_example_spec
 from memoplan.verification import verify
 
@@ -308,7 +308,7 @@ def test_hard_budgets_are_settled_by_measurement_in_either_direction(monkeypatch
     """Measured peaks below the estimate buy a cheaper set; above it, a set that fits."""
     from memoplan.examples import transformer
     from memoplan.planner.plan import make_plan
-    from memoplan.planner.profile import chain, profile
+    from memoplan.planner.profiling.profile import chain, profile
 
     torch.manual_seed(0)
     model, example = transformer.build(), transformer.example()
@@ -318,7 +318,7 @@ def test_hard_budgets_are_settled_by_measurement_in_either_direction(monkeypatch
             link.name, link.saved_bytes, link.input_bytes, link.forward_seconds, region_seconds=prof.region_seconds
         )
         for link in chain(prof)
-    ]  # as the search sees them: each region with its fixed cost (memoplan.planner.regioncost)
+    ]  # as the search sees them: each region with its fixed cost (memoplan.planner.profiling.regioncost)
     base = search.unplanned_base(prof.peak_bytes, items)
     offset = int(offset_share * prof.peak_bytes)
     seen = _fake_meter(monkeypatch, items, base, offset)
@@ -347,7 +347,7 @@ def test_when_tightening_cannot_fit_the_least_peak_set_is_measured_before_refusi
     from memoplan.examples import transformer
     from memoplan.planner import trial as trial_module
     from memoplan.planner.plan import make_plan
-    from memoplan.planner.profile import chain, profile
+    from memoplan.planner.profiling.profile import chain, profile
     from memoplan.syntax.formatter import format_plan
 
     torch.manual_seed(0)

@@ -113,7 +113,7 @@ def test_options_override_the_plans_budget_and_a_refused_block_writes_nothing(tm
 
 
 def test_a_completed_plan_written_elsewhere_keeps_reaching_its_files(tmp_path):
-    from memoplan.planner.write import rebased
+    from memoplan.planner.search.write import rebased
 
     text = 'memplan 1\n\n# the net\nmodel "../net.py:build"\nexample "../net.py:example"\n'
     moved = rebased(memoplan.parse(text), tmp_path / "plans", tmp_path / "out" / "deep")

@@ -19,9 +19,9 @@ from torch import nn
 from memoplan.examples import spiking
 from memoplan.planner import search
 from memoplan.planner.plan import make_plan
-from memoplan.planner.profile import profile
-from memoplan.planner.refine import measure_plan
-from memoplan.planner.segments import least_peak_split, segment_starts, split_cost, sqrt_split
+from memoplan.planner.profiling.profile import profile
+from memoplan.planner.search.refine import measure_plan
+from memoplan.planner.search.segments import least_peak_split, segment_starts, split_cost, sqrt_split
 from memoplan.specs import Example
 from memoplan.syntax import format_plan, parse
 from memoplan.verification import verify
@@ -227,7 +227,7 @@ def test_runs_of_a_chain_name_their_peaks_as_the_step_found_them_and_what_was_ch
     """A chain without blocks built on the meta device: no real step runs, so the segmented plan's
     header says its peaks are on fake tensors (not measured), and its `widened` line says what the
     search before it checkpointed, in the user's terms."""
-    from memoplan.planner.estimate import estimate
+    from memoplan.planner.profiling.estimate import estimate
 
     with torch.device("meta"):
         model = nn.Sequential(*[m for _ in range(16) for m in (nn.Linear(256, 256), nn.GELU())])

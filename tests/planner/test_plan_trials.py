@@ -9,11 +9,11 @@ import torch
 
 from memoplan.cli import main
 from memoplan.examples.transformer import build
-from memoplan.planner import estimate as estimate_module
 from memoplan.planner.budgets import read_budget
 from memoplan.planner.plan import make_plan
-from memoplan.planner.profile import profile
-from memoplan.planner.refine import measure_plan
+from memoplan.planner.profiling import estimate as estimate_module
+from memoplan.planner.profiling.profile import profile
+from memoplan.planner.search.refine import measure_plan
 from memoplan.specs import Example
 
 TRANSFORMER = ["--model", "memoplan.examples.transformer:build", "--example", "randint(4, 32, high=100)"]
@@ -43,7 +43,7 @@ def _counting(monkeypatch, module, name: str) -> list[int]:
 
 @pytest.mark.slow
 def test_default_plan_estimates_its_trials_and_checks_the_plan_with_one_real_step(tmp_path, capsys, monkeypatch):
-    from memoplan.planner import refine
+    from memoplan.planner.search import refine
 
     fake = _counting(monkeypatch, estimate_module, "estimate_plan")
     real = _counting(monkeypatch, refine, "measure_step")

@@ -1,4 +1,4 @@
-"""Exact planner for nested candidates (``memoplan.planner.exact``): the MILP against brute force.
+"""Exact planner for nested candidates (``memoplan.planner.search.exact``): the MILP against brute force.
 
 What holds, and is tested here:
 
@@ -31,8 +31,6 @@ from hypothesis import strategies as st
 
 pytest.importorskip("scipy")
 
-from memoplan.planner import exact as exact_module  # noqa: E402
-from memoplan.planner.exact import exact  # noqa: E402
 from memoplan.planner.search import (  # noqa: E402
     BudgetError,
     Bytes,
@@ -46,6 +44,8 @@ from memoplan.planner.search import (  # noqa: E402
     optimal,
     to_plan,
 )
+from memoplan.planner.search import exact as exact_module  # noqa: E402
+from memoplan.planner.search.exact import exact  # noqa: E402
 
 SETTINGS = settings(
     max_examples=n_examples(120), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from memoplan.examples import cnn, mlp, spiking, transformer
-from memoplan.planner.profile import (
+from memoplan.planner.profiling.profile import (
     ChainLink,
     ModuleProfile,
     Profile,

@@ -1,6 +1,6 @@
 """`plan --profile FILE` plans only over a profile of the step being planned (MP604): the profile
 records its step (loss, autocast, optimizer, master weights, shards, mixed precision), the
-parameters' dtypes and where it ran; `memoplan.planner.stamp` compares them with the plan's."""
+parameters' dtypes and where it ran; `memoplan.planner.profiling.stamp` compares them with the plan's."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 import memoplan
 from memoplan.cli import main
 from memoplan.examples import mlp
-from memoplan.planner.profile import Profile
-from memoplan.planner.stamp import differences, parameter_dtypes, stamped, step_record
+from memoplan.planner.profiling.profile import Profile
+from memoplan.planner.profiling.stamp import differences, parameter_dtypes, stamped, step_record
 from memoplan.syntax.blocks import StepConfig
 
 TRANSFORMER = ["--model", "memoplan.examples.transformer:build", "--example", "randint(4, 32, high=100)"]
@@ -22,7 +22,7 @@ TRANSFORMER = ["--model", "memoplan.examples.transformer:build", "--example", "r
 
 @pytest.fixture(scope="module")
 def mlp_profile() -> Profile:
-    from memoplan.planner.estimate import take_profile
+    from memoplan.planner.profiling.estimate import take_profile
 
     torch.manual_seed(0)
     return take_profile(mlp.build(), mlp.example(), method="estimated")

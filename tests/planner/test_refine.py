@@ -29,8 +29,8 @@ from memoplan.planner.presets import (
     PlannerPreset,
     RefineOptions,
 )
-from memoplan.planner.profile import profile
-from memoplan.planner.refine import measure_plan, refine
+from memoplan.planner.profiling.profile import profile
+from memoplan.planner.search.refine import measure_plan, refine
 from memoplan.runtime.state import get_state, is_stateful
 from memoplan.specs import Example
 from memoplan.verification import verify
@@ -348,7 +348,7 @@ def test_budget_text_is_parsed_to_typed_budgets():
 
 
 def test_a_trial_whose_step_raises_is_reverted_and_its_message_printed(monkeypatch, capsys):
-    import memoplan.planner.refine as refine_module
+    import memoplan.planner.search.refine as refine_module
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Sequential(nn.Linear(W, W), nn.GELU(), nn.Linear(W, W)), nn.Linear(W, 4))

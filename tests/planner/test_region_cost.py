@@ -1,4 +1,4 @@
-"""The fixed cost of a checkpoint region in the search's cost model (``memoplan.planner.regioncost``).
+"""The fixed cost of a checkpoint region in the search's cost model (``memoplan.planner.profiling.regioncost``).
 
 Each checkpointed region costs a fixed time beyond its recompute (its call, saved-tensor hooks,
 the replay's setup).  With it (``Item.region_seconds``, from ``Profile.region_seconds``), of two
@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from memoplan.planner import levels
-from memoplan.planner.exact import exact
-from memoplan.planner.regioncost import region_seconds
-from memoplan.planner.schema import Profile
+from memoplan.planner.profiling.regioncost import region_seconds
+from memoplan.planner.profiling.schema import Profile
 from memoplan.planner.search import Bytes, Item, estimate, optimal
+from memoplan.planner.search.exact import exact
 from memoplan.specs import Example
 
 pytest.importorskip("scipy")
@@ -73,7 +73,7 @@ class _Net(nn.Module):
 
 @pytest.fixture(scope="module")
 def small_profile() -> Profile:
-    from memoplan.planner.profile import profile
+    from memoplan.planner.profiling.profile import profile
 
     torch.manual_seed(0)
     return profile(_Net(), Example((torch.randn(8, 16),)), repeats=1, progress=False)

@@ -10,9 +10,15 @@ import torch
 from torch import nn
 
 from memoplan.cli import main
-from memoplan.planner.estimate import fake_step
-from memoplan.planner.schema import Profile
-from memoplan.planner.shard import SHARDS, default_shards, gathered_bytes, optimizer_state_bytes, resident_bytes
+from memoplan.planner.profiling.estimate import fake_step
+from memoplan.planner.profiling.schema import Profile
+from memoplan.planner.profiling.shard import (
+    SHARDS,
+    default_shards,
+    gathered_bytes,
+    optimizer_state_bytes,
+    resident_bytes,
+)
 from memoplan.specs import Example
 
 MLP = ["--model", "memoplan.examples.mlp:build", "--example", "randn(64, 512)"]

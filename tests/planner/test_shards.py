@@ -22,7 +22,7 @@ import torch.distributed as dist
 from _paths import TESTS
 
 from memoplan.cli import main
-from memoplan.planner.estimate import fake_step, sharded_estimate
+from memoplan.planner.profiling.estimate import fake_step, sharded_estimate
 from memoplan.specs import Example
 
 HERE = TESTS

@@ -334,7 +334,7 @@ def test_spikingjelly_is_a_peer_where_it_applies():
     import torch
     from torch import nn
 
-    from memoplan.planner.profile import profile
+    from memoplan.planner.profiling.profile import profile
     from memoplan.report import collect
     from memoplan.specs import Example
 

@@ -23,7 +23,7 @@ import meta_models  # noqa: E402
 
 import memoplan  # noqa: E402
 from memoplan.measure import measure_step  # noqa: E402
-from memoplan.planner.profile import profile  # noqa: E402
+from memoplan.planner.profiling.profile import profile  # noqa: E402
 
 MODELS = TESTS / "meta_models.py"
 

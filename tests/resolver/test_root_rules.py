@@ -19,8 +19,8 @@ import memoplan
 from memoplan.diagnostics import PlanError
 from memoplan.planner import search
 from memoplan.planner.plan import make_plan
-from memoplan.planner.profile import profile
-from memoplan.planner.refine import measure_plan
+from memoplan.planner.profiling.profile import profile
+from memoplan.planner.search.refine import measure_plan
 from memoplan.resolver import explain, render_explain
 from memoplan.specs import Example
 from memoplan.syntax import format_plan, parse

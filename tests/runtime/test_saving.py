@@ -138,7 +138,7 @@ class _PeakInTheStem(nn.Module):
 @pytest.mark.slow
 def test_the_save_level_keeps_op_saving_where_the_peak_does_not_rise():
     from memoplan.planner.config import Level, RefineOptions
-    from memoplan.planner.refine import measure_plan, refine
+    from memoplan.planner.search.refine import measure_plan, refine
 
     torch.manual_seed(0)
     model, example = _PeakInTheStem(), Example((torch.randn(64, 32),))

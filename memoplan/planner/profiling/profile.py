@@ -8,9 +8,9 @@ profile taken once (or on every rank and :func:`merge`-d) gives the same plan
 everywhere.
 
 This module measures; the records themselves, their JSON form, :func:`merge` and
-:func:`chain` are the profile schema, :mod:`memoplan.planner.schema` (re-exported here); the
-probe's and the timer's hooks are :mod:`memoplan.planner.module_hooks`, and the snapshot that
-leaves the model as it was :mod:`memoplan.planner.snapshot`.
+:func:`chain` are the profile schema, :mod:`memoplan.planner.profiling.schema` (re-exported here); the
+probe's and the timer's hooks are :mod:`memoplan.planner.profiling.module_hooks`, and the snapshot that
+leaves the model as it was :mod:`memoplan.planner.profiling.snapshot`.
 
 Steps (each starts from the same model state and RNG state, see below):
 
@@ -68,9 +68,9 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memoplan.measure import LossFn, gc_frozen, indexed_device, measure_step, step_device, training_step
-from memoplan.planner.module_hooks import Probe, Record, Timer, module_profile, tensor_bytes, unique_storages
-from memoplan.planner.regioncost import region_seconds
-from memoplan.planner.schema import (
+from memoplan.planner.profiling.module_hooks import Probe, Record, Timer, module_profile, tensor_bytes, unique_storages
+from memoplan.planner.profiling.regioncost import region_seconds
+from memoplan.planner.profiling.schema import (
     FORMAT_VERSION,
     ChainLink,
     ModuleProfile,
@@ -81,15 +81,15 @@ from memoplan.planner.schema import (
     merge,
     nested_candidates,
 )
-from memoplan.planner.snapshot import Restored, Snapshot
+from memoplan.planner.profiling.snapshot import Restored, Snapshot
 from memoplan.progress import REPORTER
 from memoplan.specs import Example
 from memoplan.version import __version__
 
-# The profile's records, JSON, merging and candidate chains live in memoplan.planner.schema, the
-# snapshot that leaves the model as it was in memoplan.planner.snapshot; they are re-exported
-# here, so ``from memoplan.planner.profile import Profile, Snapshot`` keeps working.  The hooks
-# of the probe and timer steps are memoplan.planner.module_hooks.
+# The profile's records, JSON, merging and candidate chains live in memoplan.planner.profiling.schema, the
+# snapshot that leaves the model as it was in memoplan.planner.profiling.snapshot; they are re-exported
+# here, so ``from memoplan.planner.profiling.profile import Profile, Snapshot`` keeps working.  The hooks
+# of the probe and timer steps are memoplan.planner.profiling.module_hooks.
 __all__ = [
     "FORMAT_VERSION",
     "ChainLink",

@@ -3,7 +3,7 @@
 Under FSDP2 (``torch.distributed.fsdp.fully_shard``) over ``N`` ranks each rank keeps ``1/N`` of
 every parameter, of every gradient (reduce-scattered as backward produces it) and of the
 optimizer's state, and runs the whole model on its own batch.  memoplan estimates a rank's step
-on fake tensors (:mod:`memoplan.planner.estimate`) with the gradients counted at ``1/N`` from the
+on fake tensors (:mod:`memoplan.planner.profiling.estimate`) with the gradients counted at ``1/N`` from the
 moment each is accumulated, and the parameters of the largest block (an FSDP2 unit, gathered
 whole while it runs) added to the peak; the example is the rank's own batch.  What a rank holds
 between steps — its parameter shards and optimizer state — is :func:`resident_bytes`.

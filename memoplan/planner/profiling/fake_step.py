@@ -2,7 +2,7 @@
 and output bytes, the step's peak (rounded up to the CUDA allocator's blocks on CUDA) and each
 module's FLOPs, with nothing allocated; parameters and buffers swapped for fake copies during
 the step and put back after it.  An operator with no fake kernel runs its real kernel on data of
-the right shape, or the step fails with :class:`FakeStepFailed`.  :mod:`memoplan.planner.estimate`
+the right shape, or the step fails with :class:`FakeStepFailed`.  :mod:`memoplan.planner.profiling.estimate`
 builds a profile from it.
 """
 
@@ -22,12 +22,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, training_step, warm_up
-from memoplan.planner.cuda_allocator import Simulator, block_bytes
-from memoplan.planner.module_hooks import Probe, Record
-from memoplan.planner.shard import SHARDS, gathered_bytes
-from memoplan.planner.shrink import is_out_of_memory
-from memoplan.planner.snapshot import Restored
-from memoplan.planner.target import fake_like, target_for
+from memoplan.planner.profiling.cuda_allocator import Simulator, block_bytes
+from memoplan.planner.profiling.module_hooks import Probe, Record
+from memoplan.planner.profiling.shard import SHARDS, gathered_bytes
+from memoplan.planner.profiling.shrink import is_out_of_memory
+from memoplan.planner.profiling.snapshot import Restored
+from memoplan.planner.profiling.target import fake_like, target_for
 from memoplan.specs import Example
 
 #: The CUDA caching allocator hands out blocks in multiples of this many bytes.

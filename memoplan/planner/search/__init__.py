@@ -1,11 +1,11 @@
 """Planner stage: choose which modules of a chain to checkpoint under a typed budget, as a plan AST.
 
 This module is the planners' public surface; each idea lives in its own module:
-:mod:`~memoplan.planner.chain` (items, the chain, estimates, least peak),
-:mod:`~memoplan.planner.budgets` (budget types), :mod:`~memoplan.planner.choice` (results),
-:mod:`~memoplan.planner.greedy`, :mod:`~memoplan.planner.optimal` (with
-:mod:`~memoplan.planner.exact` beside it), :mod:`~memoplan.planner.sublinear` and
-:mod:`~memoplan.planner.write` (choice to plan AST).
+:mod:`~memoplan.planner.search.chain` (items, the chain, estimates, least peak),
+:mod:`~memoplan.planner.budgets` (budget types), :mod:`~memoplan.planner.search.choice` (results),
+:mod:`~memoplan.planner.search.greedy`, :mod:`~memoplan.planner.search.optimal` (with
+:mod:`~memoplan.planner.search.exact` beside it), :mod:`~memoplan.planner.search.sublinear` and
+:mod:`~memoplan.planner.search.write` (choice to plan AST).
 
 Planners here are pure functions of a chain of candidate modules and a budget: no torch, no
 measurement, no clock, no global random state.  Each returns a :class:`Choice` that says
@@ -43,7 +43,7 @@ in it, which is why a ``hard`` budget is verified by measurement after planning.
 
 Nested candidates.  Candidates may also contain one another (``layers.3`` and
 ``layers.3.mlp``): they then form a forest by module path, and ``saved_bytes`` of a candidate
-covers its whole subtree (as :func:`memoplan.planner.profile.chain` measures it), so a parent's
+covers its whole subtree (as :func:`memoplan.planner.profiling.profile.chain` measures it), so a parent's
 ``saved_bytes`` is at least the sum of its candidate children's.  A set C is legal when it
 holds at most one candidate on any root-to-leaf path (a checkpoint inside a checkpointed
 region would only recompute twice); checkpointing a parent replaces its whole subtree's bytes,
@@ -51,7 +51,7 @@ its children's included, by its input.  So ``peak(C) = unplanned - sum_{i in C} 
 s_i`` holds unchanged, with the unplanned peak ``B0 + sum of s_r over the roots r`` (a parent's
 bytes already count its children's).
 :func:`estimate`, :func:`minimum_peak`, :func:`greedy_bytes` and :func:`optimal` accept nested
-candidates (:func:`optimal` hands them to :func:`memoplan.planner.exact.exact`, a mixed-integer
+candidates (:func:`optimal` hands them to :func:`memoplan.planner.search.exact.exact`, a mixed-integer
 program); :func:`greedy_coverage` and :func:`sublinear` take disjoint ones only.
 
 Budgets are typed: :class:`Bytes` (a peak in bytes), :class:`FractionOfPeak` (a share of the
@@ -81,7 +81,7 @@ The planners
   ``Choice.proven_optimal`` says whether it ran to the end (near-subset-sum chains, where
   recompute time is almost exactly proportional to the bytes saved and every size differs, can
   stop early: the result is then the best set found, still within the budget).
-* :func:`memoplan.planner.exact.exact` -- exact for nested candidates too: a mixed-integer
+* :func:`memoplan.planner.search.exact.exact` -- exact for nested candidates too: a mixed-integer
   linear program (``scipy.optimize.milp``) with a time limit and a greedy fallback.
 * :func:`sublinear` -- Chen et al. / MegEngine ``SublinearMemoryConfig``: a search over
   ``thresh_nr_try`` bottleneck thresholds, refined by a seeded genetic algorithm.
@@ -102,12 +102,12 @@ from memoplan.planner.budgets import (
     budget_from_ast,
     parse_coverage,
 )
-from memoplan.planner.chain import Estimate, Item, estimate, minimum_peak, unplanned_base
-from memoplan.planner.choice import BudgetError, Choice, Status
-from memoplan.planner.greedy import COVERAGE_PLANNER, greedy_bytes, greedy_coverage
-from memoplan.planner.optimal import DEFAULT_MAX_STATES, optimal
-from memoplan.planner.sublinear import GeneticReport, SublinearResult, sublinear
-from memoplan.planner.write import describe, recompute_line, to_plan
+from memoplan.planner.search.chain import Estimate, Item, estimate, minimum_peak, unplanned_base
+from memoplan.planner.search.choice import BudgetError, Choice, Status
+from memoplan.planner.search.greedy import COVERAGE_PLANNER, greedy_bytes, greedy_coverage
+from memoplan.planner.search.optimal import DEFAULT_MAX_STATES, optimal
+from memoplan.planner.search.sublinear import GeneticReport, SublinearResult, sublinear
+from memoplan.planner.search.write import describe, recompute_line, to_plan
 
 __all__ = [
     "DEFAULT_MAX_STATES",

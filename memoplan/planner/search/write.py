@@ -1,4 +1,4 @@
-"""A planner's :class:`~memoplan.planner.choice.Choice` as a plan AST, and its provenance lines."""
+"""A planner's :class:`~memoplan.planner.search.choice.Choice` as a plan AST, and its provenance lines."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from memoplan.planner.budgets import format_duration, format_size, mode_of
-from memoplan.planner.chain import Item
-from memoplan.planner.choice import BudgetError, Choice, Status
-from memoplan.planner.report import target_lines
-from memoplan.planner.schema import Profile
-from memoplan.planner.sublinear import GeneticReport
+from memoplan.planner.profiling.report import target_lines
+from memoplan.planner.profiling.schema import Profile
+from memoplan.planner.search.chain import Item
+from memoplan.planner.search.choice import BudgetError, Choice, Status
+from memoplan.planner.search.sublinear import GeneticReport
 from memoplan.runtime.state import is_stateful
 from memoplan.syntax import ast
 from memoplan.syntax.blocks import SublinearConfig

@@ -65,7 +65,7 @@ def device_budget_bytes(device, wanted: DeviceBudget, note, memory: int | None =
 
 def _sized_budget(device, budget: str, memory: int, held, margin: int, note) -> Bytes:
     """`--budget device` of a device of ``memory`` bytes: less what the model holds, less ``margin``."""
-    from memoplan.planner.shard import resident_bytes
+    from memoplan.planner.profiling.shard import resident_bytes
 
     model, optimizer, shards = held
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())

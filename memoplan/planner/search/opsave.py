@@ -4,7 +4,7 @@ A checkpoint region keeps its input and recomputes everything in backward.  With
 (:mod:`memoplan.runtime.saving`) it also keeps the outputs of the named op families from the
 forward and recomputes only the rest: more bytes kept, less recompute, and a smaller transient
 (what backward brings back while it replays the region).  Each such variant is a candidate of its
-own for the planners (:class:`memoplan.planner.chain.Item` with ``save``), beside the plain
+own for the planners (:class:`memoplan.planner.search.chain.Item` with ``save``), beside the plain
 checkpoint of the same module, with figures found here by one forward of the example (gradients
 enabled, no backward) watched op by op:
 
@@ -17,7 +17,7 @@ enabled, no backward) watched op by op:
   with a synchronisation on each side), so a variant's recompute is the module's forward time
   times the share of everything else.
 
-The forward runs on the model itself inside a :class:`~memoplan.planner.profile.Snapshot`, so
+The forward runs on the model itself inside a :class:`~memoplan.planner.profiling.profile.Snapshot`, so
 parameters, buffers, module state and the RNG are as they were after it.  Variants of every
 non-empty subset of the families a module runs are offered (``matmul``, ``attention``,
 ``matmul + attention``, ...), less those that cannot pay: keeping at least what the module saves,
@@ -49,8 +49,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from memoplan.measure import step_device
-from memoplan.planner.chain import Item
-from memoplan.planner.profile import Snapshot
+from memoplan.planner.profiling.profile import Snapshot
+from memoplan.planner.search.chain import Item
 from memoplan.runtime.saving import saved_ops
 from memoplan.specs import Example
 

@@ -10,8 +10,8 @@ import warnings
 import torch
 from torch import nn
 
-from memoplan.planner.module_hooks import tensors_in
-from memoplan.planner.schema import some_names
+from memoplan.planner.profiling.module_hooks import tensors_in
+from memoplan.planner.profiling.schema import some_names
 from memoplan.runtime.state import get_state, is_stateful, load_state
 from memoplan.specs import Example
 

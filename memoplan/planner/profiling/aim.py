@@ -1,6 +1,6 @@
 """Planner stage: the Python API's target device and its profile -- ``memoplan.profile``, and the
 ``device`` and ``device_memory`` of ``memoplan.plan`` -- checked as the command line checks
-``--device`` and ``--device-memory`` (:mod:`memoplan.planner.target`: the same functions, the
+``--device`` and ``--device-memory`` (:mod:`memoplan.planner.profiling.target`: the same functions, the
 same diagnostics).
 """
 
@@ -30,9 +30,16 @@ def aimed(
     device cannot run (``step``, a :class:`memoplan.step.Step`).  Where a real step can run there,
     the model is a copy moved to ``device`` (the caller's is not changed) and the example is moved
     too; a meta model stays as it is and is estimated on fake tensors of ``device``.  Inside, the
-    target (:data:`memoplan.planner.target.TARGET`) is that device and capacity."""
+    target (:data:`memoplan.planner.profiling.target.TARGET`) is that device and capacity."""
     from memoplan.measure import step_device
-    from memoplan.planner.target import TARGET, memory_size, not_measurable, not_runnable, parse_device, target_for
+    from memoplan.planner.profiling.target import (
+        TARGET,
+        memory_size,
+        not_measurable,
+        not_runnable,
+        parse_device,
+        target_for,
+    )
     from memoplan.specs import Example
     from memoplan.step import check_precision, step_block
 
@@ -60,8 +67,8 @@ def aimed(
 def device_budget_refused(budget, device: Any, device_memory: Any) -> None:
     """MP509 for ``budget`` (a :class:`~memoplan.planner.budgets.DeviceBudget`, as ``--budget device``)
     where the step's device cannot say its size and ``device_memory`` is not given."""
-    from memoplan.planner.device_budget import device_budget_refused as refused
-    from memoplan.planner.target import memory_size, parse_device
+    from memoplan.planner.profiling.device_budget import device_budget_refused as refused
+    from memoplan.planner.profiling.target import memory_size, parse_device
 
     where = None if device is None else parse_device(str(device), estimating=True)
     refused(where, budget.text, memory_size(device_memory))
@@ -69,8 +76,8 @@ def device_budget_refused(budget, device: Any, device_memory: Any) -> None:
 
 def device_budget_limit(budget, model: nn.Module, device: Any, device_memory: Any, config, note):
     """The bytes ``budget`` (a :class:`~memoplan.planner.budgets.DeviceBudget`) stands for, ``model`` on ``device``."""
-    from memoplan.planner.device_budget import device_budget_bytes
-    from memoplan.planner.target import memory_size, parse_device
+    from memoplan.planner.profiling.device_budget import device_budget_bytes
+    from memoplan.planner.profiling.target import memory_size, parse_device
 
     where = None if device is None else parse_device(str(device), estimating=True)
     held = (model, config.optimizer, config.shards)
@@ -88,7 +95,7 @@ def profile(
     progress: bool = False,
 ):
     """Profile one training step of ``model`` on ``example``, as ``memoplan profile`` does; return
-    the :class:`~memoplan.planner.profile.Profile` (``peak_bytes``, ``modules``, ``method``, ...).
+    the :class:`~memoplan.planner.profiling.profile.Profile` (``peak_bytes``, ``modules``, ``method``, ...).
 
     ``method``: ``auto`` (measure; estimate on fake tensors when the step does not fit or cannot
     run here), ``measured`` or ``estimated``; ``device``: the device the step is for, as
@@ -97,8 +104,8 @@ def profile(
     :class:`memoplan.syntax.blocks.StepConfig` (its loss, autocast, optimizer, shards, ...; default
     ``loss = auto``).  A model built on the meta device is estimated.  ``model`` is not changed.
     """
-    from memoplan.planner.estimate import take_profile
-    from memoplan.planner.profile import as_example
+    from memoplan.planner.profiling.estimate import take_profile
+    from memoplan.planner.profiling.profile import as_example
     from memoplan.step import make_step, merged, running
 
     config = merged(None, {}, {} if step is None else vars(step))  # MP250: mixed precision without shards

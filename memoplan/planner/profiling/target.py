@@ -2,7 +2,7 @@
 
 Large models are built on the meta device (``with torch.device("meta"):``, accelerate's
 ``init_empty_weights``): every parameter and buffer has its shape and dtype and no storage.
-Such a model cannot run a real step, but its estimate (:mod:`memoplan.planner.estimate`) needs
+Such a model cannot run a real step, but its estimate (:mod:`memoplan.planner.profiling.estimate`) needs
 none: for the fake step its parameters and buffers become fake tensors of the *target* device
 with their own dtypes, and the example's tensors (inline, or from a factory, on any device)
 follow.  So the kernels are the target's (on meta, SDPA would take the math path and save every
@@ -14,7 +14,7 @@ target needs no GPU here: where torch can run CUDA kernels on fake tensors (a GP
 the step runs on fake CUDA tensors; otherwise on fake CPU tensors, whose kernels allocate what
 CUDA's do for the ops of a training step (the CPU flash-attention kernel saves what CUDA's
 does), with every storage counted as the CUDA caching allocator rounds it
-(:mod:`memoplan.planner.cuda_allocator`).  :meth:`Target.kernels_text` says which, for the
+(:mod:`memoplan.planner.profiling.cuda_allocator`).  :meth:`Target.kernels_text` says which, for the
 profile table and the plan's header.
 
 A step that cannot run here (a meta model, a CUDA target without a GPU) is only estimated:
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.planner.shard import SHARDS
+from memoplan.planner.profiling.shard import SHARDS
 
 __all__ = [
     "TARGET",

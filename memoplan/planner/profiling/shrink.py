@@ -32,7 +32,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Set while planning from an estimated profile: :func:`memoplan.planner.refine.measure_plan`
+#: Set while planning from an estimated profile: :func:`memoplan.planner.search.refine.measure_plan`
 #: then estimates each trial on fake tensors instead of running it.
 ESTIMATING: contextvars.ContextVar[bool] = contextvars.ContextVar("memoplan_estimating", default=False)
 

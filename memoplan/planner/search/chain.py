@@ -26,7 +26,7 @@ class Item:
     holds the module's plain item too.
 
     ``region_seconds`` is the fixed time its checkpoint region costs beyond the recompute (the
-    region's call, its saved-tensor hooks, the replay's setup: :mod:`memoplan.planner.regioncost`);
+    region's call, its saved-tensor hooks, the replay's setup: :mod:`memoplan.planner.profiling.regioncost`);
     the search charges ``forward_seconds + region_seconds`` for checkpointing it.
     """
 

@@ -13,7 +13,7 @@ per region is the figure (the tiny forward it replays is in it).  On the 2-core 
 ``docs/benchmarks.md`` it was about 0.2 ms a region, some 0.05% of the Llama step there.
 
 The profile keeps the figure (``Profile.region_seconds``) and every candidate of the search carries
-it (:attr:`memoplan.planner.chain.Item.region_seconds`): the search's time for a set is its
+it (:attr:`memoplan.planner.search.chain.Item.region_seconds`): the search's time for a set is its
 recompute plus this cost once per region (see "The cost model" in :mod:`memoplan.planner.search`).
 Nothing here uses the global random state: the tiny modules are filled with constants.
 """

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from memoplan.diagnostics import Diagnostic, PlanError
-from memoplan.planner.schema import Profile
+from memoplan.planner.profiling.schema import Profile
 from memoplan.syntax.blocks import StepConfig
 
 
@@ -64,7 +64,7 @@ def differences(prof: Profile, model: nn.Module, config: StepConfig | None, exam
 
 def check_same_step(prof: Profile, model: nn.Module, config: StepConfig | None, example, device, name: str) -> None:
     """MP604 when ``prof`` (read from ``name``) was taken for another step than the one planned."""
-    from memoplan.planner.profile import input_metas
+    from memoplan.planner.profiling.profile import input_metas
 
     dtypes = {meta.name: meta.dtype for meta in input_metas(example)}
     found = differences(prof, model, config, dtypes, device)

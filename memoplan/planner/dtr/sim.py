@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from memoplan.planner.schema import ChainLink
+from memoplan.planner.profiling.schema import ChainLink
 from memoplan.runtime.dtr_sim import Candidate, Simulation, simulate
 
 __all__ = ["Candidate", "Simulation", "candidates_from_chain", "parameter_bytes", "simulate", "threshold_for"]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from itertools import compress
 
 from memoplan.planner.budgets import ByteBudget, byte_limit
-from memoplan.planner.chain import Chain, Estimate, Item
-from memoplan.planner.choice import Choice, make_choice
+from memoplan.planner.search.chain import Chain, Estimate, Item
+from memoplan.planner.search.choice import Choice, make_choice
 from memoplan.syntax.blocks import SublinearConfig
 
 __all__ = ["GeneticReport", "SublinearResult", "sublinear"]

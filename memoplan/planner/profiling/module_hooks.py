@@ -1,7 +1,7 @@
 """What a profile's probe and timer see of one step, through hooks on every module: saved bytes
 (by the innermost running module, each storage once), input and output bytes, binary inputs,
 call order and forward time; and one module's row of a profile from it
-(:mod:`memoplan.planner.profile` runs the steps)."""
+(:mod:`memoplan.planner.profiling.profile` runs the steps)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memoplan.planner.schema import ModuleProfile
+from memoplan.planner.profiling.schema import ModuleProfile
 from memoplan.runtime import codecs
 from memoplan.runtime.install import qualified_type_name
 
@@ -96,7 +96,7 @@ class Probe(_Hooks):
             super().__exit__(*exc_info)
             self._seen.clear()
 
-    # Overridden by the estimate's probe (memoplan.planner.estimate), whose tensors hold no data.
+    # Overridden by the estimate's probe (memoplan.planner.profiling.estimate), whose tensors hold no data.
     def _storage_key(self, storage: torch.UntypedStorage) -> int:
         return storage.data_ptr()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memoplan.planner.budgets import ByteBudget, Coverage, Preset, byte_limit
-from memoplan.planner.chain import Chain, Item
-from memoplan.planner.choice import Choice, make_choice
+from memoplan.planner.search.chain import Chain, Item
+from memoplan.planner.search.choice import Choice, make_choice
 
 __all__ = ["COVERAGE_PLANNER", "greedy_bytes", "greedy_coverage", "greedy_set"]
 

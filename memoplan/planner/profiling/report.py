@@ -1,8 +1,8 @@
-"""Planner stage: plain-text tables of a :class:`~memoplan.planner.profile.Profile` for the command line."""
+"""Planner stage: plain-text tables of a :class:`~memoplan.planner.profiling.profile.Profile` for the command line."""
 
 from __future__ import annotations
 
-from memoplan.planner.schema import Profile
+from memoplan.planner.profiling.schema import Profile
 
 COLUMNS = ("module", "type", "saved", "input", "output", "calls", "forward")
 
@@ -51,7 +51,7 @@ def profile_table(prof: Profile) -> str:
 
 
 def target_lines(prof: Profile) -> list[str]:
-    """What a profile says of its target (:mod:`memoplan.planner.target`): a model built on meta,
+    """What a profile says of its target (:mod:`memoplan.planner.profiling.target`): a model built on meta,
     the kernels that stood in for the device's, what the CUDA caching allocator would reserve."""
     lines = []
     if prof.model_device == "meta":

@@ -1,7 +1,7 @@
 """The optimal chain planner: per transient cap a covering knapsack, LP bounds from a Fenwick tree.
 
 See "The planners" in :mod:`memoplan.planner.search`; nested candidates go to
-:func:`memoplan.planner.exact.exact`.
+:func:`memoplan.planner.search.exact.exact`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from memoplan.planner.budgets import ByteBudget, byte_limit
-from memoplan.planner.chain import Chain, Item
-from memoplan.planner.choice import Choice, make_choice, settled_choice
-from memoplan.planner.exact import exact
+from memoplan.planner.search.chain import Chain, Item
+from memoplan.planner.search.choice import Choice, make_choice, settled_choice
+from memoplan.planner.search.exact import exact
 
 __all__ = ["DEFAULT_MAX_STATES", "optimal"]
 
@@ -273,7 +273,7 @@ def optimal(
     so the result does not depend on the machine.
 
     Nested candidates (one inside another) are not a chain: they go to
-    :func:`memoplan.planner.exact.exact` (a mixed-integer program, default time limit, greedy
+    :func:`memoplan.planner.search.exact.exact` (a mixed-integer program, default time limit, greedy
     fallback), and ``max_states`` does not apply.
     """
     chain = Chain(items, base_bytes, nested_ok=True)

@@ -1,6 +1,6 @@
 """Profile schema: the frozen records a profile is made of, their JSON form, merging, candidate chains.
 
-:class:`Profile` is what :func:`memoplan.planner.profile.profile` measures (see that module for
+:class:`Profile` is what :func:`memoplan.planner.profiling.profile.profile` measures (see that module for
 how each field is measured and attributed) and what planners read; it is plain data, saved and
 loaded as JSON (:data:`FORMAT_VERSION`), and profiles of the same model taken on several ranks
 are combined with :func:`merge`.  :func:`chain` turns a profile into the candidate modules a
@@ -99,16 +99,16 @@ class Profile:
     on CPU, ``cuda-allocator`` on CUDA), ``step_seconds`` the median step time,
     ``ranks`` how many profiles were merged into this one (1 when measured).
     ``method`` says how the bytes were found: ``measured`` (real training steps at the full
-    size) or ``estimated`` (a step on fake tensors, :mod:`memoplan.planner.estimate`).
+    size) or ``estimated`` (a step on fake tensors, :mod:`memoplan.planner.profiling.estimate`).
     ``shards`` > 1: the step of one of that many FSDP2 ranks, estimated (its gradients and
-    gathered parameters as :mod:`memoplan.planner.shard` counts them); ``optimizer_state_bytes``:
+    gathered parameters as :mod:`memoplan.planner.profiling.shard` counts them); ``optimizer_state_bytes``:
     the optimizer state that rank keeps between steps (not part of the step's peak).
     ``kernels`` names the device whose kernels ran an estimate planned for another (``cpu``
-    standing in for ``cuda`` on a machine without a GPU, :mod:`memoplan.planner.target`);
+    standing in for ``cuda`` on a machine without a GPU, :mod:`memoplan.planner.profiling.target`);
     ``model_device`` is ``meta`` for a model built on the meta device; ``reserved_bytes`` (CUDA)
-    what the caching allocator would reserve at the peak (:mod:`memoplan.planner.cuda_allocator`).
+    what the caching allocator would reserve at the peak (:mod:`memoplan.planner.profiling.cuda_allocator`).
     ``region_seconds``: the fixed time one checkpoint region costs on the device beyond its
-    recompute (:mod:`memoplan.planner.regioncost`), which the search charges per region; 0 where
+    recompute (:mod:`memoplan.planner.profiling.regioncost`), which the search charges per region; 0 where
     not measured (profiles written before it, or estimated with no real step).
     """
 
@@ -125,14 +125,16 @@ class Profile:
     repeats: int
     ranks: int = 1
     method: str = "measured"
-    shards: int = 1  # FSDP2 ranks the step is sharded over (memoplan.planner.shard): bytes are one rank's
+    shards: int = 1  # FSDP2 ranks the step is sharded over (memoplan.planner.profiling.shard): bytes are one rank's
     optimizer_state_bytes: int = 0  # the optimizer state one rank holds between steps (--optimizer)
     kernels: str = ""  # the device whose kernels ran the estimate when not ``device``'s (cpu standing in for cuda)
     model_device: str = ""  # "meta": the model was built on the meta device (estimated only)
     reserved_bytes: int = 0  # CUDA: what the caching allocator would reserve at the peak (0: not simulated)
-    step: str = ""  # the step it was taken for, every key (memoplan.planner.stamp); "": not recorded
+    step: str = ""  # the step it was taken for, every key (memoplan.planner.profiling.stamp); "": not recorded
     parameter_dtypes: str = ""  # the model's parameter dtypes, sorted, comma-separated; "": not recorded
-    region_seconds: float = 0.0  # one checkpoint region's fixed cost (memoplan.planner.regioncost); 0: unmeasured
+    region_seconds: float = (
+        0.0  # one checkpoint region's fixed cost (memoplan.planner.profiling.regioncost); 0: unmeasured
+    )
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -385,7 +387,7 @@ def nested_candidates(prof: Profile) -> tuple[str, ...]:
     """:func:`default_candidates` and every module inside them that ran and holds saved memory.
 
     Checkpointing a block or some of its parts, at any depth (a block's MLP, or only the
-    activation function inside it): the exact solver (:func:`memoplan.planner.exact.exact`)
+    activation function inside it): the exact solver (:func:`memoplan.planner.search.exact.exact`)
     chooses among them.  Parts that would save nothing by the cost model (a Linear keeps its
     input either way) cost the solver nothing: it drops them before it searches.
     """

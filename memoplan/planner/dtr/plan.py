@@ -1,7 +1,7 @@
 """Planner stage: ``memoplan plan --budget B --dtr`` — a ``dtr`` block whose threshold meets a budget.
 
 profile (measure) -> the ``dtr`` block's candidates (the resolver's rule) -> their chain ->
-:func:`memoplan.planner.dtr_sim.threshold_for` (the largest threshold predicted to fit) ->
+:func:`memoplan.planner.dtr.sim.threshold_for` (the largest threshold predicted to fit) ->
 measure one step with it (under the sum loss and a mean-square loss, the larger peak), and lower
 the threshold by any overshoot (a few times) -> the plan,
 its header saying what the simulator predicted and what was measured.
@@ -28,11 +28,11 @@ from memoplan.planner.budgets import (
     format_size,
     mode_line,
 )
-from memoplan.planner.dtr_sim import Simulation, candidates_from_chain, parameter_bytes, simulate, threshold_for
-from memoplan.planner.profile import profile
-from memoplan.planner.refine import measure_plan
-from memoplan.planner.schema import Profile, chain
-from memoplan.planner.write import provenance
+from memoplan.planner.dtr.sim import Simulation, candidates_from_chain, parameter_bytes, simulate, threshold_for
+from memoplan.planner.profiling.profile import profile
+from memoplan.planner.profiling.schema import Profile, chain
+from memoplan.planner.search.refine import measure_plan
+from memoplan.planner.search.write import provenance
 from memoplan.progress import REPORTER, size
 from memoplan.resolver import resolve
 from memoplan.specs import Example
@@ -205,9 +205,9 @@ def _plan(
 
 
 def _explained(model: nn.Module, example: Example, plan, least: int, prof: Profile) -> list[str]:
-    """MP602's explanation (:func:`memoplan.planner.anatomy.explanation`): the least budget eviction
+    """MP602's explanation (:func:`memoplan.planner.profiling.anatomy.explanation`): the least budget eviction
     meets, and the composition of the peak of ``plan``'s step (None: the unplanned step's)."""
-    from memoplan.planner import anatomy
+    from memoplan.planner.profiling import anatomy
 
     try:
         peak = anatomy.composition(model, example, plan)

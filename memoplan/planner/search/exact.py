@@ -1,6 +1,6 @@
 """Exact planner for nested candidates: a mixed-integer linear program, with a greedy fallback.
 
-The chain planner :func:`memoplan.planner.optimal.optimal` is a fast special-purpose search for
+The chain planner :func:`memoplan.planner.search.optimal.optimal` is a fast special-purpose search for
 disjoint candidates.  When candidates nest (``layers.3`` and ``layers.3.mlp``, a forest by
 module path), :func:`exact` states the same question -- the least recompute time whose
 estimated peak is within the limit, under the cost model of :mod:`memoplan.planner.search`
@@ -42,7 +42,7 @@ The answer is ``proven_optimal=False``, with :attr:`Choice.reason` saying why, w
 not installed, when a byte count is too large to be exact in the solver's floating point
 (above 2**53, where the program cannot state the cost model exactly), when the time limit stops
 HiGHS, or when the solver fails.  The set is then the better of the solver's best set (if it
-found one) and the greedy set (:func:`memoplan.planner.greedy.greedy_bytes`, or, where greedy
+found one) and the greedy set (:func:`memoplan.planner.search.greedy.greedy_bytes`, or, where greedy
 misses, the set of least estimated peak), so a budget that some set meets is always met.  Only
 a run stopped by its time limit depends on the machine.
 """
@@ -57,9 +57,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memoplan.planner.budgets import ByteBudget, byte_limit
-from memoplan.planner.chain import Chain, Item
-from memoplan.planner.choice import Choice, make_choice, settled_choice
-from memoplan.planner.greedy import greedy_set
+from memoplan.planner.search.chain import Chain, Item
+from memoplan.planner.search.choice import Choice, make_choice, settled_choice
+from memoplan.planner.search.greedy import greedy_set
 
 __all__ = ["DEFAULT_TIME_LIMIT", "exact"]
 
@@ -91,12 +91,12 @@ def exact(
 ) -> Choice:
     """The least recompute time within the budget, for nested (or disjoint) candidates.
 
-    Reports like :func:`memoplan.planner.optimal.optimal`: when no legal set is within the
+    Reports like :func:`memoplan.planner.search.optimal.optimal`: when no legal set is within the
     limit the status is ``INFEASIBLE`` (proven: the least reachable peak is exact) and the set
     is one that reaches ``minimum_peak``.  Otherwise the status is ``OK`` and, where HiGHS
     proved its set least within ``time_limit`` seconds, ``proven_optimal`` holds and the
     planner is ``"exact"``; see the module docstring for the fallback and its
-    :attr:`~memoplan.planner.choice.Choice.reason`.
+    :attr:`~memoplan.planner.search.choice.Choice.reason`.
     """
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
         raise ValueError(f"time_limit is a number of seconds > 0, got {time_limit!r}")

@@ -41,7 +41,7 @@ The user's model is never changed: every measurement runs on a deep copy, and ar
 trial the model's parameters' gradients, buffers (BatchNorm running statistics), stateful
 modules' state (:mod:`memoplan.runtime.state`), train/eval modes and the RNG states (torch,
 CUDA, Python's ``random``) are snapshotted and restored, so every trial also starts from
-the same random state as the first (:class:`memoplan.planner.profile.Snapshot`).
+the same random state as the first (:class:`memoplan.planner.profiling.profile.Snapshot`).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from memoplan import api
 from memoplan.diagnostics import PlanError, printable
 from memoplan.measure import measure_step
 from memoplan.planner.config import ALL_LEVELS, Level, RefineOptions
-from memoplan.planner.copies import unplanned_copy
-from memoplan.planner.profile import Snapshot
+from memoplan.planner.profiling.copies import unplanned_copy
+from memoplan.planner.profiling.profile import Snapshot
 from memoplan.progress import REPORTER, size
 from memoplan.resolver import resolve
 from memoplan.runtime.state import is_stateful
@@ -120,13 +120,13 @@ def measure_plan(model: nn.Module, example: Example, plan: ast.Plan, *, loss_fn=
     ``loss_fn`` is the step's loss (the running step's when None: :func:`memoplan.measure.step_loss`).
 
     Raises :class:`PlanError` when the plan does not resolve against the model.  While planning
-    from an estimated profile (:data:`memoplan.planner.shrink.ESTIMATING`) the peak is estimated
-    on fake tensors (:func:`memoplan.planner.estimate.estimate_plan`) instead.
+    from an estimated profile (:data:`memoplan.planner.profiling.shrink.ESTIMATING`) the peak is estimated
+    on fake tensors (:func:`memoplan.planner.profiling.estimate.estimate_plan`) instead.
     """
-    from memoplan.planner.shrink import ESTIMATING
+    from memoplan.planner.profiling.shrink import ESTIMATING
 
     if ESTIMATING.get():
-        from memoplan.planner.estimate import estimate_plan
+        from memoplan.planner.profiling.estimate import estimate_plan
 
         return estimate_plan(model, example, plan)
     example = _as_example(example)
@@ -607,7 +607,7 @@ def _plain(before: int, after: int) -> str:
 
 def _weights(model: nn.Module, example: Example) -> dict[str, int]:
     """Activation bytes each module's subtree holds, from a one-step profile (model left as it was)."""
-    from memoplan.planner.profile import profile
+    from memoplan.planner.profiling.profile import profile
 
     with Snapshot(model, example):
         prof = profile(model, example, repeats=1, progress=False)

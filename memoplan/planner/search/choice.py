@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from memoplan.planner.budgets import Budget, LeastPeak, format_size
-from memoplan.planner.chain import Chain, least_peak
+from memoplan.planner.search.chain import Chain, least_peak
 
 __all__ = ["BudgetError", "Choice", "Status", "make_choice", "settled_choice"]
 

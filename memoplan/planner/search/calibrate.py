@@ -1,7 +1,7 @@
 """Planner stage: a hard budget's set of checkpoints settled by measured trials, not the estimate alone.
 
 The cost model (:mod:`memoplan.planner.search`) estimates a set's peak; a trial measures it (one
-step on a copy, or on fake tensors: :func:`memoplan.planner.refine.measure_plan`).  A trial costs
+step on a copy, or on fake tensors: :func:`memoplan.planner.search.refine.measure_plan`).  A trial costs
 about a training step, a search a fraction of one, so the searches here are steered by what the
 trials measured (the estimate's error, mostly alike from set to set) and a search already answered
 is not run again.  Helpers of :mod:`memoplan.planner.plan`, which measures and raises MP601 for them
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from memoplan.planner import search
-from memoplan.planner.chain import Item
+from memoplan.planner.search.chain import Item
 
 #: Searches each way (tightening, then loosening) before a set is settled.
 MAX_REFINEMENTS = 4

@@ -29,7 +29,7 @@ from torch import nn
 
 from memoplan.measure import LiveStorageMeter, default_loss, gc_paused, warm_up
 from memoplan.planner.budgets import format_size
-from memoplan.planner.profile import Snapshot, as_example
+from memoplan.planner.profiling.profile import Snapshot, as_example
 from memoplan.specs import Example
 
 __all__ = ["KINDS", "Composition", "composition", "explanation"]
@@ -67,7 +67,7 @@ def composition(
 ) -> Composition:
     """The :class:`Composition` of one training step of ``model`` (with ``plan``: on a copy)."""
     from memoplan import api
-    from memoplan.planner.copies import unplanned_copy
+    from memoplan.planner.profiling.copies import unplanned_copy
 
     example = as_example(example)
     with Snapshot(model, example):

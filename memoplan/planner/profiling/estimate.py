@@ -4,22 +4,22 @@ A model whose unplanned step does not fit cannot be measured at full size, yet a
 its bytes: what every module saves, its inputs and outputs, the step's peak.  Those are shape
 arithmetic, so :func:`estimate` runs the training step once under torch's ``FakeTensorMode``
 (tensors with shapes, dtypes, devices and storages of the right size, and no data): the same
-probe as :func:`memoplan.planner.profile.profile` (saved-tensor hooks, module hooks) and the same
+probe as :func:`memoplan.planner.profiling.profile.profile` (saved-tensor hooks, module hooks) and the same
 live-storage meter as :func:`memoplan.measure.measure_step` watch it, so every byte figure is what
 the real step would allocate, with nothing allocated (on CUDA each storage is rounded up to the
 caching allocator's 512-byte blocks).  Parameters and buffers are swapped for fake copies for
 that step and put back after it; the model is left exactly as it was.
 
 What has no shape: times, and whether a module's inputs are binary (spikes).  Both come from a
-real :func:`~memoplan.planner.profile.profile` of a smaller example (the batch halved until it
-fits, :func:`memoplan.planner.shrink.shrinking`, or the one given as ``calibration``): each
+real :func:`~memoplan.planner.profiling.profile.profile` of a smaller example (the batch halved until it
+fits, :func:`memoplan.planner.profiling.shrink.shrinking`, or the one given as ``calibration``): each
 module's forward time is scaled by the ratio of its forward FLOPs at full size to its FLOPs at
 the small size (``torch.utils.flop_counter``'s formulas, counted on fake tensors; a module
 without matrix FLOPs scales with its input elements), and the step time by the ratio of the
 whole step's FLOPs.  When even batch 1 does not fit, times are the FLOPs at the throughput of a
 matrix product measured on the device.
 
-:func:`~memoplan.planner.fake_step.fake_step` (:mod:`memoplan.planner.fake_step`) is that step.
+:func:`~memoplan.planner.profiling.fake_step.fake_step` (:mod:`memoplan.planner.profiling.fake_step`) is that step.
 :func:`take_profile` is what the commands call: ``measured`` (real steps), ``estimated``, or
 ``auto``: measure, and estimate when the real step runs out of memory (with a note).
 """
@@ -37,18 +37,18 @@ import torch
 from torch import nn
 
 from memoplan.measure import LossFn, step_device
-from memoplan.planner.copies import estimate_copy
-from memoplan.planner.fake_step import FakeStep, FakeStepFailed, fake_step
-from memoplan.planner.module_hooks import Record, module_profile, tensor_bytes, unique_storages
-from memoplan.planner.profile import as_example, binary_inputs, input_metas, on_device, profile
-from memoplan.planner.schema import Profile
-from memoplan.planner.shard import SHARDS, optimizer_state_bytes
-from memoplan.planner.shrink import describe_example, is_out_of_memory, shrink, shrinking
-from memoplan.planner.target import TARGET, Target, is_meta, not_runnable, target_for
+from memoplan.planner.profiling.copies import estimate_copy
+from memoplan.planner.profiling.fake_step import FakeStep, FakeStepFailed, fake_step
+from memoplan.planner.profiling.module_hooks import Record, module_profile, tensor_bytes, unique_storages
+from memoplan.planner.profiling.profile import as_example, binary_inputs, input_metas, on_device, profile
+from memoplan.planner.profiling.schema import Profile
+from memoplan.planner.profiling.shard import SHARDS, optimizer_state_bytes
+from memoplan.planner.profiling.shrink import describe_example, is_out_of_memory, shrink, shrinking
+from memoplan.planner.profiling.target import TARGET, Target, is_meta, not_runnable, target_for
 from memoplan.specs import Example
 from memoplan.version import __version__
 
-# The fake step itself is memoplan.planner.fake_step; ``fake_step`` and ``FakeStepFailed`` are
+# The fake step itself is memoplan.planner.profiling.fake_step; ``fake_step`` and ``FakeStepFailed`` are
 # re-exported here, where the commands and tests import them.
 __all__ = ["METHODS", "FakeStepFailed", "estimate", "fake_step", "sharded_estimate", "take_profile"]
 
@@ -68,15 +68,15 @@ def take_profile(
 ) -> Profile:
     """A profile by ``method``: ``measured``, ``estimated``, or ``auto`` (measure; estimate on OOM).
 
-    ``options`` go to :func:`~memoplan.planner.profile.profile` or :func:`estimate`
+    ``options`` go to :func:`~memoplan.planner.profiling.profile.profile` or :func:`estimate`
     (``device``, ``repeats``, ``progress``, ``loss_fn``).  ``note`` receives the line that says
     an out-of-memory error switched ``auto`` to the estimate.  ``fake_peak`` (``auto`` only):
     every byte figure is found on fake tensors (exact on every model tested, one fake step)
     instead of by the real peak and probe steps; one timed step runs for real.
 
-    The profile records the step it was taken for (:mod:`memoplan.planner.stamp`).
+    The profile records the step it was taken for (:mod:`memoplan.planner.profiling.stamp`).
     """
-    from memoplan.planner.stamp import stamped
+    from memoplan.planner.profiling.stamp import stamped
     from memoplan.step import current
 
     prof = _by_method(
@@ -143,7 +143,7 @@ def sharded_estimate(
     fake_peak: bool = False,
     **options: Any,
 ) -> Profile:
-    """One FSDP2 rank's profile (:mod:`memoplan.planner.shard`): the step on the rank's own batch
+    """One FSDP2 rank's profile (:mod:`memoplan.planner.profiling.shard`): the step on the rank's own batch
     (``example``) on fake tensors, its gradients and gathered parameters as sharded over
     ``shards`` ranks, and the optimizer state that rank keeps.  A sharded step does not run
     here, so ``method`` ``measured`` is refused; one rank (``shards`` 1) is estimated only for the
@@ -216,7 +216,7 @@ def estimate(
     calibration: Example | None = None,
     note: Callable[[str], None] | None = None,
 ) -> Profile:
-    """The profile :func:`~memoplan.planner.profile.profile` would measure, without running the
+    """The profile :func:`~memoplan.planner.profiling.profile.profile` would measure, without running the
     full-size step for real; ``method == "estimated"`` (see the module's documentation).
 
     ``calibration`` is the smaller example whose real run gives the times and binary inputs
@@ -354,7 +354,7 @@ def _throughput(device: torch.device) -> float:
 
 def estimate_plan(model: nn.Module, example: Example | torch.Tensor | Sequence[Any], plan: Any) -> int:
     """The peak of one training step of a copy of ``model`` with ``plan``, on fake tensors: what
-    :func:`memoplan.planner.refine.measure_plan` measures, with nothing of the step allocated."""
+    :func:`memoplan.planner.search.refine.measure_plan` measures, with nothing of the step allocated."""
     from memoplan import api
 
     example = as_example(example)
