@@ -34,48 +34,11 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
     """The arena section: the ``ARENA`` spec, ``arena_graph`` and ``arena_forward``."""
     program = plan.program
     value_names = [names.allocate(hint) for hint in program.names]
-    slot_of = plan.slot_of()
-    offsets = plan.layout.assignment.offsets
-    order = plan.layout.order
-    last_use = _last_uses(program, order)
-    keep = {o.index for o in program.outputs if isinstance(o, Ref)}
-    lines: list[_Line] = []
-    module = None
-    made_by = {info.producer: b for b, info in enumerate(program.buffers)}
-    for position, index in enumerate(order):
-        step = program.steps[index]
-        note = step.note
-        buffer = made_by.get(index)
-        if buffer in slot_of:
-            out_step = program.buffers[buffer].out_step
-            assert out_step is not None, "a buffer with an arena slot has its out= form"
-            step = out_step
-        elif buffer is not None:
-            note = plan.note(buffer)
-        comment = None
-        if step.module != module:
-            module = step.module
-            comment = f"{module or '(the model itself)'}"
-        if note:
-            comment = f"{comment + ': ' if comment else ''}{note}"
-        lines.append(_Line(comment, _call(step, value_names, slot_of)))
-        dead = [v for v in last_use.get(position, ()) if v not in keep]
-        if dead:
-            lines.append(_Line(None, "del " + ", ".join(value_names[v] for v in sorted(dead))))
+    lines = _forward_lines(plan, value_names)
     n_inputs = len(program.inputs)
     inputs = [value_names[i] for i in range(n_inputs)]
     attributes = [value_names[n_inputs + i] for i in range(len(program.attributes))]
-    slots = []
-    for slot, held in enumerate(plan.slots):
-        info = program.buffers[held[0]]  # every buffer of a slot has its dtype, shape and stride
-        slots.append(
-            {
-                "offset": offsets[slot],
-                "dtype": _torch_name(info.dtype),
-                "shape": pyrepr(tuple(info.shape)),
-                "stride": pyrepr(tuple(info.stride)),
-            }
-        )
+    slots = _slot_specs(plan)
     stats = plan.layout.stats
     text = render(
         "arena_section.py.j2",
@@ -110,6 +73,58 @@ def render_arena(plan: ArenaPlan, names: NameAllocator) -> str:
         outputs=[_arg(o, value_names) for o in program.outputs],
     )
     return text.rstrip("\n")
+
+
+def _forward_lines(plan: ArenaPlan, value_names: list[str]) -> list[_Line]:
+    """``arena_forward``'s body: each step's call in the arena's order (its out= form where its
+    buffer has a slot), a comment where the module changes, and a ``del`` after a value's last use."""
+    program = plan.program
+    slot_of = plan.slot_of()
+    order = plan.layout.order
+    last_use = _last_uses(program, order)
+    keep = {o.index for o in program.outputs if isinstance(o, Ref)}
+    lines: list[_Line] = []
+    module = None
+    made_by = {info.producer: b for b, info in enumerate(program.buffers)}
+    for position, index in enumerate(order):
+        step = program.steps[index]
+        note = step.note
+        buffer = made_by.get(index)
+        if buffer in slot_of:
+            out_step = program.buffers[buffer].out_step
+            assert out_step is not None, "a buffer with an arena slot has its out= form"
+            step = out_step
+        elif buffer is not None:
+            note = plan.note(buffer)
+        comment = None
+        if step.module != module:
+            module = step.module
+            comment = f"{module or '(the model itself)'}"
+        if note:
+            comment = f"{comment + ': ' if comment else ''}{note}"
+        lines.append(_Line(comment, _call(step, value_names, slot_of)))
+        dead = [v for v in last_use.get(position, ()) if v not in keep]
+        if dead:
+            lines.append(_Line(None, "del " + ", ".join(value_names[v] for v in sorted(dead))))
+    return lines
+
+
+def _slot_specs(plan: ArenaPlan) -> list[dict[str, object]]:
+    """Each arena slot's offset, dtype, shape and stride, as the template writes them."""
+    program = plan.program
+    offsets = plan.layout.assignment.offsets
+    slots = []
+    for slot, held in enumerate(plan.slots):
+        info = program.buffers[held[0]]  # every buffer of a slot has its dtype, shape and stride
+        slots.append(
+            {
+                "offset": offsets[slot],
+                "dtype": _torch_name(info.dtype),
+                "shape": pyrepr(tuple(info.shape)),
+                "stride": pyrepr(tuple(info.stride)),
+            }
+        )
+    return slots
 
 
 def _last_uses(program, order) -> dict[int, list[int]]:
