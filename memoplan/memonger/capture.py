@@ -254,38 +254,10 @@ def _program(model: nn.Module, exported, args: tuple, kwargs: dict, span: Span |
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     if spec != exported.call_spec.in_spec:
         raise b.error("torch.export flattened the example's arguments in another order")
-    guards: list[TensorGuard | ConstGuard] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            guards.append(_tensor_guard(leaf))
-        elif isinstance(leaf, _LITERALS):
-            guards.append(ConstGuard(leaf))
-        else:
-            raise b.error(f"an example argument is a {type(leaf).__name__}, not a tensor or a plain constant")
-    devices = {leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor)}
-    if len(devices) > 1:
-        raise b.error(f"the example's tensors are on several devices ({sorted(map(str, devices))})")
+    guards = _example_guards(b, leaves)
     graph = exported.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    specs_in = exported.graph_signature.input_specs
-    user = [n for n, s in zip(placeholders, specs_in) if s.kind == InputKind.USER_INPUT]
-    if len(placeholders) != len(specs_in) or len(user) != len(leaves):
-        raise b.error(f"the graph takes {len(user)} inputs for {len(leaves)} example leaves")
     env: dict[Any, int] = {}
-    for node, leaf in zip(user, leaves):
-        env[node] = b.add_value(node.name, leaf, None)
-    attributes = []
-    for node, spec_in in zip(placeholders, specs_in):
-        if spec_in.kind == InputKind.USER_INPUT:
-            continue
-        value = _attribute(model, spec_in.target) if spec_in.kind in (InputKind.PARAMETER, InputKind.BUFFER) else None
-        if not isinstance(value, torch.Tensor):
-            raise b.error(
-                f"the graph reads `{spec_in.target}` ({spec_in.kind.name.lower()}), which is not a parameter "
-                "or buffer of the model (a tensor made outside the forward is baked into the graph)"
-            )
-        attributes.append(spec_in.target)
-        env[node] = b.add_value(node.name, value, None)
+    attributes = _graph_inputs(b, model, exported, leaves, env)
     with torch.no_grad():
         for node in graph.nodes:
             if node.op in ("placeholder", "get_attr"):
@@ -302,6 +274,48 @@ def _program(model: nn.Module, exported, args: tuple, kwargs: dict, span: Span |
         else:  # pragma: no cover - an fx graph always ends with its output node
             raise b.error("the graph has no output")
         return _finish(b, model, guards, leaves, spec, out_spec, attributes, outputs)
+
+
+def _example_guards(b: _Builder, leaves: list) -> list[TensorGuard | ConstGuard]:
+    """What the generated module checks of each example leaf: a tensor's dtype, shape and
+    stride, a constant's value; the leaves' tensors on one device."""
+    guards: list[TensorGuard | ConstGuard] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            guards.append(_tensor_guard(leaf))
+        elif isinstance(leaf, _LITERALS):
+            guards.append(ConstGuard(leaf))
+        else:
+            raise b.error(f"an example argument is a {type(leaf).__name__}, not a tensor or a plain constant")
+    devices = {leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor)}
+    if len(devices) > 1:
+        raise b.error(f"the example's tensors are on several devices ({sorted(map(str, devices))})")
+    return guards
+
+
+def _graph_inputs(b: _Builder, model: nn.Module, exported, leaves: list, env: dict[Any, int]) -> list[str]:
+    """The graph's placeholders as values (into ``env``): the example's leaves, then the model's
+    parameters and buffers the graph reads, whose paths are returned."""
+    placeholders = [n for n in exported.graph.nodes if n.op == "placeholder"]
+    specs_in = exported.graph_signature.input_specs
+    user = [n for n, s in zip(placeholders, specs_in) if s.kind == InputKind.USER_INPUT]
+    if len(placeholders) != len(specs_in) or len(user) != len(leaves):
+        raise b.error(f"the graph takes {len(user)} inputs for {len(leaves)} example leaves")
+    for node, leaf in zip(user, leaves):
+        env[node] = b.add_value(node.name, leaf, None)
+    attributes = []
+    for node, spec_in in zip(placeholders, specs_in):
+        if spec_in.kind == InputKind.USER_INPUT:
+            continue
+        value = _attribute(model, spec_in.target) if spec_in.kind in (InputKind.PARAMETER, InputKind.BUFFER) else None
+        if not isinstance(value, torch.Tensor):
+            raise b.error(
+                f"the graph reads `{spec_in.target}` ({spec_in.kind.name.lower()}), which is not a parameter "
+                "or buffer of the model (a tensor made outside the forward is baked into the graph)"
+            )
+        attributes.append(spec_in.target)
+        env[node] = b.add_value(node.name, value, None)
+    return attributes
 
 
 def _tensor_guard(tensor: torch.Tensor) -> TensorGuard:
