@@ -470,45 +470,7 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
     for index, step in enumerate(b.steps):
         for root in _touches(b, step):
             users.setdefault(root, set()).add(index)
-    buffers: list[BufferInfo] = []
-    for value in b.fresh:
-        step_index = b.producer[value]
-        step = b.steps[step_index]
-        tensor = b.values[value]
-        note = _why_not(b, step_index, step, value, tensor, pinned)
-        out_step = None
-        scratch = 0
-        if not note:
-            candidate, note, scratch = b.out_variants[step_index]
-            if not note:
-                out_step = Step(
-                    candidate.op,
-                    candidate.args,
-                    candidate.kwargs,
-                    candidate.result,
-                    candidate.function,
-                    candidate.module,
-                    len(buffers),
-                )
-        if note and not step.note:
-            b.steps[step_index] = Step(
-                step.op, step.args, step.kwargs, step.result, step.function, step.module, None, note
-            )
-        buffers.append(
-            BufferInfo(
-                value=value,
-                producer=step_index,
-                users=tuple(sorted(users.get(value, ()))),
-                size=tensor.untyped_storage().nbytes(),
-                dtype=str(tensor.dtype).removeprefix("torch."),
-                shape=tuple(tensor.shape),
-                stride=tuple(tensor.stride()),
-                arena=not note,
-                note=note,
-                out_step=out_step,
-                scratch=scratch if out_step is not None else 0,
-            )
-        )
+    buffers = [_buffer_info(b, value, number, pinned, users) for number, value in enumerate(b.fresh)]
     buffer_of = {info.value: i for i, info in enumerate(buffers)}
     for i, info in enumerate(buffers):
         over = buffer_of.get(b.over.get(info.producer, -1))
@@ -529,6 +491,44 @@ def _finish(b: _Builder, model, guards, leaves, spec, out_spec, attributes, outp
         buffers=tuple(buffers),
         outputs=outputs,
         workspaces=tuple(b.workspaces.get(i, 0) for i in range(len(b.steps))),
+    )
+
+
+def _buffer_info(b: _Builder, value: int, number: int, pinned: set[int], users: dict[int, set[int]]) -> BufferInfo:
+    """The ``number``-th buffer, the fresh ``value``: its size, layout and readers, and whether it
+    may live in the arena (its producer's out= form) or, in a note on the producer, why not."""
+    step_index = b.producer[value]
+    step = b.steps[step_index]
+    tensor = b.values[value]
+    note = _why_not(b, step_index, step, value, tensor, pinned)
+    out_step = None
+    scratch = 0
+    if not note:
+        candidate, note, scratch = b.out_variants[step_index]
+        if not note:
+            out_step = Step(
+                candidate.op,
+                candidate.args,
+                candidate.kwargs,
+                candidate.result,
+                candidate.function,
+                candidate.module,
+                number,
+            )
+    if note and not step.note:
+        b.steps[step_index] = Step(step.op, step.args, step.kwargs, step.result, step.function, step.module, None, note)
+    return BufferInfo(
+        value=value,
+        producer=step_index,
+        users=tuple(sorted(users.get(value, ()))),
+        size=tensor.untyped_storage().nbytes(),
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        shape=tuple(tensor.shape),
+        stride=tuple(tensor.stride()),
+        arena=not note,
+        note=note,
+        out_step=out_step,
+        scratch=scratch if out_step is not None else 0,
     )
 
 
