@@ -27,7 +27,8 @@ unplanned magnitude); memoplan's plans are checked by ``memoplan.verify`` (bit f
 The verdict per peer point: memoplan's plan at that peak **covers** the peer when its peak is
 no higher and its median step time is no slower than the peer's, within the run's noise (the
 larger of 1% and the unplanned step's interquartile range over its median).  A first pass of a few
-rounds cannot tell a tie from a loss, so each point whose plan was slower than its peer there is
+rounds cannot tell a tie from a loss, so each point whose plan was not faster than its peer there
+by more than the noise is
 **settled**: the pair alone (the peer, then memoplan's plan, the order alternating round by round)
 is re-timed over ``--settle-rounds`` paired rounds (0: none), and the time half of the verdict
 comes from the per-round ratio plan/peer, which cancels the load drift both steps share: its
@@ -296,10 +297,11 @@ def settle(peer_step: Callable[[], Any], plan_step: Callable[[], Any], rounds: i
 
 
 def settle_points(found, mine, steps, noise: float, args) -> None:
-    """Re-time each peer point whose first-pass time verdict is not clearly "no slower"."""
+    """Re-time each peer point whose first-pass time verdict is not clearly "no slower": the
+    plan slower, or faster by less than the run's noise."""
     for entry in mine:
         peer = next((p for p in found if p["name"] == entry.get("peer")), None)
-        if peer is None or "time" not in entry or "time" not in peer or entry["time"] <= peer["time"]:
+        if peer is None or "time" not in entry or "time" not in peer or entry["time"] < peer["time"] * (1 - noise):
             continue
         progress(f"  settling {peer['name']}: {args.settle_rounds} paired rounds")
         peer_times, plan_times = settle(steps[peer["name"]], steps[entry["name"]], args.settle_rounds, args.seed)
