@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.frontier import build  # noqa: E402
-from memoplan.planner import plan as plan_module  # noqa: E402
+from memoplan.planner import chainruns, onelevel, trial  # noqa: E402
 from memoplan.planner.budgets import FractionOfPeak  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
 from memoplan.planner.profiling.profile import profile  # noqa: E402
@@ -49,7 +49,11 @@ class _Counted:
         self.trials = self.real = 0
 
     def __enter__(self) -> _Counted:
-        self._measure, self._checked = plan_module._measure, plan_module._checked
+        # ``measure`` is looked up on ``trial`` at each call; ``checked`` is imported by name into
+        # the modules that take the real step, so it is replaced in each of them.
+        self._measure = trial.measure
+        self._checked = {mod: mod.checked for mod in (trial, onelevel, chainruns)}
+        real = trial.checked
 
         def measure(*args):
             self.trials += 1
@@ -57,13 +61,17 @@ class _Counted:
 
         def checked(*args):
             self.real += 1
-            return self._checked(*args)
+            return real(*args)
 
-        plan_module._measure, plan_module._checked = measure, checked
+        trial.measure = measure
+        for mod in self._checked:
+            mod.checked = checked
         return self
 
     def __exit__(self, *exc) -> None:
-        plan_module._measure, plan_module._checked = self._measure, self._checked
+        trial.measure = self._measure
+        for mod, fn in self._checked.items():
+            mod.checked = fn
 
 
 def main(argv: list[str] | None = None) -> int:

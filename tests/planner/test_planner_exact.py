@@ -45,7 +45,9 @@ from memoplan.planner.search import (  # noqa: E402
     to_plan,
 )
 from memoplan.planner.search import exact as exact_module  # noqa: E402
+from memoplan.planner.search.chain import Chain  # noqa: E402
 from memoplan.planner.search.exact import exact  # noqa: E402
+from memoplan.planner.search.forest import forest_search  # noqa: E402
 
 SETTINGS = settings(
     max_examples=n_examples(120), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -384,3 +386,57 @@ def test_a_subnormal_recompute_time_keeps_the_objective_finite():
     dp = optimal(items, Bytes(1), base_bytes=0)
     assert (milp.status, milp.minimum_peak) == (dp.status, dp.minimum_peak)
     assert milp.recompute_seconds == dp.recompute_seconds
+
+
+# ---------------------------------------------------------------- the trees' frontiers (forest_search)
+
+
+@SETTINGS
+@given(st.data())
+def test_forest_search_equals_brute_force_on_forests(data):
+    forest = data.draw(forests())
+    limit = data.draw(budgets(forest))
+    best, floor = brute_force(forest, limit)
+    chain = Chain(forest.items, forest.base, nested_ok=True)
+    if chain.unplanned <= limit or floor > limit:
+        return  # settled without a search (the empty set, or none within the limit): optimal never asks
+    chosen = forest_search(chain, limit)
+    assert chosen is not None and best is not None
+    assert list(chosen) == sorted(set(chosen))
+    assert not any(a != b and inside(forest, a, b) for a in chosen for b in chosen)
+    assert peak_of(forest, chosen) <= limit
+    assert math.fsum(forest.items[c].forward_seconds for c in chosen) == pytest.approx(best, **TOL)
+    # optimal answers with it, and says what the mixed-integer program says
+    choice, milp = (f(forest.items, Bytes(limit), base_bytes=forest.base) for f in (optimal, exact))
+    assert choice.checkpointed == chosen and choice.proven_optimal and choice.planner == "exact"
+    assert (choice.status, choice.minimum_peak) == (milp.status, milp.minimum_peak)
+    assert choice.recompute_seconds == pytest.approx(milp.recompute_seconds, **TOL)
+
+
+def test_forest_search_agrees_with_the_solver_on_blocks_with_variants():
+    """Blocks whose save variants nest as a path above the plain block, parts inside (as the planner builds them)."""
+    items = []
+    for b in range(6):
+        items.append(Item(f"h.{b}", 2900 + 7 * b, 100, 4.0 + b * 1e-3))
+        items += [Item(f"h.{b}", 2900 + 7 * b, 900 + 50 * v, 3.0 - v * 0.7, save=(f"s{v}",)) for v in range(3)]
+        items += [Item(f"h.{b}.attn", 900, 100 + b, 1.0 + b * 1e-3), Item(f"h.{b}.mlp", 1800, 300, 1.5 - b * 1e-3)]
+        items.append(Item(f"h.{b}.mlp", 1800, 700, 0.6, save=("mm",)))
+    unplanned = Chain(items, 500, nested_ok=True).unplanned
+    for limit in range(unplanned // 4, unplanned, unplanned // 23):
+        choice, milp = (f(items, Bytes(limit), base_bytes=500) for f in (optimal, exact))
+        assert (choice.status, choice.minimum_peak) == (milp.status, milp.minimum_peak)
+        assert choice.proven_optimal and milp.proven_optimal
+        assert choice.recompute_seconds == pytest.approx(milp.recompute_seconds, **TOL)
+
+
+def test_forest_search_past_its_bound_hands_over_to_the_solver(monkeypatch):
+    forest = nested_forest(12)
+    chain = Chain(forest.items, 0, nested_ok=True)
+    limit = chain.unplanned * 2 // 3
+    assert forest_search(chain, limit) is not None
+    assert forest_search(chain, limit, max_options=3) is None
+    asked = []
+    optimal_module = sys.modules["memoplan.planner.search.optimal"]  # the package's `optimal` is the function
+    monkeypatch.setattr(optimal_module, "forest_search", lambda *a: asked.append(a) and None)
+    choice = optimal(forest.items, Bytes(limit))
+    assert asked and choice == exact(forest.items, Bytes(limit))

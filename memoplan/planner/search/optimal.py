@@ -14,6 +14,7 @@ from memoplan.planner.budgets import ByteBudget, byte_limit
 from memoplan.planner.search.chain import Chain, Item
 from memoplan.planner.search.choice import Choice, make_choice, settled_choice
 from memoplan.planner.search.exact import exact
+from memoplan.planner.search.forest import forest_search
 
 __all__ = ["DEFAULT_MAX_STATES", "optimal"]
 
@@ -251,6 +252,18 @@ def _solve_core(chain: Chain, order: list[int], need: int, incumbent: float, eff
     return best[0], _chosen(blocks, brk, best[1]), complete
 
 
+def _nested(chain: Chain, items: Sequence[Item], budget: ByteBudget, base_bytes: int) -> Choice:
+    """The exact answer for nested candidates: by their trees, else by the mixed-integer program."""
+    limit = byte_limit(budget, chain.unplanned)
+    settled, floor, _ = settled_choice(chain, "exact", budget, limit)
+    if settled is not None:
+        return settled
+    chosen = forest_search(chain, limit)
+    if chosen is None:  # too large for the frontiers (a set within the limit exists: settled said so)
+        return exact(items, budget, base_bytes=base_bytes)
+    return make_choice(chain, "exact", budget, chosen, limit, floor, proven=True)
+
+
 def optimal(
     items: Sequence[Item],
     budget: ByteBudget,
@@ -273,12 +286,13 @@ def optimal(
     so the result does not depend on the machine.
 
     Nested candidates (one inside another) are not a chain: they go to
-    :func:`memoplan.planner.search.exact.exact` (a mixed-integer program, default time limit, greedy
-    fallback), and ``max_states`` does not apply.
+    :func:`memoplan.planner.search.forest.forest_search` (the trees' frontiers, exact), or where its
+    frontiers grow too large to :func:`memoplan.planner.search.exact.exact` (a mixed-integer program,
+    default time limit, greedy fallback); ``max_states`` does not apply.
     """
     chain = Chain(items, base_bytes, nested_ok=True)
     if chain.nested:
-        return exact(items, budget, base_bytes=base_bytes)
+        return _nested(chain, items, budget, base_bytes)
     limit = byte_limit(budget, chain.unplanned)
     settled, floor, _ = settled_choice(chain, "optimal", budget, limit)
     if settled is not None:
