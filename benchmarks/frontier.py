@@ -238,12 +238,9 @@ def timed(steps: dict[str, Callable[[], Any]], rounds: int, seed: int) -> dict[s
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds + 1):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            torch.manual_seed(seed)
-            gc.collect()
-            start = time.process_time()
-            steps[name]()
+            took = _timed(steps[name], seed)
             if r:
-                times[name].append(time.process_time() - start)
+                times[name].append(took)
         if r:
             progress(f"  timed round {r}/{rounds}")
     return times
@@ -281,6 +278,15 @@ def settle_verdict(peer_times: list[float], plan_times: list[float], noise: floa
     return {"rounds": n, "median": median, "low": low, "high": high, "iqr": q[2] - q[0], "verdict": word}
 
 
+def _timed(step: Callable[[], Any], seed: int) -> float:
+    """CPU seconds of one step, from the same seed and after a collection."""
+    torch.manual_seed(seed)
+    gc.collect()
+    start = time.process_time()
+    step()
+    return time.process_time() - start
+
+
 def settle(peer_step: Callable[[], Any], plan_step: Callable[[], Any], rounds: int, seed: int) -> list[list[float]]:
     """CPU seconds per step of a peer and a plan over ``rounds`` paired rounds (after one warm-up
     pair), the order within a round alternating: [peer times, plan times]."""
@@ -288,12 +294,9 @@ def settle(peer_step: Callable[[], Any], plan_step: Callable[[], Any], rounds: i
     steps = (peer_step, plan_step)
     for r in range(rounds + 1):
         for i in (0, 1) if r % 2 else (1, 0):
-            torch.manual_seed(seed)
-            gc.collect()
-            start = time.process_time()
-            steps[i]()
+            took = _timed(steps[i], seed)
             if r:
-                pair[i].append(time.process_time() - start)
+                pair[i].append(took)
     return pair
 
 
