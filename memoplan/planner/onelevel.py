@@ -17,6 +17,7 @@ from memoplan.planner.profiling.shard import SHARDS
 from memoplan.planner.profiling.shrink import ESTIMATING as _ESTIMATING
 from memoplan.planner.profiling.target import hard_mode, no_real_step, planned_peak_name, unplanned_peak_name
 from memoplan.planner.search import calibrate
+from memoplan.planner.search.held import Predictor
 from memoplan.planner.search.refine import refine as refine_plan
 from memoplan.planner.search.write import provenance, under_header
 from memoplan.planner.trial import (
@@ -60,7 +61,7 @@ def plan_level(
     limit = choice.limit
     least_set = False  # the plan is the least-peak set (refined): what MP601 then reports
     try:
-        choice, after = settled(model, example, items, choice, planner, base, hard)
+        choice, after = settled(model, example, items, choice, planner, base, hard, prof)
     except BudgetMissed as missed:
         if not widened:
             raise
@@ -144,14 +145,20 @@ def _final_check(model: nn.Module, example: Example, draft: ast.Plan, after: int
     return {}, after
 
 
-def settled(model, example, items, choice: search.Choice, planner: Search, base: int, hard: bool):
+def settled(model, example, items, choice: search.Choice, planner: Search, base: int, hard: bool, prof: Profile):
     """(choice, measured peak): the search's set, settled by measured trials for a hard budget
-    (:func:`memoplan.planner.search.calibrate.settled`)."""
+    (:func:`memoplan.planner.search.calibrate.settled`), predicted from the profile's bytes
+    between module boundaries where it has them and no hand-written rule changes the step."""
 
     def measure(c: search.Choice) -> int:
         return trial.measure(model, example, draft_plan(c, items, model, {}, planner))
 
-    return calibrate.settled(calibrate.Trials(items, planner, base, measure, missed_budget), choice, hard)
+    held = prof.held
+    predictor = None
+    if held is not None and not planner.fixed and planner.planner is Planner.OPTIMAL:
+        predictor = Predictor(items, held.peaks, held.windows, base)
+    trials = calibrate.Trials(items, planner, base, measure, missed_budget, predictor)
+    return calibrate.settled(trials, choice, hard)
 
 
 def _refined_recompute(plan: ast.Plan, choice: search.Choice, prof: Profile) -> dict[str, str]:

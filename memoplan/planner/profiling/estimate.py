@@ -39,6 +39,7 @@ from torch import nn
 from memoplan.measure import LossFn, step_device
 from memoplan.planner.profiling.copies import estimate_copy
 from memoplan.planner.profiling.fake_step import FakeStep, FakeStepFailed, fake_step
+from memoplan.planner.profiling.held import held_fields
 from memoplan.planner.profiling.module_hooks import Record, module_profile, tensor_bytes, unique_storages
 from memoplan.planner.profiling.profile import as_example, binary_inputs, input_metas, on_device, profile
 from memoplan.planner.profiling.schema import Profile
@@ -201,7 +202,11 @@ def _with_fake_peak(
         binary = seen.get(id(module), False) and record.calls > 0
         modules.append(module_profile(name, module, record, timed[name].forward_seconds, binary))
     return replace(
-        timed, modules=tuple(modules), peak_bytes=fake.peak_bytes, unattributed_saved_bytes=fake.unattributed
+        timed,
+        modules=tuple(modules),
+        peak_bytes=fake.peak_bytes,
+        unattributed_saved_bytes=fake.unattributed,
+        **held_fields(fake.held),
     )
 
 
@@ -334,6 +339,7 @@ def _assemble(
         model_device="meta" if is_meta(model) else "",
         reserved_bytes=full.reserved_bytes,
         region_seconds=small.region_seconds if small is not None else 0.0,
+        **held_fields(full.held),
     )
 
 

@@ -23,6 +23,7 @@ from torch.utils.flop_counter import flop_registry
 
 from memoplan.measure import LiveStorageMeter, LossFn, gc_paused, training_step, warm_up
 from memoplan.planner.profiling.cuda_allocator import Simulator, block_bytes
+from memoplan.planner.profiling.held import Held, boundaries, stretches
 from memoplan.planner.profiling.module_hooks import Probe, Record
 from memoplan.planner.profiling.shard import SHARDS, gathered_bytes
 from memoplan.planner.profiling.shrink import is_out_of_memory
@@ -45,6 +46,7 @@ class FakeStep:
     total_flops: int = 0  # the whole step's, backward included
     fallbacks: tuple[tuple[str, str], ...] = ()  # (operator, its fake kernel's error): run for real on zeros
     reserved_bytes: int = 0  # on CUDA: what the caching allocator would reserve at most (cuda_allocator)
+    held: Held = Held((), {})  # its live bytes between module boundaries (memoplan.planner.profiling.held)
 
 
 class _FakeProbe(Probe):
@@ -86,8 +88,10 @@ class _AllocatorMeter(LiveStorageMeter):
     """The live-storage meter with CUDA storages rounded up as the caching allocator rounds them;
     sharded over ``shards`` ranks, each gradient counts ``1/shards`` once it is accumulated."""
 
-    def __init__(self, shards: int = 1, widen: tuple[int, int] = (1, 1), *, cuda: bool = False) -> None:
-        super().__init__()
+    def __init__(
+        self, shards: int = 1, widen: tuple[int, int] = (1, 1), *, cuda: bool = False, record: bool = False
+    ) -> None:
+        super().__init__(record=record)
         self.shards = shards
         self.widen = widen  # a sharded gradient is kept in a dtype this much wider (fp32 of bf16: (4, 2))
         self.cuda = cuda
@@ -271,7 +275,7 @@ def _fake_step(
             args, kwargs, widen = _in_compute_dtype(model, mode, compute, (args, kwargs))
         probe = _FakeProbe(model, kernels)
         flops = _Flops(probe)
-        meter = _AllocatorMeter(shards, widen, cuda=aim.device.type == "cuda")
+        meter = _AllocatorMeter(shards, widen, cuda=aim.device.type == "cuda", record=not peak_only)
         hooks = [
             p.register_post_accumulate_grad_hook(lambda p: meter.shard(p.grad.untyped_storage()))
             for p in model.parameters()
@@ -283,6 +287,7 @@ def _fake_step(
                 if not peak_only:  # the probe and the FLOP counter, inside the meter as always
                     watching.enter_context(probe)
                     watching.enter_context(flops)
+                    watching.enter_context(boundaries(model)(meter.mark))
                 output, loss = training_step(model, args, kwargs, loss_fn)
                 if not peak_only:
                     probe.kept_by(output)
@@ -294,7 +299,8 @@ def _fake_step(
         reserved = meter.simulator.peak_reserved + gathered if meter.simulator is not None else 0
         peak = meter.peak_bytes + gathered
         found = tuple(fallback.fallbacks.items())
-        return FakeStep(peak, probe.records, probe.unattributed, flops.per_module, flops.total, found, reserved)
+        held = stretches(meter.samples, meter.marks, gathered) if meter.samples is not None else Held((), {})
+        return FakeStep(peak, probe.records, probe.unattributed, flops.per_module, flops.total, found, reserved, held)
 
 
 class _DropFakeKernelTracebacks(logging.Filter):

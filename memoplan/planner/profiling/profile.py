@@ -67,7 +67,16 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memoplan.measure import LossFn, gc_frozen, indexed_device, measure_step, step_device, training_step
+from memoplan.measure import (
+    LossFn,
+    gc_frozen,
+    indexed_device,
+    measure_step,
+    step_device,
+    timeline_step,
+    training_step,
+)
+from memoplan.planner.profiling.held import Held, boundaries, held_fields, stretches
 from memoplan.planner.profiling.module_hooks import Probe, Record, Timer, module_profile, tensor_bytes, unique_storages
 from memoplan.planner.profiling.regioncost import region_seconds
 from memoplan.planner.profiling.schema import (
@@ -190,9 +199,10 @@ def profile(
             bar.step("warm-up")
             training_step(model, example.args, dict(example.kwargs), loss_fn)
             restored.reset()
+        held = Held((), {})
         if peak_bytes is None:
             bar.step("peak")
-            measured = measure_step(model, example.args, example.kwargs, loss_fn=loss_fn)
+            measured, held = _peak_step(model, example, target, loss_fn)
             peak, peak_method = measured.peak_bytes, measured.method
             restored.reset()
         else:
@@ -227,7 +237,17 @@ def profile(
         memoplan_version=__version__,
         repeats=repeats,
         region_seconds=region_seconds(target),
+        **held_fields(held),
     )
+
+
+def _peak_step(model: nn.Module, example: Example, target: torch.device, loss_fn: LossFn | None):
+    """The unplanned step's peak, and on the CPU its live bytes between module boundaries
+    (:mod:`memoplan.planner.profiling.held`), from the same step."""
+    if target.type != "cpu":
+        return measure_step(model, example.args, example.kwargs, loss_fn=loss_fn), Held((), {})
+    measured, line = timeline_step(model, example.args, example.kwargs, loss_fn=loss_fn, marks=boundaries(model))
+    return measured, stretches(line.samples, line.marks)
 
 
 def binary_inputs(model: nn.Module, example: Example, device: torch.device) -> dict[int, bool]:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from memoplan.planner.profiling.held import Held
+
 __all__ = [
     "FORMAT_VERSION",
     "ChainLink",
@@ -135,11 +137,21 @@ class Profile:
     region_seconds: float = (
         0.0  # one checkpoint region's fixed cost (memoplan.planner.profiling.regioncost); 0: unmeasured
     )
+    # The unplanned step's peak between module boundaries, and each module's window of those
+    # stretches (memoplan.planner.profiling.held); empty where not recorded (older profiles, CUDA).
+    held_peaks: tuple[int, ...] = ()
+    held_windows: tuple[tuple[str, int, int], ...] = ()
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", tuple(self.modules))
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        if isinstance(self.held_peaks, list):
+            object.__setattr__(self, "held_peaks", tuple(self.held_peaks))
+        if isinstance(self.held_windows, list):
+            windows = tuple(tuple(w) if isinstance(w, list) else w for w in self.held_windows)
+            object.__setattr__(self, "held_windows", windows)
+        _check_held(self.held_peaks, self.held_windows)
         index = {m.name: i for i, m in enumerate(self.modules)}
         if len(index) != len(self.modules):
             raise ValueError("a profile lists a module path twice")
@@ -160,6 +172,13 @@ class Profile:
 
     def __contains__(self, name: object) -> bool:
         return name in self._index
+
+    @property
+    def held(self) -> Held | None:
+        """The step's live bytes between module boundaries, when recorded (:mod:`memoplan.planner.profiling.held`)."""
+        if not self.held_peaks:
+            return None
+        return Held(self.held_peaks, {name: (first, last) for name, first, last in self.held_windows})
 
     def descendants(self, name: str) -> tuple[ModuleProfile, ...]:
         """The modules strictly below ``name`` (everything but the root, for ``""``)."""
@@ -216,6 +235,8 @@ class Profile:
         body.setdefault("step", "")  # ... and before the step a profile was taken for was recorded
         body.setdefault("parameter_dtypes", "")
         body.setdefault("region_seconds", 0.0)  # ... and before the fixed cost of a region was measured
+        body.setdefault("held_peaks", [])  # ... and before the step's bytes between module boundaries
+        body.setdefault("held_windows", [])
         _check_keys("profile", body, [f.name for f in fields(cls) if f.init])
         body["modules"] = tuple(_module_from_dict(m) for m in body["modules"])
         body["inputs"] = tuple(_tensor_meta_from_dict(t) for t in body["inputs"])
@@ -304,6 +325,9 @@ def merge(profiles: Iterable[Profile]) -> Profile:
         step="; ".join(sorted({p.step for p in items})),  # several: checked as differing from any one
         parameter_dtypes=_joined(p.parameter_dtypes for p in items),
         region_seconds=max(p.region_seconds for p in items),
+        # Of several ranks, no one step's bytes between module boundaries is the merged step's.
+        held_peaks=first.held_peaks if len(items) == 1 else (),
+        held_windows=first.held_windows if len(items) == 1 else (),
     )
 
 
@@ -483,6 +507,22 @@ def _plain(m: ModuleProfile) -> dict[str, Any]:
 
 
 _MODULE_FLOATS = ("forward_seconds", "recompute_seconds")
+
+
+def _check_held(peaks: Any, windows: Any) -> None:
+    """``held_peaks`` are byte counts; ``held_windows`` are (module path, first, last) with
+    ``0 <= first <= last <= len(held_peaks)``; windows need peaks."""
+    if not isinstance(peaks, tuple) or not all(type(p) is int and p >= 0 for p in peaks):
+        raise ValueError("held_peaks must be a list of byte counts (integers >= 0)")
+    if not isinstance(windows, tuple):
+        raise ValueError("held_windows must be a list of [module path, first, last]")
+    for window in windows:
+        ok = isinstance(window, tuple) and len(window) == 3 and isinstance(window[0], str)
+        ok = ok and all(type(v) is int for v in window[1:]) and 0 <= window[1] <= window[2] <= len(peaks)
+        if not ok:
+            raise ValueError(
+                f"held_windows: {window!r} is not [module path, first, last] with 0 <= first <= last <= {len(peaks)}"
+            )
 
 
 def _module_from_dict(data: Any) -> ModuleProfile:

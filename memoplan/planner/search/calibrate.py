@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from memoplan.planner import search
 from memoplan.planner.search.chain import Item
+from memoplan.planner.search.held import Predictor
 
 #: Searches each way (tightening, then loosening) before a set is settled.
 MAX_REFINEMENTS = 4
@@ -24,25 +25,39 @@ MAX_REFINEMENTS = 4
 NARROW = 1 / 128
 
 
+#: Trials that check the sets the prediction chooses (:func:`_predicted`) before the trials alone
+#: steer the search.
+PREDICTED_TRIALS = 3
+
+
 @dataclass(frozen=True)
 class Trials:
     """What settling a set needs: the candidates, the search (``planner(items, budget, base)``),
-    the base bytes, a trial (``measure(choice)``: the measured peak of the choice's plan) and
-    MP601 (``missed(limit, peak, minimum, least_measured=...)``: the exception to raise)."""
+    the base bytes, a trial (``measure(choice)``: the measured peak of the choice's plan),
+    MP601 (``missed(limit, peak, minimum, least_measured=...)``: the exception to raise) and,
+    where the profile recorded the step's bytes between module boundaries, the prediction of a
+    set's measured peak without a trial (:class:`memoplan.planner.search.held.Predictor`)."""
 
     items: Sequence[Item]
     planner: Callable[..., search.Choice]
     base: int
     measure: Callable[[search.Choice], int]
     missed: Callable[..., Exception]
+    predictor: Predictor | None = None
 
     def search(self, limit: int) -> search.Choice:
         return self.planner(self.items, search.Bytes(limit), self.base)
 
 
 def settled(trials: Trials, choice: search.Choice, hard: bool) -> tuple[search.Choice, int]:
-    """(choice, measured peak): the search's set, settled by measurement for a hard budget."""
+    """(choice, measured peak): the search's set, settled by measurement for a hard budget: by
+    prediction checked by a trial where the set can be predicted (:func:`_predicted`), else by
+    trials alone."""
     limit = searched = choice.limit
+    if hard and limit is not None and trials.predictor is not None:
+        found = _predicted(trials, choice, limit)
+        if found is not None:
+            return found
     if not choice.ok and hard:
         choice, searched = _least_peak_if_it_fits(trials, choice)
     after = trials.measure(choice)
@@ -172,3 +187,36 @@ def _least_peak_within(trials: Trials, limit: int, minimum: int, measure) -> tup
     if peak > limit:
         raise trials.missed(limit, peak, minimum, least_measured=True)
     return least, peak
+
+
+def _predicted(trials: Trials, choice: search.Choice, limit: int) -> tuple[search.Choice, int] | None:
+    """(choice, measured peak): the least recompute whose predicted peak is within the limit
+    (:func:`memoplan.planner.search.held.held_optimal`), checked by a trial; None when no predicted
+    set measured within the limit.
+
+    What the prediction cannot see (a region's own bookkeeping, say) is much the same for every
+    set, so when the trial disagrees by more than a sliver of the limit, that error is taken off
+    the limit the next search predicts within: over the limit, to meet it; under it, to spend the
+    room on less recompute.  At most ``PREDICTED_TRIALS`` trials, each of a set not measured
+    before; of the sets measured within the limit, the one with the least recompute is kept,
+    under the name of the planner asked for (its note says how it was chosen).
+    """
+    predictor = trials.predictor
+    assert predictor is not None
+    best: tuple[search.Choice, int] | None = None
+    tried: set[tuple[int, ...]] = set()
+    offset = 0
+    for _ in range(PREDICTED_TRIALS):
+        found = predictor.search(limit - offset, choice.budget, choice.minimum_peak)
+        predicted = predictor.peak(found) if found is not None else None
+        if found is None or predicted is None or found.checkpointed in tried:
+            break
+        tried.add(found.checkpointed)
+        after = trials.measure(found)
+        if after <= limit and (best is None or found.recompute_seconds < best[0].recompute_seconds):
+            best = (replace(found, planner=choice.planner, limit=limit), after)
+        error = after - predicted
+        if after <= limit and -error <= limit * NARROW:
+            break  # met, and the prediction left no room worth another trial
+        offset += error
+    return best

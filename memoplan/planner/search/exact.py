@@ -67,7 +67,7 @@ __all__ = ["DEFAULT_TIME_LIMIT", "exact"]
 DEFAULT_TIME_LIMIT = 10.0
 
 # Integers up to this are exact as doubles, so the program is exact for byte counts below it.
-_EXACT_IN_FLOAT = 2**53
+EXACT_IN_FLOAT = 2**53
 
 # The largest recompute time becomes this many objective units (see the module docstring).
 _OBJECTIVE_SCALE = 1e6
@@ -122,22 +122,19 @@ def exact(
 def _solve(chain: Chain, limit: int, time_limit: float) -> _Solved:
     """Build the program of the module docstring for ``chain`` and ``limit``, and run HiGHS."""
     try:
-        import numpy as np
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import csr_matrix
+        import scipy.optimize  # noqa: F401  (solve_binary's)
     except ImportError:
         return _Solved(None, False, "exact solver unavailable: scipy is not installed (pip install 'memoplan[plan]')")
 
     s, d, t = chain.r, chain.d, chain.t  # the staircase is over the transients (saved_bytes but for variants)
     useful = [i for i in range(chain.n) if d[i] > 0]
     need = chain.unplanned - limit  # bytes the set must save beyond its transient; > 0 here
-    if max([chain.unplanned, *(s[i] for i in useful)]) > _EXACT_IN_FLOAT:
+    if max([chain.unplanned, *(s[i] for i in useful)]) > EXACT_IN_FLOAT:
         return _Solved(None, False, "byte counts above 2**53 are not exact in the solver's floating point")
     unit = math.gcd(*(s[i] for i in useful), *(d[i] for i in useful))  # > 0: every d is
     sizes = sorted({s[i] for i in useful})  # m_1 < ... < m_K
     column = {i: k for k, i in enumerate(useful)}  # z_i
     step = {m: len(useful) + k for k, m in enumerate(sizes)}  # w_k, by its size m_k
-    columns = len(useful) + len(sizes)
 
     rows: list[tuple[dict[int, int], float, float]] = []  # (coefficients, lower, upper)
     # Savings minus transient >= need, in units of `unit` (the left side is a multiple of it).
@@ -150,7 +147,14 @@ def _solve(chain: Chain, limit: int, time_limit: float) -> _Solved:
         rows.append(({step[m]: 1, step[higher]: -1}, 0, math.inf))
     for i in useful:
         rows.append(({step[s[i]]: 1, column[i]: -1}, 0, math.inf))
-    # Legal sets: at most one candidate on each root-to-leaf path (paths through useful ones).
+    rows.extend(path_rows(chain, useful, column))
+    result = solve_binary(rows, [t[i] for i in useful] + [0.0] * len(sizes), time_limit)
+    return solved_set(result, useful, column, lambda chosen: chain.peak(chosen) <= limit, chain, time_limit)
+
+
+def path_rows(chain: Chain, useful: Sequence[int], column: dict[int, int]) -> list[tuple[dict[int, int], float, float]]:
+    """Legal sets: at most one candidate on each root-to-leaf path (paths through ``useful`` ones)."""
+    rows: list[tuple[dict[int, int], float, float]] = []
     inner = {a for i in useful for a in chain.ancestors(i)}
     for i in useful:
         if i in inner:
@@ -158,7 +162,18 @@ def _solve(chain: Chain, limit: int, time_limit: float) -> _Solved:
         path = [i, *(a for a in chain.ancestors(i) if a in column)]
         if len(path) > 1:
             rows.append(({column[k]: 1 for k in path}, -math.inf, 1))
+    return rows
 
+
+def solve_binary(rows: Sequence[tuple[dict[int, int], float, float]], times: Sequence[float], time_limit: float):
+    """HiGHS's answer to: binary columns, least ``sum times[c] * z_c`` under ``rows`` (coefficients
+    by column, lower and upper bound); scipy's ``OptimizeResult``.  Times are scaled so the largest
+    is ``_OBJECTIVE_SCALE`` units (see the module docstring)."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csr_matrix
+
+    columns = len(times)
     data, row_of, col_of = [], [], []
     for r, (coefficients, _, _) in enumerate(rows):
         for c, value in coefficients.items():
@@ -166,22 +181,26 @@ def _solve(chain: Chain, limit: int, time_limit: float) -> _Solved:
             row_of.append(r)
             col_of.append(c)
     matrix = csr_matrix((data, (row_of, col_of)), shape=(len(rows), columns))
-    top = max(t[i] for i in useful)
+    top = max(times)
     # Divide before multiplying: 1e6 / top overflows to inf for a subnormal top (found by hypothesis).
-    objective = [t[i] / top * _OBJECTIVE_SCALE if top > 0 else 0.0 for i in useful]
+    objective = [t / top * _OBJECTIVE_SCALE if top > 0 else 0.0 for t in times]
     with _solver_output_silenced():
-        result = milp(
-            np.array(objective + [0.0] * len(sizes)),
-            integrality=np.ones(columns),  # z and w binary
+        return milp(
+            np.array(objective),
+            integrality=np.ones(columns),
             bounds=Bounds(np.zeros(columns), np.ones(columns)),
             constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]),
             options={"time_limit": time_limit, "mip_rel_gap": 0.0},
         )
 
+
+def solved_set(result, useful: Sequence[int], column: dict[int, int], fits, chain: Chain, time_limit: float) -> _Solved:
+    """The set in HiGHS's ``result``, checked again by ``fits(chosen)`` (the exact integer model)
+    and for legality, and whether it is proven least."""
     chosen = None
     if result.x is not None:
         chosen = tuple(i for i in useful if result.x[column[i]] > 0.5)
-        if chain.peak(chosen) > limit or chain.clash(chosen) is not None:
+        if not fits(chosen) or chain.clash(chosen) is not None:
             # The solver's tolerances let through a set that the exact model refuses.
             if result.status == 0:
                 return _Solved(None, False, "the solver's set fails the exact model (numerical trouble)")

@@ -1,0 +1,120 @@
+"""Planner stage: a set of checkpoints' peak predicted from the unplanned step's live bytes between
+module boundaries (:class:`memoplan.planner.profiling.held.Held`, which says why it holds).
+
+Each chosen candidate holds off what it saves beyond what it keeps (its ``saving``: the bytes
+checkpointing it frees) over its window of stretches; the predicted peak is the largest stretch
+peak less what the chosen candidates hold off in it.  Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from memoplan.planner.search.chain import Chain, Item
+from memoplan.planner.search.choice import Choice, make_choice
+from memoplan.planner.search.exact import DEFAULT_TIME_LIMIT, EXACT_IN_FLOAT, path_rows, solve_binary, solved_set
+
+
+def held_peak(
+    peaks: Sequence[int], windows: Mapping[str, tuple[int, int]], items: Sequence[Item], chosen: Sequence[int]
+) -> int | None:
+    """The predicted peak of checkpointing ``chosen`` (indices into ``items``); None when a chosen
+    candidate has no window (called more than once, say), or nothing was recorded."""
+    if not peaks:
+        return None
+    change = [0] * (len(peaks) + 1)  # what the chosen hold off, as differences between stretches
+    for i in chosen:
+        item = items[i]
+        window = windows.get(item.name)
+        if window is None:
+            return None
+        first, last = window
+        change[first] += item.saving
+        change[last] -= item.saving
+    off = 0
+    peak = 0
+    for k, bytes_ in enumerate(peaks):
+        off += change[k]
+        peak = max(peak, bytes_ - off)
+    return peak
+
+
+def held_optimal(
+    items: Sequence[Item],
+    peaks: Sequence[int],
+    windows: Mapping[str, tuple[int, int]],
+    limit: int,
+    budget,
+    *,
+    base_bytes: int,
+    floor: int,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+) -> Choice | None:
+    """The least recompute time whose predicted peak (:func:`held_peak`) is within ``limit``,
+    over the candidates that have windows; None when no such set exists or the solver proves none.
+
+    A mixed-integer program beside :func:`memoplan.planner.search.exact.exact`'s: one binary per
+    candidate that saves bytes, at most one on each root-to-leaf path, and for every stretch whose
+    peak is over the limit, the chosen candidates holding off in it must hold off at least the
+    excess.  The choice's ``estimated_peak`` stays the cost model's (the header's "cost model"
+    lines); its note gives the predicted peak; ``floor`` is its ``minimum_peak`` (the cost model's)."""
+    if not peaks:
+        return None
+    chain = Chain(items, base_bytes, nested_ok=True)
+    useful = [i for i in range(chain.n) if chain.d[i] > 0 and items[i].name in windows]
+    column = {i: k for k, i in enumerate(useful)}
+    needs: dict[frozenset[int], int] = {}  # the candidates holding off in a stretch -> its excess
+    for k, bytes_ in enumerate(peaks):
+        if bytes_ <= limit:
+            continue
+        cover = frozenset(i for i in useful if windows[items[i].name][0] <= k < windows[items[i].name][1])
+        if not cover:
+            return None  # nothing checkpointed can lower this stretch
+        needs[cover] = max(needs.get(cover, 0), bytes_ - limit)
+    if not needs:
+        chosen: tuple[int, ...] = ()
+    else:
+        if max(peaks) > EXACT_IN_FLOAT:
+            return None
+        rows: list[tuple[dict[int, int], float, float]] = [
+            ({column[i]: chain.d[i] for i in cover}, need, math.inf) for cover, need in needs.items()
+        ]
+        rows.extend(path_rows(chain, useful, column))
+        try:
+            result = solve_binary(rows, [chain.t[i] for i in useful], time_limit)
+        except ImportError:
+            return None
+
+        def fits(chosen: Sequence[int]) -> bool:
+            peak = held_peak(peaks, windows, items, chosen)
+            return peak is not None and peak <= limit
+
+        solved = solved_set(result, useful, column, fits, chain, time_limit)
+        if solved.chosen is None:
+            return None
+        chosen = solved.chosen
+    predicted = held_peak(peaks, windows, items, chosen)
+    note = f"chosen by the step's bytes between module boundaries: predicted peak {predicted} B"
+    found = make_choice(chain, "exact", budget, chosen, None, floor, proven=not needs or solved.proven, reason=note)
+    return replace(found, limit=limit)
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """The prediction over one set of candidates: a choice's predicted peak, and the search of
+    the least recompute within a predicted limit."""
+
+    items: Sequence[Item]
+    peaks: Sequence[int]
+    windows: Mapping[str, tuple[int, int]]
+    base_bytes: int
+
+    def peak(self, choice: Choice) -> int | None:
+        return held_peak(self.peaks, self.windows, self.items, choice.checkpointed)
+
+    def search(self, limit: int, budget, floor: int) -> Choice | None:
+        return held_optimal(
+            self.items, self.peaks, self.windows, limit, budget, base_bytes=self.base_bytes, floor=floor
+        )
