@@ -78,8 +78,17 @@ def held_optimal(
     else:
         if max(peaks) > EXACT_IN_FLOAT:
             return None
+        # A row whose candidates include another's and whose excess is no larger is met whenever
+        # that one is (every saving is positive): only the others go to the solver, in units of
+        # the savings' greatest common divisor (exact for integers).
+        kept = [
+            (cover, need)
+            for cover, need in needs.items()
+            if not any(other < cover and more >= need for other, more in needs.items())
+        ]
+        unit = math.gcd(*(chain.d[i] for i in useful))
         rows: list[tuple[dict[int, int], float, float]] = [
-            ({column[i]: chain.d[i] for i in cover}, need, math.inf) for cover, need in needs.items()
+            ({column[i]: chain.d[i] // unit for i in cover}, -(-need // unit), math.inf) for cover, need in kept
         ]
         rows.extend(path_rows(chain, useful, column))
         try:
