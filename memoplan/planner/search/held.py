@@ -73,8 +73,14 @@ def held_optimal(
         if not cover:
             return None  # nothing checkpointed can lower this stretch
         needs[cover] = max(needs.get(cover, 0), bytes_ - limit)
+    proven = True
     if not needs:
         chosen: tuple[int, ...] = ()
+    elif (nested := _nested(chain, useful, windows, needs)) is not _UNNESTED:
+        if nested is None:
+            return None  # proven: no set of these candidates meets every stretch
+        assert isinstance(nested, tuple)
+        chosen = nested
     else:
         if max(peaks) > EXACT_IN_FLOAT:
             return None
@@ -103,11 +109,88 @@ def held_optimal(
         solved = solved_set(result, useful, column, fits, chain, time_limit)
         if solved.chosen is None:
             return None
-        chosen = solved.chosen
+        chosen, proven = solved.chosen, solved.proven
     predicted = held_peak(peaks, windows, items, chosen)
     note = f"chosen by the step's bytes between module boundaries: predicted peak {predicted} B"
-    found = make_choice(chain, "exact", budget, chosen, None, floor, proven=not needs or solved.proven, reason=note)
+    found = make_choice(chain, "exact", budget, chosen, None, floor, proven=proven, reason=note)
     return replace(found, limit=limit)
+
+
+#: States the search over nested windows keeps before it leaves the question to the program.
+MAX_STATES = 50_000
+
+#: What :func:`_nested` answers where it cannot: the windows do not nest, or the states grew too many.
+_UNNESTED = object()
+
+
+def _nested(
+    chain: Chain, useful: Sequence[int], windows: Mapping[str, tuple[int, int]], needs: Mapping[frozenset[int], int]
+) -> tuple[int, ...] | None | object:
+    """The least-recompute set by a search over the candidates in window order, where every
+    window lies inside the one before it (a chain's modules: each later module's forward ends
+    later and its backward starts earlier); ``_UNNESTED`` where they do not, or the states grow
+    past ``MAX_STATES``; None when no set meets every stretch.
+
+    With nested windows the candidates holding off in a stretch are the first ``p`` in that order,
+    so each stretch asks that the first ``p`` candidates' savings together reach its excess.  The
+    search takes the candidates one by one, keeping per set of candidates the choices so far
+    exclude (the relatives of what is chosen: a module and its parts, its save variants) the
+    Pareto frontier of (savings, seconds), the savings counted up to the largest excess still ahead.
+    """
+    items = chain.items
+    order = sorted(useful, key=lambda i: (windows[items[i].name][0], -windows[items[i].name][1], i))
+    spans = [windows[items[i].name] for i in order]
+    if any(not (a[0] <= b[0] and b[1] <= a[1]) for a, b in zip(spans, spans[1:])):
+        return _UNNESTED
+    position = {i: p for p, i in enumerate(order)}
+    needed = [0] * (len(order) + 1)  # needed[p]: what the first p candidates must save together
+    for cover, need in needs.items():
+        p = max((position[i] + 1 for i in cover), default=0)
+        if p == 0:
+            return None
+        needed[p] = max(needed[p], need)
+    ahead = list(needed)
+    for p in range(len(order) - 1, -1, -1):
+        ahead[p] = max(ahead[p], ahead[p + 1])
+    related = [
+        frozenset(q for q in range(p + 1, len(order)) if _related(chain, i, order[q])) for p, i in enumerate(order)
+    ]
+    states: dict[frozenset[int], list[tuple[int, float, tuple[int, ...]]]] = {frozenset(): [(0, 0.0, ())]}
+    for p, i in enumerate(order):
+        grown: dict[frozenset[int], list[tuple[int, float, tuple[int, ...]]]] = {}
+        cap = ahead[p + 1]
+        for blocked, frontier in states.items():
+            rest = blocked - {p}
+            for saved, seconds, chosen in frontier:
+                grown.setdefault(rest, []).append((min(saved, cap), seconds, chosen))
+                if p not in blocked:
+                    taken = (min(saved + chain.d[i], cap), seconds + chain.t[i], (*chosen, i))
+                    grown.setdefault(rest | related[p], []).append(taken)
+        states = {}
+        for blocked, frontier in grown.items():
+            kept = _frontier([state for state in frontier if state[0] >= needed[p + 1]])
+            if kept:
+                states[blocked] = kept
+        if not states:
+            return None
+        if sum(len(f) for f in states.values()) > MAX_STATES:
+            return _UNNESTED
+    best = min((state for frontier in states.values() for state in frontier), key=lambda s: (s[1], len(s[2])))
+    return tuple(sorted(best[2]))
+
+
+def _related(chain: Chain, a: int, b: int) -> bool:
+    """One of the two candidates contains the other (or they are one module's save variants)."""
+    return a in chain.ancestors(b) or b in chain.ancestors(a)
+
+
+def _frontier(states: list[tuple[int, float, tuple[int, ...]]]) -> list[tuple[int, float, tuple[int, ...]]]:
+    """The states no other saves as much for less time: most savings first, each faster than the last."""
+    kept: list[tuple[int, float, tuple[int, ...]]] = []
+    for state in sorted(states, key=lambda s: (-s[0], s[1])):
+        if not kept or state[1] < kept[-1][1]:
+            kept.append(state)
+    return kept
 
 
 @dataclass(frozen=True)
