@@ -12,8 +12,10 @@ budget, estimated trials checked by one real step), each timed in CPU seconds an
 With ``--profile PATH`` every run plans from
 the same profile (saved by the first run; each run still takes and times its own), so the plans of
 two versions of memoplan can be compared.  For each plan: the limit, the measured peak of the plan written (the real step that checks it),
-its estimated recompute, how many estimated trials and real steps it took.  Every figure is
-measured by the run; nothing is compared with a stored figure.
+its estimated recompute, how many estimated trials and real steps it took, and the set's peak as
+predicted from the profile's bytes between module boundaries (the header's note; "-" where the
+set was not predicted) beside the cost model's estimate.  Every figure is measured by the run;
+nothing is compared with a stored figure.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import statistics
 import sys
 import time
@@ -115,10 +118,15 @@ def main(argv: list[str] | None = None) -> int:
             start = time.process_time()
             result = make_plan(model, example, budget, prof=prof, progress=False, trials="estimated")
             seconds = time.process_time() - start
+        predicted = re.search(r"predict a peak of (\d+) B", result.choice.reason)
         row = {
             "budget": share,
             "limit": result.limit,
             "measured_after": result.measured_after,
+            # the set's peak as predicted from the step's bytes between module boundaries (None:
+            # not predicted) and as the cost model estimates it
+            "predicted_peak": int(predicted.group(1)) if predicted else None,
+            "cost_model_peak": result.choice.estimated_peak,
             "met": result.met,
             "recompute_s": result.choice.recompute_seconds,
             "estimated_trials": counted.trials,
@@ -130,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  --budget {share:.0%}: {seconds / unit:.2f} steps ({seconds:.2f} s), {counted.trials} estimated trials, "
             f"{counted.real} real; peak {result.measured_after} B of limit {result.limit} B, "
-            f"recompute {result.choice.recompute_seconds * 1e3:.1f} ms",
+            f"recompute {result.choice.recompute_seconds * 1e3:.1f} ms; "
+            f"predicted {row['predicted_peak'] or '-'} B, cost model {row['cost_model_peak']} B",
             flush=True,
         )
     if args.json:

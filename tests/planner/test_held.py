@@ -276,7 +276,7 @@ def test_a_hard_budget_is_met_with_one_trial_where_the_prediction_holds(net, mon
     result = make_plan(model, example, FractionOfPeak(Fraction(1, 2)), prof=prof, progress=False, whole=True)
     assert result.met
     assert len(trials) <= 2
-    assert "predicted peak" in "\n".join(result.plan.header_comments.leading)
+    assert "predict a peak of" in "\n".join(result.plan.header_comments.leading)
 
 
 def test_without_a_recorded_step_the_trials_decide_as_before(net):
@@ -284,4 +284,4 @@ def test_without_a_recorded_step_the_trials_decide_as_before(net):
     older = replace(prof, held_peaks=(), held_windows=())
     result = make_plan(model, example, FractionOfPeak(Fraction(1, 2)), prof=older, progress=False, whole=True)
     assert result.met
-    assert "predicted peak" not in "\n".join(result.plan.header_comments.leading)
+    assert "predict a peak of" not in "\n".join(result.plan.header_comments.leading)

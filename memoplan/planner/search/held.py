@@ -111,7 +111,10 @@ def held_optimal(
             return None
         chosen, proven = solved.chosen, solved.proven
     predicted = held_peak(peaks, windows, items, chosen)
-    note = f"chosen by the step's bytes between module boundaries: predicted peak {predicted} B"
+    note = (
+        f"chosen by the step's live bytes between module boundaries, which predict a peak of {predicted} B "
+        "(the cost model's sum counts bytes not live at the planned peak)"
+    )
     found = make_choice(chain, "exact", budget, chosen, None, floor, proven=proven, reason=note)
     return replace(found, limit=limit)
 
