@@ -211,6 +211,38 @@ def test_the_default_candidates_offer_cut_variants():
     assert all(i.input_bytes < i.saved_bytes and i.forward_seconds > 0 for i in cuts)
 
 
+class _InPlace(nn.Module):
+    """A conv whose output the next op overwrites in place (as MobileNet's activations do), and a
+    matmul whose output is left alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.act = nn.Hardswish(inplace=True)
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.head(self.act(self.conv(x)).transpose(1, 3)).transpose(1, 3)
+
+
+def test_an_output_overwritten_in_place_is_never_kept_by_a_variant():
+    """torch's selective checkpointing refuses to replay a region that kept an output the forward
+    then wrote in place ("Tensor cached ... has been mutated"): no variant offers to keep it, and
+    the matmul's variant, which is safe, runs and is bit for bit."""
+    torch.manual_seed(0)
+    model, example = nn.Sequential(_InPlace(), _InPlace()), Example((torch.randn(2, 4, 8, 8),))
+    uses = opsave.op_uses(model, example, ["0"])
+    assert uses["0"].mutated == {"conv_1"}
+    offered = opsave.variants(Item("0", 10**9, 0, 1.0), uses["0"])
+    assert offered and all("conv" not in s for v in offered for s in v.save)
+    kept_conv = "memplan 1\nmodule 0 { checkpoint save = [conv] }\n"
+    with pytest.raises(RuntimeError, match="mutated"):  # what such a plan would do: the reason for the rule
+        memoplan.verify(model, parse(kept_conv, "conv.memplan"), example)
+    for variant in offered:
+        text = f"memplan 1\nmodule 0 {{ checkpoint save = [{', '.join(variant.save)}] }}\n"
+        assert memoplan.verify(model, parse(text, "v.memplan"), example).exact, text
+
+
 def _verify_cut(model, example, block: str) -> None:
     uses = opsave.op_uses(model, example, [block])
     cuts = opsave.cut_variants(Item(block, 10**9, 0, 1.0), uses[block])

@@ -77,13 +77,18 @@ class OpUse:
     # Per op by its place (``matmul_3``), in the order the forward ran them: bytes, overlap, time
     # (the family's measured time shared by FLOPs where every op of it has a FLOP count), FLOPs.
     ops: dict[str, list[float]] = field(default_factory=dict)
+    # Ops whose output a later op of the forward wrote in place (an in-place activation, say):
+    # torch's selective checkpointing refuses to replay a region that kept such an output, so no
+    # variant keeps them.
+    mutated: set[str] = field(default_factory=set)
 
 
 def variants(item: Item, use: OpUse | None) -> list[Item]:
     """The save variants of the plain candidate ``item`` worth offering (see the module docstring)."""
     if use is None or item.save or use.op_seconds <= 0:
         return []
-    present = [f for f in FAMILIES if use.kept.get(f, 0) > 0]
+    spoilt = {op.rpartition("_")[0] for op in use.mutated}
+    present = [f for f in FAMILIES if use.kept.get(f, 0) > 0 and f not in spoilt]
     found = []
     for k in range(1, len(present) + 1):
         for families in itertools.combinations(present, k):
@@ -122,7 +127,11 @@ def pareto(ops: Sequence[tuple[str, int, float]]) -> list[tuple[int, float, tupl
 def cut_variants(item: Item, use: OpUse) -> list[Item]:
     """The op-by-op save variants of ``item`` (see the module docstring): the least-recompute set
     within each of :data:`CUT_CAPS`, but sets that keep whole families (offered already)."""
-    ops = [(name, int(entry[0]), entry[2]) for name, entry in use.ops.items() if entry[0] > 0 and entry[2] > 0]
+    ops = [
+        (name, int(entry[0]), entry[2])
+        for name, entry in use.ops.items()
+        if entry[0] > 0 and entry[2] > 0 and name not in use.mutated
+    ]
     if len(ops) < 2 or use.op_seconds <= 0:
         return []
     frontier, total = pareto(ops), sum(op[1] for op in ops)
@@ -194,6 +203,21 @@ def _share_by_flops(use: OpUse) -> None:
                 entry[2] = total * entry[3] / flops
 
 
+def _written(func, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The tensors ``func`` writes in place (its schema's mutable arguments, ``out=`` included)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    found = []
+    for index, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[index] if index < len(args) else kwargs.get(argument.name)
+        if isinstance(value, torch.Tensor) and value.layout is torch.strided:
+            found.append(value)
+    return found
+
+
 class _Watch(TorchDispatchMode):
     """Module hooks keep the stack of watched modules running; each op is timed and its outputs
     charged to every module on the stack; a saved-tensor hook charges what autograd saves."""
@@ -208,6 +232,7 @@ class _Watch(TorchDispatchMode):
         self.made: dict[str, dict[int, tuple[str, str, int]]] = {name: {} for name in modules}
         self.places: dict[str, dict[str, int]] = {name: {} for name in modules}  # family -> ops met in this run
         self.saved: dict[str, set[int]] = {name: set() for name in modules}
+        self.producers: dict[int, list[tuple[str, str]]] = {}  # storage -> (module, op) that made it
         self.keep: list[Any] = []  # storages seen, alive for the pass so their ids stay theirs
         self.families = {f: saved_ops((f,)) for f in FAMILIES}
         self.handles: list[Any] = []
@@ -252,6 +277,9 @@ class _Watch(TorchDispatchMode):
         return tensor
 
     def __torch_dispatch__(self, func, types, args: Sequence[Any] = (), kwargs=None):
+        for written in _written(func, args, kwargs or {}):  # inside a watched module or after it
+            for name, op in self.producers.get(id(written.untyped_storage()), ()):
+                self.uses[name].mutated.add(op)
         if not self.stack:
             return func(*args, **(kwargs or {}))
         if self.sync:
@@ -278,5 +306,7 @@ class _Watch(TorchDispatchMode):
                 if isinstance(t, torch.Tensor) and t.layout is torch.strided:
                     storage = t.untyped_storage()
                     self.keep.append(storage)
-                    self.made[name].setdefault(id(storage), (family, op, storage.nbytes()))
+                    if id(storage) not in self.made[name]:
+                        self.made[name][id(storage)] = (family, op, storage.nbytes())
+                        self.producers.setdefault(id(storage), []).append((name, op))
         return out
