@@ -3,6 +3,7 @@ level, a hint after MP601 writing the plan MP601 names, and refusals that explai
 
 from __future__ import annotations
 
+import copy
 import itertools
 from fractions import Fraction
 
@@ -187,6 +188,24 @@ def test_the_peaks_composition_adds_up_to_the_peak():
         assert sum(n for _, n in c.kinds) == c.peak > 0
         assert c.parameters == sum(p.numel() * 4 for p in model.parameters())
     assert planned["saved activations"] < whole["saved activations"]
+
+
+def test_the_composition_of_a_stateful_models_step_is_taken_from_its_starting_state():
+    """Both of the composition's steps start from the model's state: a spiking neuron left as the
+    first step's reached into that step's freed graph ("backward through the graph a second
+    time"), and MP601 then went without the composition."""
+    from memoplan.examples import spiking
+    from memoplan.measure import measure_step
+    from memoplan.planner.profiling.snapshot import Restored
+
+    torch.manual_seed(0)
+    model, example = spiking.build(), as_example(spiking.example(steps=4, batch=2, size=16))
+    plan = memoplan.parse("memplan 1\nmodule blocks.0 { checkpoint }\nmodule class LIFNeuron { state = functional }\n")
+    found = anatomy.composition(model, example, plan)
+    planned = memoplan.apply(copy.deepcopy(model), plan, warn=False)
+    with Restored(planned, example, None):
+        measured = measure_step(planned, example.args).peak_bytes
+    assert found.peak == measured == sum(n for _, n in found.kinds)
 
 
 def test_the_explanation_names_the_least_budget_and_the_next_step():

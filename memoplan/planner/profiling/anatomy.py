@@ -72,7 +72,11 @@ def composition(
     example = as_example(example)
     with Snapshot(model, example):
         step = api.apply(unplanned_copy(model), plan, warn=False) if plan is not None else model
+        # The second step starts where the first did, a spiking neuron's state included (left as
+        # the first step's, it would reach into the graph that step's backward freed).
+        before = Snapshot(step, example)
         first = _run(step, example, loss_fn, None)
+        before.restore()
         second = _run(step, example, loss_fn, first.peak_bytes)
     params = {id(p.untyped_storage()): p.untyped_storage().nbytes() for p in model.parameters()}
     params.update({id(b.untyped_storage()): b.untyped_storage().nbytes() for b in model.buffers()})
