@@ -14,7 +14,8 @@ the same profile (saved by the first run; each run still takes and times its own
 two versions of memoplan can be compared.  For each plan: the limit, the measured peak of the plan written (the real step that checks it),
 its estimated recompute, how many estimated trials and real steps it took, and the set's peak as
 predicted from the profile's bytes between module boundaries (the header's note; "-" where the
-set was not predicted) beside the cost model's estimate.  Every figure is measured by the run;
+set was not predicted) beside the cost model's estimate, and what the planning time is made of
+(the trials, the real step, the save variants' watched forward, the searches).  Every figure is measured by the run;
 nothing is compared with a stored figure.
 """
 
@@ -37,25 +38,42 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.frontier import build  # noqa: E402
-from memoplan.planner import chainruns, onelevel, trial  # noqa: E402
+from memoplan.planner import chainruns, levels, onelevel, trial  # noqa: E402
 from memoplan.planner.budgets import FractionOfPeak  # noqa: E402
 from memoplan.planner.plan import make_plan  # noqa: E402
 from memoplan.planner.profiling.profile import profile  # noqa: E402
 from memoplan.planner.profiling.schema import Profile  # noqa: E402
+from memoplan.planner.search import held  # noqa: E402
 from memoplan.report.peers import eager_step  # noqa: E402
 
 
 class _Counted:
-    """Counts the planner's estimated trials and its real checking steps while a plan is made."""
+    """Counts the planner's estimated trials and its real checking steps while a plan is made, and
+    the CPU seconds of each part: the trials, the real step, the watched forward that prices the
+    save variants (``levels.op_uses_of``) and the searches (the cost model's and the prediction's)."""
 
     def __init__(self) -> None:
         self.trials = self.real = 0
+        self.seconds = dict.fromkeys(("estimated trials", "real step", "save variants' forward", "searches"), 0.0)
+
+    def _timed(self, part: str, fn):
+        def run(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[part] += time.process_time() - start
+
+        return run
 
     def __enter__(self) -> _Counted:
-        # ``measure`` is looked up on ``trial`` at each call; ``checked`` is imported by name into
-        # the modules that take the real step, so it is replaced in each of them.
+        # ``measure``, ``op_uses_of`` and the searches are looked up on their modules at each call;
+        # ``checked`` is imported by name into the modules that take the real step, so it is
+        # replaced in each of them.
         self._measure = trial.measure
         self._checked = {mod: mod.checked for mod in (trial, onelevel, chainruns)}
+        self._uses = levels.op_uses_of
+        self._searches = (trial.Search.__call__, held.Predictor.search)
         real = trial.checked
 
         def measure(*args):
@@ -66,15 +84,20 @@ class _Counted:
             self.real += 1
             return real(*args)
 
-        trial.measure = measure
+        trial.measure = self._timed("estimated trials", measure)
         for mod in self._checked:
-            mod.checked = checked
+            mod.checked = self._timed("real step", checked)
+        levels.op_uses_of = self._timed("save variants' forward", self._uses)
+        trial.Search.__call__ = self._timed("searches", self._searches[0])  # type: ignore[method-assign]
+        held.Predictor.search = self._timed("searches", self._searches[1])  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc) -> None:
         trial.measure = self._measure
         for mod, fn in self._checked.items():
             mod.checked = fn
+        levels.op_uses_of = self._uses
+        trial.Search.__call__, held.Predictor.search = self._searches  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
             "real_steps": counted.real,
             "planning_cpu_s": seconds,
             "planning_steps": seconds / unit,
+            # the parts, in unplanned steps (the rest: candidates, plans written and resolved, headers)
+            "parts_steps": {part: spent / unit for part, spent in counted.seconds.items()},
         }
         rows.append(row)
         print(
             f"  --budget {share:.0%}: {seconds / unit:.2f} steps ({seconds:.2f} s), {counted.trials} estimated trials, "
             f"{counted.real} real; peak {result.measured_after} B of limit {result.limit} B, "
             f"recompute {result.choice.recompute_seconds * 1e3:.1f} ms; "
-            f"predicted {row['predicted_peak'] or '-'} B, cost model {row['cost_model_peak']} B",
+            f"predicted {row['predicted_peak'] or '-'} B, cost model {row['cost_model_peak']} B\n    parts (steps): "
+            + ", ".join(f"{part} {spent:.2f}" for part, spent in row["parts_steps"].items()),
             flush=True,
         )
     if args.json:
