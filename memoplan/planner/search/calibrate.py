@@ -2,9 +2,12 @@
 
 The cost model (:mod:`memoplan.planner.search`) estimates a set's peak; a trial measures it (one
 step on a copy, or on fake tensors: :func:`memoplan.planner.search.refine.measure_plan`).  A trial costs
-about a training step, a search a fraction of one, so the searches here are steered by what the
-trials measured (the estimate's error, mostly alike from set to set) and a search already answered
-is not run again.  Helpers of :mod:`memoplan.planner.plan`, which measures and raises MP601 for them
+about a training step, a search a fraction of one.  Where the profile recorded the step's bytes
+between module boundaries, a set's peak is predicted without a trial
+(:mod:`memoplan.planner.search.held`): the least recompute within the predicted limit is measured
+once, and again only when the prediction is off (:func:`_predicted`).  Otherwise the searches are
+steered by what the trials measured (the estimate's error, mostly alike from set to set) and a
+search already answered is not run again.  Helpers of :mod:`memoplan.planner.plan`, which measures and raises MP601 for them
 (:class:`Trials`).
 """
 
