@@ -97,17 +97,18 @@ def problems(draw, max_items: int = 7):
         )
     stretches_n = draw(st.integers(1, 12))
     peaks = [draw(st.integers(0, 3000)) for _ in range(stretches_n)]
-    windows = {}
-    for name in names:
+    spans = []
+    for _ in names:
         first = draw(st.integers(0, stretches_n))
-        windows[name] = (first, draw(st.integers(first, stretches_n)))
+        spans.append((first, draw(st.integers(first, stretches_n))))
     if draw(st.booleans()):  # nested: each module's window inside the one before it
-        inner = [(0, stretches_n)]
+        spans = [(0, stretches_n)]
         for _ in names[1:]:
-            a, b = inner[-1]
+            a, b = spans[-1]
             first = draw(st.integers(a, b))
-            inner.append((first, draw(st.integers(first, b))))
-        windows = dict(zip(names, inner))
+            spans.append((first, draw(st.integers(first, b))))
+    # where each module's backward ends (what a save variant keeps lives until then)
+    windows = {name: (a, b, draw(st.integers(b, stretches_n))) for name, (a, b) in zip(names, spans)}
     return items, peaks, windows
 
 
@@ -118,7 +119,7 @@ def least_by_brute_force(items, peaks, windows, limit):
         names = [items[i].name for i in chosen]
         if any(a == b or a.startswith(b + ".") for x, a in enumerate(names) for y, b in enumerate(names) if x != y):
             continue  # a module and its part, or two checkpoints of one module
-        if held_peak(peaks, windows, items, chosen) <= limit:
+        if held_peak(peaks, windows, items, chosen, kept=False) <= limit:
             seconds = math.fsum(items[i].forward_seconds for i in chosen)
             best = seconds if best is None else min(best, seconds)
     return best
@@ -128,7 +129,8 @@ def least_by_brute_force(items, peaks, windows, limit):
 @given(problems(), st.data())
 def test_the_search_within_a_predicted_limit_is_least_recompute(problem, data):
     """Against brute force, by the search over nested windows where they nest and by the
-    program where they do not (and by the program alone, every time)."""
+    program where they do not (and by the program alone, every time); both leave out what save
+    variants keep through their own backward (the settling puts it back)."""
     pytest.importorskip("scipy")  # the program, for windows that do not nest
     items, peaks, windows = problem
     limit = data.draw(st.integers(0, max(peaks) + 1))
@@ -142,7 +144,7 @@ def test_the_search_within_a_predicted_limit_is_least_recompute(problem, data):
             assert choice is None
         else:
             assert choice is not None
-            assert held_peak(peaks, windows, items, choice.checkpointed) <= limit
+            assert held_peak(peaks, windows, items, choice.checkpointed, kept=False) <= limit
             assert math.isclose(choice.recompute_seconds, best, rel_tol=1e-6, abs_tol=1e-9)
 
 
@@ -150,7 +152,7 @@ def test_a_chains_windows_are_searched_without_the_program(monkeypatch):
     """Nested windows: the answer comes from the search over them, not from the program."""
     monkeypatch.setattr(held_module, "solve_binary", lambda *a: pytest.fail("the program ran"))
     items = [Item(f"m{k}", 300, 10, 0.1 * (k + 1)) for k in range(4)]
-    windows = {f"m{k}": (k, 8 - k) for k in range(4)}
+    windows = {f"m{k}": (k, 8 - k, 8 - k) for k in range(4)}
     peaks = [100, 400, 700, 1000, 1000, 700, 400, 100]
     found = held_optimal(items, peaks, windows, 500, None, base_bytes=0, floor=0)
     assert found is not None and found.proven_optimal
@@ -159,6 +161,35 @@ def test_a_chains_windows_are_searched_without_the_program(monkeypatch):
 
 
 # ---------------------------------------------------------------- the search settled by it
+
+
+def test_what_a_variant_keeps_unsaved_is_counted_through_its_backward_and_steers_the_search():
+    """A variant that keeps 200 B of outputs, 50 B of which autograd saves anyway, holds the other
+    150 B until its backward ends: the prediction counts them there (700 + 150 B in its backward's
+    first stretch).  The search leaves them out,
+    finds the variant (it recomputes less), sees it predicted over the limit, and searches again
+    lower: the plain checkpoint, measured once."""
+    samples = [0, 100, 600, 900, 950, 700, 500, 300, 100]
+    marks = [(2, "forward-end a"), (5, "backward-start a"), (7, "backward-end a")]
+    held = stretches(samples, marks)
+    assert held.windows["a"][2] > held.windows["a"][1]  # its backward has stretches of its own
+    plain = Item("a", 400, 10, 1.0)
+    variant = Item("a", 400, 210, 0.2, transient_bytes=350, save=("matmul",))
+    items = [plain, variant]
+    without, with_kept = (held_peak(held.peaks, held.windows, items, [1], kept=k) for k in (False, True))
+    predictor = Predictor(items, held.peaks, held.windows, 0)
+    limit = without  # the search alone would take the variant (it recomputes less)
+    assert (held_peak(held.peaks, held.windows, items, [0]), without, with_kept) == (700, 760, 850)
+    measured: list = []
+
+    def measure(choice):
+        measured.append(choice.checkpointed)
+        return predictor.peak(choice)
+
+    first = held_optimal(items, held.peaks, held.windows, limit, None, base_bytes=0, floor=0)
+    trials = calibrate.Trials(items, None, 0, measure, lambda *a, **k: ValueError("MP601"), predictor)
+    choice, after = calibrate.settled(trials, first, hard=True)
+    assert measured == [(0,)] and choice.checkpointed == (0,) and after <= limit
 
 
 def test_a_constant_error_is_learned_from_one_trial_and_the_second_meets_the_limit():

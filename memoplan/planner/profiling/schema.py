@@ -140,7 +140,7 @@ class Profile:
     # The unplanned step's peak between module boundaries, and each module's window of those
     # stretches (memoplan.planner.profiling.held); empty where not recorded (older profiles, CUDA).
     held_peaks: tuple[int, ...] = ()
-    held_windows: tuple[tuple[str, int, int], ...] = ()
+    held_windows: tuple[tuple[str, int, int, int], ...] = ()
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -178,7 +178,7 @@ class Profile:
         """The step's live bytes between module boundaries, when recorded (:mod:`memoplan.planner.profiling.held`)."""
         if not self.held_peaks:
             return None
-        return Held(self.held_peaks, {name: (first, last) for name, first, last in self.held_windows})
+        return Held(self.held_peaks, {name: (first, last, done) for name, first, last, done in self.held_windows})
 
     def descendants(self, name: str) -> tuple[ModuleProfile, ...]:
         """The modules strictly below ``name`` (everything but the root, for ``""``)."""
@@ -510,18 +510,19 @@ _MODULE_FLOATS = ("forward_seconds", "recompute_seconds")
 
 
 def _check_held(peaks: Any, windows: Any) -> None:
-    """``held_peaks`` are byte counts; ``held_windows`` are (module path, first, last) with
-    ``0 <= first <= last <= len(held_peaks)``; windows need peaks."""
+    """``held_peaks`` are byte counts; ``held_windows`` are (module path, first, last, done) with
+    ``0 <= first <= last <= done <= len(held_peaks)``; windows need peaks."""
     if not isinstance(peaks, tuple) or not all(type(p) is int and p >= 0 for p in peaks):
         raise ValueError("held_peaks must be a list of byte counts (integers >= 0)")
     if not isinstance(windows, tuple):
-        raise ValueError("held_windows must be a list of [module path, first, last]")
+        raise ValueError("held_windows must be a list of [module path, first, last, done]")
     for window in windows:
-        ok = isinstance(window, tuple) and len(window) == 3 and isinstance(window[0], str)
-        ok = ok and all(type(v) is int for v in window[1:]) and 0 <= window[1] <= window[2] <= len(peaks)
+        ok = isinstance(window, tuple) and len(window) == 4 and isinstance(window[0], str)
+        ok = ok and all(type(v) is int for v in window[1:]) and 0 <= window[1] <= window[2] <= window[3] <= len(peaks)
         if not ok:
             raise ValueError(
-                f"held_windows: {window!r} is not [module path, first, last] with 0 <= first <= last <= {len(peaks)}"
+                f"held_windows: {window!r} is not [module path, first, last, done] "
+                f"with 0 <= first <= last <= done <= {len(peaks)}"
             )
 
 

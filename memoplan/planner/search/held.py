@@ -18,21 +18,33 @@ from memoplan.planner.search.exact import DEFAULT_TIME_LIMIT, EXACT_IN_FLOAT, pa
 
 
 def held_peak(
-    peaks: Sequence[int], windows: Mapping[str, tuple[int, int]], items: Sequence[Item], chosen: Sequence[int]
+    peaks: Sequence[int],
+    windows: Mapping[str, tuple[int, int, int]],
+    items: Sequence[Item],
+    chosen: Sequence[int],
+    *,
+    kept: bool = True,
 ) -> int | None:
     """The predicted peak of checkpointing ``chosen`` (indices into ``items``); None when a chosen
-    candidate has no window (called more than once, say), or nothing was recorded."""
+    candidate has no window (called more than once, say), or nothing was recorded.
+
+    With ``kept``, a save variant also holds, through its backward, the outputs it keeps that
+    autograd would not have saved (:func:`kept_unsaved`); the searches leave that out and the
+    settling of a set puts it back (:func:`memoplan.planner.search.calibrate._predicted`)."""
     if not peaks:
         return None
     change = [0] * (len(peaks) + 1)  # what the chosen hold off, as differences between stretches
+    extra = kept_unsaved(items) if kept else {}
     for i in chosen:
         item = items[i]
         window = windows.get(item.name)
         if window is None:
             return None
-        first, last = window
+        first, last, done = window
         change[first] += item.saving
         change[last] -= item.saving
+        change[last] -= extra.get(i, 0)
+        change[done] += extra.get(i, 0)
     off = 0
     peak = 0
     for k, bytes_ in enumerate(peaks):
@@ -41,10 +53,22 @@ def held_peak(
     return peak
 
 
+def kept_unsaved(items: Sequence[Item]) -> dict[int, int]:
+    """Per save variant (by index): the bytes it keeps that autograd does not save, alive until
+    its region's backward ends: what it keeps beyond the plain checkpoint's input, less the part
+    autograd saves anyway (its ``saved_bytes`` less its ``transient``)."""
+    plain = {item.name: item.input_bytes for item in items if not item.save}
+    return {
+        i: max(0, item.input_bytes - plain[item.name] - (item.saved_bytes - item.transient))
+        for i, item in enumerate(items)
+        if item.save and item.name in plain
+    }
+
+
 def held_optimal(
     items: Sequence[Item],
     peaks: Sequence[int],
-    windows: Mapping[str, tuple[int, int]],
+    windows: Mapping[str, tuple[int, int, int]],
     limit: int,
     budget,
     *,
@@ -58,8 +82,10 @@ def held_optimal(
     A mixed-integer program beside :func:`memoplan.planner.search.exact.exact`'s: one binary per
     candidate that saves bytes, at most one on each root-to-leaf path, and for every stretch whose
     peak is over the limit, the chosen candidates holding off in it must hold off at least the
-    excess.  The choice's ``estimated_peak`` stays the cost model's (the header's "cost model"
-    lines); its note gives the predicted peak; ``floor`` is its ``minimum_peak`` (the cost model's)."""
+    excess.  What a save variant keeps through its own backward is left out here (it would tie a
+    stretch to candidates outside its window); :func:`held_peak` counts it.  The choice's
+    ``estimated_peak`` stays the cost model's (the header's "cost model" lines); its note gives
+    the predicted peak; ``floor`` is its ``minimum_peak`` (the cost model's)."""
     if not peaks:
         return None
     chain = Chain(items, base_bytes, nested_ok=True)
@@ -103,14 +129,19 @@ def held_optimal(
             return None
 
         def fits(chosen: Sequence[int]) -> bool:
-            peak = held_peak(peaks, windows, items, chosen)
+            peak = held_peak(peaks, windows, items, chosen, kept=False)
             return peak is not None and peak <= limit
 
         solved = solved_set(result, useful, column, fits, chain, time_limit)
         if solved.chosen is None:
             return None
         chosen, proven = solved.chosen, solved.proven
-    predicted = held_peak(peaks, windows, items, chosen)
+    return _choice(chain, peaks, windows, chosen, limit, budget, floor, proven)
+
+
+def _choice(chain: Chain, peaks, windows, chosen: Sequence[int], limit: int, budget, floor: int, proven: bool):
+    """``chosen`` as a :class:`Choice` whose note gives its predicted peak."""
+    predicted = held_peak(peaks, windows, chain.items, chosen)
     note = (
         f"chosen by the step's live bytes between module boundaries, which predict a peak of {predicted} B "
         "(the cost model's sum counts bytes not live at the planned peak)"
@@ -127,7 +158,10 @@ _UNNESTED = object()
 
 
 def _nested(
-    chain: Chain, useful: Sequence[int], windows: Mapping[str, tuple[int, int]], needs: Mapping[frozenset[int], int]
+    chain: Chain,
+    useful: Sequence[int],
+    windows: Mapping[str, tuple[int, int, int]],
+    needs: Mapping[frozenset[int], int],
 ) -> tuple[int, ...] | None | object:
     """The least-recompute set by a search over the candidates in window order, where every
     window lies inside the one before it (a chain's modules: each later module's forward ends
@@ -203,7 +237,7 @@ class Predictor:
 
     items: Sequence[Item]
     peaks: Sequence[int]
-    windows: Mapping[str, tuple[int, int]]
+    windows: Mapping[str, tuple[int, int, int]]
     base_bytes: int
 
     def peak(self, choice: Choice) -> int | None:
@@ -213,3 +247,12 @@ class Predictor:
         return held_optimal(
             self.items, self.peaks, self.windows, limit, budget, base_bytes=self.base_bytes, floor=floor
         )
+
+    def plain(self, choice: Choice) -> Choice:
+        """``choice`` with each save variant replaced by its module's plain checkpoint, which holds
+        off at least as much in its window and keeps nothing through its backward."""
+        chain = Chain(self.items, self.base_bytes, nested_ok=True)
+        index = {item.name: i for i, item in enumerate(self.items) if not item.save}
+        chosen = sorted({index.get(self.items[i].name, i) for i in choice.checkpointed})
+        assert choice.limit is not None
+        return _choice(chain, self.peaks, self.windows, chosen, choice.limit, choice.budget, choice.minimum_peak, False)
