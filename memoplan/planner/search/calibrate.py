@@ -228,28 +228,15 @@ def _within_prediction(
     predictor: Predictor, target: int, choice: search.Choice
 ) -> tuple[search.Choice | None, int | None]:
     """The prediction's least-recompute set within ``target`` and its predicted peak; (None, None)
-    when none is.  The search leaves out what save variants keep through their own backward
-    (:func:`memoplan.planner.search.held.held_optimal`); where that puts its set over ``target``,
-    the search runs again that much lower (at most ``MAX_REFINEMENTS`` times), and the set with
-    each variant made a plain checkpoint (which keeps nothing through its backward) is the
-    fallback: of those predicted within ``target``, the least recompute.  No trial is spent on a
-    set the prediction already says is over."""
-    found = predictor.search(target, choice.budget, choice.minimum_peak)
-    predicted = predictor.peak(found) if found is not None else None
-    if found is None or predicted is None or predicted <= target:
-        return (found, predicted) if predicted is not None else (None, None)
-    options = [predictor.plain(found)]
-    at = target
-    for _ in range(MAX_REFINEMENTS):
-        at -= predicted - target
-        retry = predictor.search(at, choice.budget, choice.minimum_peak)
-        predicted = predictor.peak(retry) if retry is not None else None
-        if retry is None or predicted is None:
-            break
-        options.append(retry)
+    when none is.  The first search leaves out what save variants keep through their own backward
+    (a chain's is solved in pure Python, :func:`memoplan.planner.search.held.held_optimal`); where
+    that puts its set over ``target``, the search that counts it (a program) decides.  No trial is
+    spent on a set the prediction already says is over."""
+    for kept in (False, True):
+        found = predictor.search(target, choice.budget, choice.minimum_peak, kept=kept)
+        predicted = predictor.peak(found) if found is not None else None
+        if found is None or predicted is None:
+            return None, None
         if predicted <= target:
-            break
-    within = [(c, p) for c in options if (p := predictor.peak(c)) is not None and p <= target]
-    if not within:
-        return None, None
-    return min(within, key=lambda cp: cp[0].recompute_seconds)
+            return found, predicted
+    return None, None

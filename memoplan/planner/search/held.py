@@ -74,69 +74,92 @@ def held_optimal(
     *,
     base_bytes: int,
     floor: int,
+    kept: bool = False,
     time_limit: float = DEFAULT_TIME_LIMIT,
 ) -> Choice | None:
     """The least recompute time whose predicted peak (:func:`held_peak`) is within ``limit``,
     over the candidates that have windows; None when no such set exists or the solver proves none.
 
-    A mixed-integer program beside :func:`memoplan.planner.search.exact.exact`'s: one binary per
-    candidate that saves bytes, at most one on each root-to-leaf path, and for every stretch whose
-    peak is over the limit, the chosen candidates holding off in it must hold off at least the
-    excess.  What a save variant keeps through its own backward is left out here (it would tie a
-    stretch to candidates outside its window); :func:`held_peak` counts it.  The choice's
-    ``estimated_peak`` stays the cost model's (the header's "cost model" lines); its note gives
-    the predicted peak; ``floor`` is its ``minimum_peak`` (the cost model's)."""
+    Without ``kept``, what a save variant keeps through its own backward is left out: then every
+    stretch asks only that the chosen candidates holding off in it hold off its excess, and where
+    the windows nest (a chain) that is solved by :func:`_nested`, in pure Python.  With ``kept``
+    it is counted, as :func:`held_peak` counts it, by a mixed-integer program beside
+    :func:`memoplan.planner.search.exact.exact`'s (one binary per candidate that saves bytes, at
+    most one on each root-to-leaf path, a row per stretch that can go over the limit), which the
+    windows that do not nest need too.  The choice's ``estimated_peak`` stays the cost model's
+    (the header's "cost model" lines); its note gives the predicted peak; ``floor`` is its
+    ``minimum_peak`` (the cost model's)."""
     if not peaks:
         return None
     chain = Chain(items, base_bytes, nested_ok=True)
     useful = [i for i in range(chain.n) if chain.d[i] > 0 and items[i].name in windows]
-    column = {i: k for k, i in enumerate(useful)}
-    needs: dict[frozenset[int], int] = {}  # the candidates holding off in a stretch -> its excess
+    extra = {i: e for i, e in kept_unsaved(items).items() if i in set(useful) and e > 0} if kept else {}
+    rows: dict[tuple[tuple[int, int], ...], int] = {}  # (candidate, bytes it lowers) per stretch -> its excess
     for k, bytes_ in enumerate(peaks):
-        if bytes_ <= limit:
-            continue
-        cover = frozenset(i for i in useful if windows[items[i].name][0] <= k < windows[items[i].name][1])
-        if not cover:
+        lowers = [(i, chain.d[i]) for i in useful if windows[items[i].name][0] <= k < windows[items[i].name][1]]
+        raises = [(i, -e) for i, e in extra.items() if windows[items[i].name][1] <= k < windows[items[i].name][2]]
+        if bytes_ - sum(e for _, e in raises) <= limit:
+            continue  # within the limit whatever is chosen
+        if bytes_ > limit and not lowers:
             return None  # nothing checkpointed can lower this stretch
-        needs[cover] = max(needs.get(cover, 0), bytes_ - limit)
+        key = tuple(sorted(lowers + raises))
+        rows[key] = max(rows.get(key, bytes_ - limit), bytes_ - limit)
+    chosen: tuple[int, ...] | None = ()
     proven = True
-    if not needs:
-        chosen: tuple[int, ...] = ()
-    elif (nested := _nested(chain, useful, windows, needs)) is not _UNNESTED:
-        if nested is None:
-            return None  # proven: no set of these candidates meets every stretch
-        assert isinstance(nested, tuple)
-        chosen = nested
-    else:
-        if max(peaks) > EXACT_IN_FLOAT:
-            return None
-        # A row whose candidates include another's and whose excess is no larger is met whenever
-        # that one is (every saving is positive): only the others go to the solver, in units of
-        # the savings' greatest common divisor (exact for integers).
-        kept = [
-            (cover, need)
-            for cover, need in needs.items()
-            if not any(other < cover and more >= need for other, more in needs.items())
-        ]
-        unit = math.gcd(*(chain.d[i] for i in useful))
-        rows: list[tuple[dict[int, int], float, float]] = [
-            ({column[i]: chain.d[i] // unit for i in cover}, -(-need // unit), math.inf) for cover, need in kept
-        ]
-        rows.extend(path_rows(chain, useful, column))
-        try:
-            result = solve_binary(rows, [chain.t[i] for i in useful], time_limit)
-        except ImportError:
-            return None
-
-        def fits(chosen: Sequence[int]) -> bool:
-            peak = held_peak(peaks, windows, items, chosen, kept=False)
-            return peak is not None and peak <= limit
-
-        solved = solved_set(result, useful, column, fits, chain, time_limit)
-        if solved.chosen is None:
-            return None
-        chosen, proven = solved.chosen, solved.proven
+    if rows and not extra:
+        needs = {frozenset(i for i, _ in key): need for key, need in rows.items()}
+        nested = _nested(chain, useful, windows, needs)
+        if nested is not _UNNESTED:
+            if nested is None:
+                return None  # proven: no set of these candidates meets every stretch
+            assert isinstance(nested, tuple)
+            chosen = nested
+        else:
+            chosen, proven = _programmed(chain, useful, rows, peaks, windows, limit, kept, time_limit)
+    elif rows:
+        chosen, proven = _programmed(chain, useful, rows, peaks, windows, limit, kept, time_limit)
+    if chosen is None:
+        return None
     return _choice(chain, peaks, windows, chosen, limit, budget, floor, proven)
+
+
+def _programmed(
+    chain: Chain, useful: Sequence[int], rows, peaks, windows, limit: int, kept: bool, time_limit: float
+) -> tuple[tuple[int, ...] | None, bool]:
+    """:func:`held_optimal`'s program for ``rows`` ((candidate, bytes) per stretch -> excess):
+    the set, and whether it is proven least; (None, False) where the program found none or is
+    unavailable (scipy not installed, byte counts past exact floating point)."""
+    if max(peaks) > EXACT_IN_FLOAT:
+        return None, False
+    column = {i: k for k, i in enumerate(useful)}
+    # A row of savings only, whose candidates include another such row's and whose excess is no
+    # larger, is met whenever that one is: only the others go to the solver, in units of the
+    # byte counts' greatest common divisor (exact for integers).
+    plain = {frozenset(i for i, _ in key): need for key, need in rows.items() if all(b > 0 for _, b in key)}
+    kept_rows = [
+        (key, need)
+        for key, need in rows.items()
+        if not (
+            all(b > 0 for _, b in key)
+            and any(other < frozenset(i for i, _ in key) and more >= need for other, more in plain.items())
+        )
+    ]
+    unit = math.gcd(*(abs(b) for key, _ in kept_rows for _, b in key)) or 1
+    program: list[tuple[dict[int, int], float, float]] = [
+        ({column[i]: b // unit for i, b in key}, -(-need // unit), math.inf) for key, need in kept_rows
+    ]
+    program.extend(path_rows(chain, useful, column))
+    try:
+        result = solve_binary(program, [chain.t[i] for i in useful], time_limit)
+    except ImportError:
+        return None, False
+
+    def fits(chosen: Sequence[int]) -> bool:
+        peak = held_peak(peaks, windows, chain.items, chosen, kept=kept)
+        return peak is not None and peak <= limit
+
+    solved = solved_set(result, useful, column, fits, chain, time_limit)
+    return solved.chosen, solved.proven
 
 
 def _choice(chain: Chain, peaks, windows, chosen: Sequence[int], limit: int, budget, floor: int, proven: bool):
@@ -243,16 +266,7 @@ class Predictor:
     def peak(self, choice: Choice) -> int | None:
         return held_peak(self.peaks, self.windows, self.items, choice.checkpointed)
 
-    def search(self, limit: int, budget, floor: int) -> Choice | None:
+    def search(self, limit: int, budget, floor: int, *, kept: bool = False) -> Choice | None:
         return held_optimal(
-            self.items, self.peaks, self.windows, limit, budget, base_bytes=self.base_bytes, floor=floor
+            self.items, self.peaks, self.windows, limit, budget, base_bytes=self.base_bytes, floor=floor, kept=kept
         )
-
-    def plain(self, choice: Choice) -> Choice:
-        """``choice`` with each save variant replaced by its module's plain checkpoint, which holds
-        off at least as much in its window and keeps nothing through its backward."""
-        chain = Chain(self.items, self.base_bytes, nested_ok=True)
-        index = {item.name: i for i, item in enumerate(self.items) if not item.save}
-        chosen = sorted({index.get(self.items[i].name, i) for i in choice.checkpointed})
-        assert choice.limit is not None
-        return _choice(chain, self.peaks, self.windows, chosen, choice.limit, choice.budget, choice.minimum_peak, False)
