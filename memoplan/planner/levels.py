@@ -139,16 +139,17 @@ def links(prof: Profile, level: str):
     return chain(prof, [n for n in inner if not any(m.startswith(n + ".") for m in inner)])
 
 
-def save_variants(items, uses, packed: frozenset[str], model: nn.Module) -> list[Item]:
+def save_variants(items, uses, packed: frozenset[str], model: nn.Module, per_op: float = 0.0) -> list[Item]:
     """The save variants (:mod:`memoplan.planner.search.opsave`) of ``items`` by ``uses``, where a region
-    may save: not with bit-packed inputs (``packed``) or stateful modules inside (MP325)."""
+    may save: not with bit-packed inputs (``packed``) or stateful modules inside (MP325); ``per_op``:
+    what each operator of such a region costs beyond a plain one (the profile's ``save_op_seconds``)."""
     if not uses:
         return []
     found = []
     for item in items:
         if item.name in packed or holds_state(model, [item.name]):
             continue
-        found += opsave.variants(item, uses.get(item.name))
+        found += opsave.variants(item, uses.get(item.name), per_op)
     return found
 
 
@@ -183,7 +184,8 @@ def candidates(prof: Profile, level: str, blocked, uses, model: nn.Module) -> tu
     packed = frozenset(link.name for link in found if link.input_binary and link.packed_input_bytes < link.input_bytes)
     items = [Item(link.name, link.saved_bytes, kept_input(link, packed), link.forward_seconds) for link in found]
     if level in (SAVES, ALL):
-        items = [v for item in items for v in (item, *save_variants([item], uses, packed, model))]
+        per_op = prof.save_op_seconds
+        items = [v for item in items for v in (item, *save_variants([item], uses, packed, model, per_op))]
     if (
         prof.region_seconds
     ):  # each region's fixed cost, measured with the profile (memoplan.planner.profiling.regioncost)

@@ -339,6 +339,7 @@ def _assemble(
         model_device="meta" if is_meta(model) else "",
         reserved_bytes=full.reserved_bytes,
         region_seconds=small.region_seconds if small is not None else 0.0,
+        save_op_seconds=small.save_op_seconds if small is not None else 0.0,
         **held_fields(full.held),
     )
 

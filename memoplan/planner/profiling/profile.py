@@ -78,7 +78,7 @@ from memoplan.measure import (
 )
 from memoplan.planner.profiling.held import Held, boundaries, held_fields, stretches
 from memoplan.planner.profiling.module_hooks import Probe, Record, Timer, module_profile, tensor_bytes, unique_storages
-from memoplan.planner.profiling.regioncost import region_seconds
+from memoplan.planner.profiling.regioncost import region_seconds, save_op_seconds
 from memoplan.planner.profiling.schema import (
     FORMAT_VERSION,
     ChainLink,
@@ -237,6 +237,7 @@ def profile(
         memoplan_version=__version__,
         repeats=repeats,
         region_seconds=region_seconds(target),
+        save_op_seconds=save_op_seconds(target),
         **held_fields(held),
     )
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from memoplan.runtime.checkpoint import run_checkpointed
 
-__all__ = ["REGIONS", "ROUNDS", "region_seconds"]
+__all__ = ["OPS", "REGIONS", "ROUNDS", "region_seconds", "save_op_seconds"]
 
 #: Tiny regions in the measured chain, and the rounds whose median is taken.
 REGIONS = 16
@@ -72,6 +72,56 @@ def region_seconds(device: torch.device | str) -> float:
             took = {c: step(c) for c in order}
             differences.append(took[True] - took[False])
     return max(0.0, statistics.median(differences) / REGIONS)
+
+
+#: Operators in each region of :func:`save_op_seconds`'s chain.
+OPS = 8
+
+
+class _Ops(nn.Module):
+    """``OPS`` elementwise operators on 8 numbers: a region whose own work is next to nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((8,), 1.0, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(OPS // 2):
+            x = (x * self.weight).tanh()
+        return x
+
+
+def save_op_seconds(device: torch.device | str) -> float:
+    """Seconds each operator of a region with ``checkpoint save = [...]`` costs on ``device`` beyond
+    a plain region's (>= 0): torch's selective checkpointing runs every operator of the region,
+    in forward and in its replay, through a dispatch mode that decides what to keep.  Measured as
+    :func:`region_seconds` is: a chain of ``REGIONS`` regions of ``OPS`` operators, each region
+    plain and then keeping ``matmul`` outputs (none here: every operator pays the decision and
+    none is kept), interleaved over ``ROUNDS`` rounds; the median difference per operator."""
+    device = torch.device(device)
+    if device.type == "meta":
+        return 0.0
+    chain = [_Ops(device) for _ in range(REGIONS)]
+    x = torch.full((2, 8), 0.5, device=device)
+
+    def step(save: tuple[str, ...]) -> float:
+        _synchronized(device)
+        start = time.perf_counter()
+        y = x
+        for ops in chain:
+            y = run_checkpointed(ops, _Ops.forward, (y,), {}, save=save)
+        y.sum().backward()
+        _synchronized(device)
+        return time.perf_counter() - start
+
+    with torch.enable_grad():
+        step(()), step(("matmul",))  # warm
+        differences = []
+        for r in range(ROUNDS):
+            order = ((), ("matmul",)) if r % 2 else (("matmul",), ())
+            took = {save: step(save) for save in order}
+            differences.append(took[("matmul",)] - took[()])
+    return max(0.0, statistics.median(differences) / (REGIONS * OPS))
 
 
 def _synchronized(device: torch.device) -> None:

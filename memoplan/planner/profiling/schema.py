@@ -111,7 +111,9 @@ class Profile:
     what the caching allocator would reserve at the peak (:mod:`memoplan.planner.profiling.cuda_allocator`).
     ``region_seconds``: the fixed time one checkpoint region costs on the device beyond its
     recompute (:mod:`memoplan.planner.profiling.regioncost`), which the search charges per region; 0 where
-    not measured (profiles written before it, or estimated with no real step).
+    not measured (profiles written before it, or estimated with no real step).  ``save_op_seconds``:
+    what each op of a region with ``save = [...]`` costs beyond a plain region's, charged to every
+    save variant (0 where not measured).
     """
 
     modules: tuple[ModuleProfile, ...]
@@ -137,6 +139,9 @@ class Profile:
     region_seconds: float = (
         0.0  # one checkpoint region's fixed cost (memoplan.planner.profiling.regioncost); 0: unmeasured
     )
+    # What each op of a region that saves some ops' outputs costs beyond a plain region's
+    # (memoplan.planner.profiling.regioncost); 0: unmeasured.
+    save_op_seconds: float = 0.0
     # The unplanned step's peak between module boundaries, and each module's window of those
     # stretches (memoplan.planner.profiling.held); empty where not recorded (older profiles, CUDA).
     held_peaks: tuple[int, ...] = ()
@@ -235,6 +240,7 @@ class Profile:
         body.setdefault("step", "")  # ... and before the step a profile was taken for was recorded
         body.setdefault("parameter_dtypes", "")
         body.setdefault("region_seconds", 0.0)  # ... and before the fixed cost of a region was measured
+        body.setdefault("save_op_seconds", 0.0)  # ... and before a saving region's cost per op
         body.setdefault("held_peaks", [])  # ... and before the step's bytes between module boundaries
         body.setdefault("held_windows", [])
         _check_keys("profile", body, [f.name for f in fields(cls) if f.init])
@@ -242,6 +248,7 @@ class Profile:
         body["inputs"] = tuple(_tensor_meta_from_dict(t) for t in body["inputs"])
         body["step_seconds"] = float(body["step_seconds"])
         body["region_seconds"] = float(body["region_seconds"])
+        body["save_op_seconds"] = float(body["save_op_seconds"])
         return cls(**body)
 
     @classmethod
@@ -325,6 +332,7 @@ def merge(profiles: Iterable[Profile]) -> Profile:
         step="; ".join(sorted({p.step for p in items})),  # several: checked as differing from any one
         parameter_dtypes=_joined(p.parameter_dtypes for p in items),
         region_seconds=max(p.region_seconds for p in items),
+        save_op_seconds=max(p.save_op_seconds for p in items),
         # Of several ranks, no one step's bytes between module boundaries is the merged step's.
         held_peaks=first.held_peaks if len(items) == 1 else (),
         held_windows=first.held_windows if len(items) == 1 else (),

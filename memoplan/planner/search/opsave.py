@@ -74,6 +74,7 @@ class OpUse:
     overlap: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     op_seconds: float = 0.0  # every op's time inside the module
+    op_count: int = 0  # the ops run inside the module (each pays a save variant's decision: regioncost)
     # Per op by its place (``matmul_3``), in the order the forward ran them: bytes, overlap, time
     # (the family's measured time shared by FLOPs where every op of it has a FLOP count), FLOPs.
     ops: dict[str, list[float]] = field(default_factory=dict)
@@ -83,10 +84,15 @@ class OpUse:
     mutated: set[str] = field(default_factory=set)
 
 
-def variants(item: Item, use: OpUse | None) -> list[Item]:
-    """The save variants of the plain candidate ``item`` worth offering (see the module docstring)."""
+def variants(item: Item, use: OpUse | None, per_op: float = 0.0) -> list[Item]:
+    """The save variants of the plain candidate ``item`` worth offering (see the module docstring).
+
+    ``per_op``: what each op of a region that saves costs beyond a plain region's (torch's selective
+    checkpointing decides every op, in forward and in the replay:
+    :func:`memoplan.planner.profiling.regioncost.save_op_seconds`), charged to every variant."""
     if use is None or item.save or use.op_seconds <= 0:
         return []
+    deciding = use.op_count * per_op
     spoilt = {op.rpartition("_")[0] for op in use.mutated}
     present = [f for f in FAMILIES if use.kept.get(f, 0) > 0 and f not in spoilt]
     found = []
@@ -94,12 +100,12 @@ def variants(item: Item, use: OpUse | None) -> list[Item]:
         for families in itertools.combinations(present, k):
             kept = item.input_bytes + sum(use.kept[f] for f in families)
             share = min(1.0, sum(use.seconds.get(f, 0.0) for f in families) / use.op_seconds)
-            seconds = item.forward_seconds * (1.0 - share)
+            seconds = item.forward_seconds * (1.0 - share) + deciding
             if kept >= item.saved_bytes or seconds >= item.forward_seconds:
                 continue  # keeps everything it would free, or recomputes no less
             transient = max(0, item.saved_bytes - sum(use.overlap.get(f, 0) for f in families))
             found.append(Item(item.name, item.saved_bytes, kept, seconds, transient, tuple(families)))
-    return found + cut_variants(item, use)
+    return found + cut_variants(item, use, per_op)
 
 
 def pareto(ops: Sequence[tuple[str, int, float]]) -> list[tuple[int, float, tuple[str, ...]]]:
@@ -124,9 +130,10 @@ def pareto(ops: Sequence[tuple[str, int, float]]) -> list[tuple[int, float, tupl
     return points
 
 
-def cut_variants(item: Item, use: OpUse) -> list[Item]:
+def cut_variants(item: Item, use: OpUse, per_op: float = 0.0) -> list[Item]:
     """The op-by-op save variants of ``item`` (see the module docstring): the least-recompute set
-    within each of :data:`CUT_CAPS`, but sets that keep whole families (offered already)."""
+    within each of :data:`CUT_CAPS`, but sets that keep whole families (offered already);
+    ``per_op`` as :func:`variants` charges it."""
     ops = [
         (name, int(entry[0]), entry[2])
         for name, entry in use.ops.items()
@@ -147,7 +154,7 @@ def cut_variants(item: Item, use: OpUse) -> list[Item]:
             continue
         kept = item.input_bytes + sum(int(use.ops[n][0]) for n in names)
         share = min(1.0, sum(use.ops[n][2] for n in names) / use.op_seconds)
-        seconds = item.forward_seconds * (1.0 - share)
+        seconds = item.forward_seconds * (1.0 - share) + use.op_count * per_op
         if kept >= item.saved_bytes or seconds >= item.forward_seconds:
             continue
         transient = max(0, item.saved_bytes - sum(int(use.ops[n][1]) for n in names))
@@ -294,6 +301,7 @@ class _Watch(TorchDispatchMode):
         for name in set(self.stack):
             use = self.uses[name]
             use.op_seconds += seconds
+            use.op_count += 1
             if family is None:
                 continue
             use.seconds[family] = use.seconds.get(family, 0.0) + seconds
