@@ -103,3 +103,36 @@ def test_the_measurement_leaves_the_random_state_alone():
     assert region_seconds("cpu") >= 0.0
     assert torch.equal(state, torch.get_rng_state())
     assert region_seconds("meta") == 0.0
+
+
+# ---------------------------------------------------------------- what each op of a saving region costs
+
+
+def test_a_saving_regions_cost_per_op_is_measured_kept_and_charged_to_every_variant(small_profile):
+    """torch's selective checkpointing decides every op of a region that saves, in forward and in
+    its replay: the profile measures that per op (``save_op_seconds``), keeps it in its JSON, and a
+    save variant costs its recompute plus its module's ops times it; one that then spares nothing
+    is not offered."""
+    from memoplan.planner.search import opsave
+
+    assert small_profile.save_op_seconds > 0.0 and math.isfinite(small_profile.save_op_seconds)
+    fixed = dataclasses.replace(small_profile, save_op_seconds=4e-5)
+    assert Profile.from_json(fixed.to_json()).save_op_seconds == 4e-5
+    older = json.loads(fixed.to_json())
+    del older["save_op_seconds"]  # written before the field: variants cost their recompute alone
+    assert Profile.from_dict(older).save_op_seconds == 0.0
+    use = opsave.OpUse(kept={"matmul": 100}, seconds={"matmul": 0.6}, op_seconds=1.0, op_count=50)
+    plain = Item("m", 1000, 10, 1.0)
+    (free,) = opsave.variants(plain, use)
+    (charged,) = opsave.variants(plain, use, per_op=0.002)
+    assert math.isclose(free.forward_seconds, 0.4) and math.isclose(charged.forward_seconds, 0.4 + 50 * 0.002)
+    assert opsave.variants(plain, use, per_op=0.02) == []  # 1.4 s: more than the plain checkpoint
+
+
+def test_the_per_op_measurement_leaves_the_random_state_alone():
+    from memoplan.planner.profiling.regioncost import save_op_seconds
+
+    state = torch.get_rng_state()
+    assert save_op_seconds("cpu") >= 0.0
+    assert torch.equal(state, torch.get_rng_state())
+    assert save_op_seconds("meta") == 0.0
