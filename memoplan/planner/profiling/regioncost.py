@@ -64,14 +64,20 @@ def region_seconds(device: torch.device | str) -> float:
         _synchronized(device)
         return time.perf_counter() - start
 
+    return max(0.0, _median_difference(step, False, True) / REGIONS)
+
+
+def _median_difference(step, base, other) -> float:
+    """The median over ``ROUNDS`` rounds of ``step(other) - step(base)``, the order alternating
+    round by round, after one warm-up of each (the first calls import and allocate)."""
     with torch.enable_grad():
-        step(False), step(True)  # warm: the first calls import and allocate
+        step(base), step(other)
         differences = []
         for r in range(ROUNDS):
-            order = (False, True) if r % 2 else (True, False)
+            order = (base, other) if r % 2 else (other, base)
             took = {c: step(c) for c in order}
-            differences.append(took[True] - took[False])
-    return max(0.0, statistics.median(differences) / REGIONS)
+            differences.append(took[other] - took[base])
+    return statistics.median(differences)
 
 
 #: Operators in each region of :func:`save_op_seconds`'s chain.
@@ -114,14 +120,7 @@ def save_op_seconds(device: torch.device | str) -> float:
         _synchronized(device)
         return time.perf_counter() - start
 
-    with torch.enable_grad():
-        step(()), step(("matmul",))  # warm
-        differences = []
-        for r in range(ROUNDS):
-            order = ((), ("matmul",)) if r % 2 else (("matmul",), ())
-            took = {save: step(save) for save in order}
-            differences.append(took[("matmul",)] - took[()])
-    return max(0.0, statistics.median(differences) / (REGIONS * OPS))
+    return max(0.0, _median_difference(step, (), ("matmul",)) / (REGIONS * OPS))
 
 
 def _synchronized(device: torch.device) -> None:
