@@ -3,7 +3,9 @@ module boundaries (:class:`memoplan.planner.profiling.held.Held`, which says why
 
 Each chosen candidate holds off what it saves beyond what it keeps (its ``saving``: the bytes
 checkpointing it frees) over its window of stretches; the predicted peak is the largest stretch
-peak less what the chosen candidates hold off in it.  Pure Python.
+peak less what the chosen candidates hold off in it (:func:`held_peak`).  The least recompute
+within a predicted limit (:func:`held_optimal`) is found in pure Python where the windows nest,
+else by a mixed-integer program (scipy).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def held_peak(
     candidate has no window (called more than once, say), or nothing was recorded.
 
     With ``kept``, a save variant also holds, through its backward, the outputs it keeps that
-    autograd would not have saved (:func:`kept_unsaved`); the searches leave that out and the
-    settling of a set puts it back (:func:`memoplan.planner.search.calibrate._predicted`)."""
+    autograd would not have saved (:func:`kept_unsaved`); the fast search leaves that out, and
+    :func:`memoplan.planner.search.calibrate._predicted` checks its set with it."""
     if not peaks:
         return None
     change = [0] * (len(peaks) + 1)  # what the chosen hold off, as differences between stretches
