@@ -32,13 +32,13 @@ import math
 
 from memoplan.planner.search.chain import Chain
 
-__all__ = ["DEFAULT_MAX_OPTIONS", "forest_search"]
+__all__ = ["DEFAULT_MAX_OPTIONS", "Option", "forest_search", "frontier"]
 
 #: Combinations of options one search may make (over all caps) before it gives up.
 DEFAULT_MAX_OPTIONS = 2_000_000
 
-# An option: (bytes saved, capped at the target; seconds; the candidates it checkpoints).
-_Option = tuple[int, float, tuple[int, ...]]
+#: An option: (bytes saved, capped at the target; seconds; the candidates it checkpoints).
+Option = tuple[int, float, tuple[int, ...]]
 
 
 class _TooLarge(Exception):
@@ -90,14 +90,14 @@ class _Search:
             if seconds < self.best:
                 self.best, self.best_set = seconds, chosen
 
-    def _below(self, node: int, cap: int, target: int, children: dict[int, list[int]]) -> list[_Option]:
+    def _below(self, node: int, cap: int, target: int, children: dict[int, list[int]]) -> list[Option]:
         """The frontier of legal sets inside ``node`` (the node itself excluded; -1: the whole forest)."""
         parts = []
         for child in children[node]:
             inside = self._below(child, cap, target, children)
             if self.chain.r[child] <= cap:
                 inside.append((min(self.chain.d[child], target), self.chain.t[child], (child,)))
-            part = _frontier(inside)
+            part = frontier(inside)
             if not part:
                 return []  # every set in there is slower than the best found: so is every set here
             parts.append(part)
@@ -107,14 +107,14 @@ class _Search:
             rest[k] = rest[k + 1] + parts[k][0][0]
         # Only the whole forest must reach the target: inside a tree any amount may be combined later.
         need = target if node == -1 else 0
-        options: list[_Option] = [(0, 0.0, ())]
+        options: list[Option] = [(0, 0.0, ())]
         for k, part in enumerate(parts):
             options = self._combined(options, part, target, need - rest[k + 1])
             if not options:
                 break
         return options
 
-    def _combined(self, a: list[_Option], b: list[_Option], target: int, least: int) -> list[_Option]:
+    def _combined(self, a: list[Option], b: list[Option], target: int, least: int) -> list[Option]:
         """Each option of ``a`` with each of ``b`` (disjoint subtrees) saving at least ``least``, on their frontier."""
         self.left -= len(a) * len(b)
         if self.left < 0:
@@ -126,13 +126,14 @@ class _Search:
             for y in b
             if (seconds := x[1] + y[1]) < best and (saved := min(x[0] + y[0], target)) >= least
         ]
-        return _frontier(made)
+        return frontier(made)
 
 
-def _frontier(options: list[_Option]) -> list[_Option]:
-    """The options that no other saving as many bytes beats in seconds (ties: the first in order)."""
+def frontier(options: list[Option]) -> list[Option]:
+    """The options that no other saving as many bytes beats in seconds (ties: the first in order);
+    most bytes first, each quicker than the one before (also :mod:`memoplan.planner.search.held`'s)."""
     options.sort(key=lambda o: (-o[0], o[1], o[2]))
-    kept: list[_Option] = []
+    kept: list[Option] = []
     quickest = math.inf
     for option in options:
         if option[1] < quickest:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from memoplan.planner.search.chain import Chain, Item
 from memoplan.planner.search.choice import Choice, make_choice
 from memoplan.planner.search.exact import DEFAULT_TIME_LIMIT, EXACT_IN_FLOAT, path_rows, solve_binary, solved_set
+from memoplan.planner.search.forest import Option, frontier
 
 
 def held_peak(
@@ -95,7 +96,8 @@ def held_optimal(
         return None
     chain = Chain(items, base_bytes, nested_ok=True)
     useful = [i for i in range(chain.n) if chain.d[i] > 0 and items[i].name in windows]
-    extra = {i: e for i, e in kept_unsaved(items).items() if i in set(useful) and e > 0} if kept else {}
+    members = set(useful)
+    extra = {i: e for i, e in kept_unsaved(items).items() if i in members and e > 0} if kept else {}
     rows: dict[tuple[tuple[int, int], ...], int] = {}  # (candidate, bytes it lowers) per stretch -> its excess
     for k, bytes_ in enumerate(peaks):
         lowers = [(i, chain.d[i]) for i in useful if windows[items[i].name][0] <= k < windows[items[i].name][1]]
@@ -217,42 +219,33 @@ def _nested(
     related = [
         frozenset(q for q in range(p + 1, len(order)) if _related(chain, i, order[q])) for p, i in enumerate(order)
     ]
-    states: dict[frozenset[int], list[tuple[int, float, tuple[int, ...]]]] = {frozenset(): [(0, 0.0, ())]}
+    states: dict[frozenset[int], list[Option]] = {frozenset(): [(0, 0.0, ())]}
     for p, i in enumerate(order):
-        grown: dict[frozenset[int], list[tuple[int, float, tuple[int, ...]]]] = {}
+        grown: dict[frozenset[int], list[Option]] = {}
         cap = ahead[p + 1]
-        for blocked, frontier in states.items():
+        for blocked, options in states.items():
             rest = blocked - {p}
-            for saved, seconds, chosen in frontier:
+            for saved, seconds, chosen in options:
                 grown.setdefault(rest, []).append((min(saved, cap), seconds, chosen))
                 if p not in blocked:
                     taken = (min(saved + chain.d[i], cap), seconds + chain.t[i], (*chosen, i))
                     grown.setdefault(rest | related[p], []).append(taken)
         states = {}
-        for blocked, frontier in grown.items():
-            kept = _frontier([state for state in frontier if state[0] >= needed[p + 1]])
+        for blocked, options in grown.items():
+            kept = frontier([state for state in options if state[0] >= needed[p + 1]])
             if kept:
                 states[blocked] = kept
         if not states:
             return None
-        if sum(len(f) for f in states.values()) > MAX_STATES:
+        if sum(len(o) for o in states.values()) > MAX_STATES:
             return _UNNESTED
-    best = min((state for frontier in states.values() for state in frontier), key=lambda s: (s[1], len(s[2])))
+    best = min((state for options in states.values() for state in options), key=lambda s: (s[1], len(s[2])))
     return tuple(sorted(best[2]))
 
 
 def _related(chain: Chain, a: int, b: int) -> bool:
     """One of the two candidates contains the other (or they are one module's save variants)."""
     return a in chain.ancestors(b) or b in chain.ancestors(a)
-
-
-def _frontier(states: list[tuple[int, float, tuple[int, ...]]]) -> list[tuple[int, float, tuple[int, ...]]]:
-    """The states no other saves as much for less time: most savings first, each faster than the last."""
-    kept: list[tuple[int, float, tuple[int, ...]]] = []
-    for state in sorted(states, key=lambda s: (-s[0], s[1])):
-        if not kept or state[1] < kept[-1][1]:
-            kept.append(state)
-    return kept
 
 
 @dataclass(frozen=True)
